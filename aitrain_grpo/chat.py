@@ -1,0 +1,196 @@
+"""Chat-template rendering for token-in/token-out episodes, and tool-call parsing.
+
+Text is never re-tokenized once generated. The `ChatRenderer` turns the prompt messages into
+`prompt_ids` once, and each environment reply into the *suffix* that the chat template would add after
+the model's turn: the rendering of a fixed short conversation with and without the reply, differenced.
+Rendering a constant-size conversation keeps the per-turn cost independent of how long the episode is.
+`check_append_only` tests, up front, the assumption this rests on: that the template only appends.
+
+Tool calls are parsed from model text by one function per format (`TOOL_CALL_PARSERS`); the Hermes /
+Qwen form `<tool_call>{"name": ..., "arguments": {...}}</tool_call>` is the default. Model text is
+parsed as JSON and never evaluated.
+
+Left out: templates without a chat format (raw-text prompts get wrapped as one user message) and
+multimodal content.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from functools import lru_cache
+from typing import Any, Callable
+
+from .env import Message, ToolCall
+
+# ------------------------------------------------------------------------------------- tool calls
+
+MAX_TOOL_CALL_CHARS = 16_000
+_HERMES_CALL = re.compile(r"<tool_call>(.*?)</tool_call>", re.DOTALL)
+
+
+def _call_from_json(body: str) -> tuple[ToolCall | None, str | None]:
+    body = body.strip()
+    if len(body) > MAX_TOOL_CALL_CHARS:
+        return None, f"tool call is too long ({len(body)} characters; the limit is {MAX_TOOL_CALL_CHARS})"
+    try:
+        data = json.loads(body)
+    except json.JSONDecodeError as exc:
+        return None, f"tool call is not valid JSON ({exc.msg} at line {exc.lineno} column {exc.colno})"
+    except RecursionError:
+        return None, "tool call JSON is nested too deeply"
+    if not isinstance(data, dict):
+        return None, f'tool call must be a JSON object with "name" and "arguments", got {type(data).__name__}'
+    name = data.get("name")
+    if not isinstance(name, str) or not name:
+        return None, 'tool call has no "name" string'
+    arguments = data.get("arguments", data.get("parameters", {}))
+    if isinstance(arguments, str):  # some models double-encode the arguments
+        try:
+            arguments = json.loads(arguments) if arguments.strip() else {}
+        except json.JSONDecodeError:
+            return None, f'"arguments" of {name} is a string that is not valid JSON'
+    if not isinstance(arguments, dict):
+        return None, f'"arguments" of {name} must be a JSON object, got {type(arguments).__name__}'
+    return {"name": name, "arguments": arguments}, None
+
+
+def parse_hermes_tool_calls(text: str) -> tuple[list[ToolCall], list[str]]:
+    """Parse `<tool_call>{json}</tool_call>` blocks. Returns (calls, problems); never raises."""
+    calls: list[ToolCall] = []
+    problems: list[str] = []
+    end = 0
+    for match in _HERMES_CALL.finditer(text):
+        call, problem = _call_from_json(match.group(1))
+        if call is not None:
+            calls.append(call)
+        else:
+            problems.append(problem)
+        end = match.end()
+    if "<tool_call>" in text[end:]:
+        problems.append("unterminated <tool_call> (missing </tool_call>)")
+    return calls, problems
+
+
+TOOL_CALL_PARSERS: dict[str, Callable[[str], tuple[list[ToolCall], list[str]]]] = {
+    "hermes": parse_hermes_tool_calls,
+}
+
+
+def parse_tool_calls(text: str, fmt: str = "hermes") -> tuple[list[ToolCall], list[str]]:
+    """Parse the tool calls in one model turn with the parser registered for `fmt`."""
+    return TOOL_CALL_PARSERS[fmt](text)
+
+
+# ------------------------------------------------------------------------------------- rendering
+
+
+def prompt_messages(prompt: str | list[Message]) -> list[Message]:
+    """A dataset prompt as chat messages: a bare string is one user message."""
+    if isinstance(prompt, str):
+        return [{"role": "user", "content": prompt}]
+    return [dict(m) for m in prompt]
+
+
+class TemplateError(ValueError):
+    """The chat template cannot be used for token-in/token-out episodes."""
+
+
+# Placeholders unlikely to be rewritten by any template, used to locate where content sits.
+_USER_MARK = "aitrain-user-turn"
+_ASSISTANT_MARK = "aitrain-assistant-turn"
+
+
+class ChatRenderer:
+    """Renders prompts and environment replies to token ids with a tokenizer's chat template."""
+
+    def __init__(self, tokenizer, tools: list[dict[str, Any]] | None = None, template_kwargs: dict | None = None):
+        if not getattr(tokenizer, "chat_template", None):
+            raise TemplateError(
+                "the model's tokenizer has no chat template; use a chat/instruct model or set tokenizer.chat_template"
+            )
+        self.tokenizer = tokenizer
+        self.tools = tools or None
+        self.template_kwargs = dict(template_kwargs or {})
+        self.eos_token_id = tokenizer.eos_token_id
+        eos_text = tokenizer.eos_token or ""
+        base = self._base_conversation()
+        rendered = self.render(base, add_generation_prompt=False)
+        at = rendered.rfind(_ASSISTANT_MARK)
+        if at < 0:
+            raise TemplateError("the chat template drops assistant message content; it cannot be used for RL")
+        after_content = rendered[at + len(_ASSISTANT_MARK):]
+        # What the template writes after an assistant turn's content. When the model stopped on EOS,
+        # the EOS is already among the sampled tokens, and only the rest belongs to the environment.
+        self._close_after_eos = after_content[len(eos_text):] if eos_text and after_content.startswith(eos_text) else None
+        self._close_without_eos = after_content
+        self._base_text = rendered
+        self._suffix_cache = lru_cache(maxsize=4096)(self._suffix_text)
+
+    def _base_conversation(self) -> list[Message]:
+        return [{"role": "user", "content": _USER_MARK}, {"role": "assistant", "content": _ASSISTANT_MARK}]
+
+    def render(self, messages: list[Message], add_generation_prompt: bool) -> str:
+        return self.tokenizer.apply_chat_template(
+            messages,
+            tools=self.tools,
+            tokenize=False,
+            add_generation_prompt=add_generation_prompt,
+            **self.template_kwargs,
+        )
+
+    def encode(self, text: str) -> list[int]:
+        return self.tokenizer(text, add_special_tokens=False)["input_ids"]
+
+    def prompt_ids(self, messages: list[Message]) -> list[int]:
+        """Token ids of the prompt messages followed by the generation prompt."""
+        return self.encode(self.render(messages, add_generation_prompt=True))
+
+    def _suffix_text(self, reply_key: str) -> str:
+        reply = json.loads(reply_key)
+        full = self.render(self._base_conversation() + reply, add_generation_prompt=True)
+        if not full.startswith(self._base_text):
+            raise TemplateError("the chat template rewrites earlier turns when a reply is added")
+        return full[len(self._base_text):]
+
+    def closing_text(self, ended_with_eos: bool) -> str:
+        """What the template writes after an assistant turn's content (beyond a sampled EOS)."""
+        if ended_with_eos and self._close_after_eos is not None:
+            return self._close_after_eos
+        return self._close_without_eos
+
+    def reply_ids(self, reply: list[Message], ended_with_eos: bool) -> list[int]:
+        """Token ids that follow a model turn: the end of that turn as the template writes it, the
+        environment's reply messages, and the next generation prompt."""
+        text = self._suffix_cache(json.dumps(reply, sort_keys=True, ensure_ascii=False))
+        return self.encode(self.closing_text(ended_with_eos) + text)
+
+    def check_append_only(self, prompt: list[Message]) -> str | None:
+        """Render a short multi-turn episode both ways (suffixes vs the whole conversation) and return a
+        description of the first difference, or None when the token rules hold exactly."""
+        conversation = list(prompt)
+        ids = self.prompt_ids(conversation)
+        turns = [
+            ("Let me check.", [{"role": "user", "content": "Please go on."}]),
+            ('<tool_call>{"name": "lookup", "arguments": {"q": "x"}}</tool_call>', [{"role": "tool", "name": "lookup", "content": "{\"result\": 1}"}]),
+            ("Done.", None),
+        ]
+        try:
+            for text, reply in turns:
+                ids = ids + self.encode(text) + ([self.eos_token_id] if self.eos_token_id is not None else [])
+                conversation.append({"role": "assistant", "content": text})
+                if reply is not None:
+                    ids = ids + self.reply_ids(reply, ended_with_eos=True)
+                    conversation.extend(reply)
+        except TemplateError as exc:
+            return str(exc)
+        expected = self.render(conversation, add_generation_prompt=False)
+        got = self.tokenizer.decode(ids, skip_special_tokens=False, clean_up_tokenization_spaces=False)
+        got += self.closing_text(ended_with_eos=True)
+        if expected == got:
+            return None
+        at = next((i for i, (a, b) in enumerate(zip(expected, got)) if a != b), min(len(expected), len(got)))
+        return (
+            "the chat template is not append-only (it rewrites earlier turns); near character "
+            f"{at} the full rendering has {expected[at:at + 40]!r} where the episode tokens have {got[at:at + 40]!r}"
+        )

@@ -1,0 +1,238 @@
+"""The environment side of an episode: reset, answering each model turn, scoring, and fault handling.
+
+`EpisodeRunner` is shared by the token-level `RolloutEngine` (training and evaluation) and by
+text-level players (scripted turns, an environment's `solve` oracle), so every path through an episode
+treats environments the same way: calls run concurrently on one event loop (async methods awaited,
+sync ones in a thread pool), each call has a timeout, and an exception, a timeout or a bad return value
+ends that episode with score 0 and `episode.error` naming the method, instead of stopping training.
+
+Left out: tokens and budgets on tokens (the engine's job), and retries (a failed call is final).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import inspect
+import math
+from concurrent.futures import ThreadPoolExecutor
+from typing import Any, Awaitable, Callable, Iterable
+
+from .chat import parse_tool_calls, prompt_messages
+from .env import Environment, Episode, Message
+
+VALID_REPLY_ROLES = ("user", "tool", "system")
+
+
+class EpisodeRunner:
+    """Drives `Environment` calls for many episodes at once, on one long-lived event loop."""
+
+    def __init__(
+        self,
+        env: Environment,
+        *,
+        max_turns: int | None = None,
+        timeout: float | None = 60.0,
+        workers: int = 64,
+        tool_call_format: str = "hermes",
+    ):
+        self.env = env
+        env_cap = int(getattr(env, "max_turns", 10) or 10)
+        self.max_turns = min(env_cap, max_turns) if max_turns else env_cap
+        self.timeout = timeout
+        self.tool_call_format = tool_call_format
+        self.loop = asyncio.new_event_loop()
+        # The default executor has min(32, cores + 4) threads: six on these machines, which would
+        # serialise a batch of slow sync environments. One thread per concurrent episode instead.
+        self.executor = ThreadPoolExecutor(max_workers=workers, thread_name_prefix="aitrain-env")
+        self.loop.set_default_executor(self.executor)
+
+    def close(self) -> None:
+        self.executor.shutdown(wait=False, cancel_futures=True)
+        self.loop.close()
+
+    # -------------------------------------------------------------------------------- plumbing
+
+    def run(self, awaitable: Awaitable) -> Any:
+        return self.loop.run_until_complete(awaitable)
+
+    def gather(self, coroutines: Iterable[Awaitable]) -> list[Any]:
+        async def _all():
+            return await asyncio.gather(*coroutines)
+
+        return self.run(_all())
+
+    async def _call(self, method: str, func: Callable, *args) -> Any:
+        """Call an environment method (sync or async) with the timeout; exceptions propagate."""
+        if inspect.iscoroutinefunction(func):
+            pending = func(*args)
+        else:
+            pending = self.loop.run_in_executor(self.executor, lambda: func(*args))
+
+        async def _resolve():
+            result = await pending
+            # A sync method may still hand back an awaitable (e.g. ToolEnvironment.no_tool_call).
+            return await result if inspect.isawaitable(result) else result
+
+        if self.timeout:
+            return await asyncio.wait_for(_resolve(), timeout=self.timeout)
+        return await _resolve()
+
+    def _fail(self, episode: Episode, method: str, exc: BaseException) -> None:
+        if isinstance(exc, (asyncio.TimeoutError, TimeoutError)):
+            detail = f"timed out after {self.timeout:g}s"
+        elif isinstance(exc, BadReturnValue):
+            detail = str(exc)
+        else:
+            detail = f"raised {type(exc).__name__}: {exc}"
+        episode.error = f"{type(self.env).__name__}.{method} {detail}".replace("\n", " ")
+        episode.done = True
+        episode.score = 0.0
+
+    # -------------------------------------------------------------------------------- episodes
+
+    def new_episode(self, row: dict[str, Any]) -> Episode:
+        return Episode(row=row, messages=prompt_messages(row["prompt"]))
+
+    async def reset(self, episode: Episode) -> None:
+        try:
+            await self._call("reset", self.env.reset, episode)
+        except Exception as exc:
+            self._fail(episode, "reset", exc)
+
+    async def respond(self, episode: Episode, completion: str, *, cut_off: bool = False) -> list[Message] | None:
+        """Record a model turn and get the environment's reply (not yet appended to the conversation).
+
+        Returns None when the episode is over: the environment ended it, a budget did (`cut_off`:
+        the turn hit its token limit; or the turn cap), or a call failed."""
+        episode.messages.append({"role": "assistant", "content": completion})
+        episode.turns += 1
+        if cut_off:
+            episode.truncated = True
+            episode.done = True
+            return None
+        episode.tool_calls, episode.tool_call_errors = parse_tool_calls(completion, self.tool_call_format)
+        episode.num_tool_calls += len(episode.tool_calls) + len(episode.tool_call_errors)
+        try:
+            reply = await self._call("step", self.env.step, episode, completion)
+            reply = normalize_reply(reply)
+        except Exception as exc:
+            self._fail(episode, "step", exc)
+            return None
+        if reply is None:
+            episode.done = True
+            return None
+        if episode.turns >= self.max_turns:
+            # The environment wanted to go on; the turn cap stops it.
+            episode.truncated = True
+            episode.done = True
+            return None
+        return reply
+
+    def accept(self, episode: Episode, reply: list[Message]) -> None:
+        episode.messages.extend(reply)
+
+    async def score(self, episode: Episode) -> float:
+        if episode.error is not None:
+            episode.score = 0.0
+            return 0.0
+        try:
+            value = await self._call("score_episode", self.env.score_episode, episode)
+            episode.score = check_score(value)
+        except Exception as exc:
+            self._fail(episode, "score_episode", exc)
+        return episode.score
+
+
+class BadReturnValue(ValueError):
+    """An environment method returned something outside the contract."""
+
+
+def normalize_reply(reply: Any) -> list[Message] | None:
+    """`step`'s return value as a list of messages, or None to end the episode."""
+    if reply is None:
+        return None
+    if isinstance(reply, str):
+        return [{"role": "user", "content": reply}]
+    if isinstance(reply, dict):
+        reply = [reply]
+    if not isinstance(reply, list):
+        raise BadReturnValue(f"returned {type(reply).__name__}; return a string, a list of messages, or None")
+    if not reply:
+        raise BadReturnValue("returned an empty list; return None to end the episode")
+    messages = []
+    for message in reply:
+        if not isinstance(message, dict) or message.get("role") not in VALID_REPLY_ROLES:
+            raise BadReturnValue(f"returned a message {str(message)[:80]!r}; each needs a role of {VALID_REPLY_ROLES}")
+        content = message.get("content")
+        if not isinstance(content, str):
+            raise BadReturnValue(f"returned a {message['role']} message whose content is {type(content).__name__}, not str")
+        messages.append(dict(message))
+    return messages
+
+
+def check_score(value: Any) -> float:
+    """A score must be a finite number in [0, 1]; anything else is the environment's error."""
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        try:
+            import numpy as np  # numpy and torch scalars are numbers too
+
+            if isinstance(value, np.generic):
+                value = value.item()
+            elif hasattr(value, "item") and getattr(value, "numel", lambda: 0)() == 1:
+                value = value.item()
+        except ImportError:
+            pass
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        raise BadReturnValue(f"returned {type(value).__name__} {str(value)[:40]!r}, not a number in [0, 1]")
+    if not math.isfinite(value) or not 0.0 <= value <= 1.0:
+        raise BadReturnValue(f"returned {value!r}, outside [0, 1]")
+    return float(value)
+
+
+def episode_summary(episode: Episode) -> dict[str, Any]:
+    """The per-episode numbers the engine logs and reports."""
+    return {
+        "score": float(episode.score or 0.0),
+        "turns": episode.turns,
+        "truncated": episode.truncated,
+        "error": episode.error,
+        "tool_calls": episode.num_tool_calls,
+        "tool_errors": episode.num_tool_errors,
+        "metrics": {k: float(v) for k, v in episode.metrics.items() if isinstance(v, (int, float)) and not isinstance(v, bool)},
+    }
+
+
+def play(
+    env: Environment,
+    rows: list[dict[str, Any]],
+    policy: Callable[[Episode], str],
+    *,
+    max_turns: int | None = None,
+    timeout: float | None = 60.0,
+) -> list[Episode]:
+    """Play episodes at the text level with `policy(episode) -> next assistant message` standing in
+    for the model (scripted tests, an environment's `solve` oracle, an always-empty policy)."""
+    runner = EpisodeRunner(env, max_turns=max_turns, timeout=timeout)
+    try:
+        episodes = [runner.new_episode(row) for row in rows]
+        runner.gather(runner.reset(ep) for ep in episodes)
+
+        async def one(ep: Episode) -> None:
+            while not ep.done:
+                try:
+                    text = policy(ep)
+                except Exception as exc:  # a broken policy is reported like an environment fault
+                    runner._fail(ep, "policy", exc)
+                    return
+                reply = await runner.respond(ep, text)
+                if reply is not None:
+                    runner.accept(ep, reply)
+            await runner.score(ep)
+
+        runner.gather(one(ep) for ep in episodes if not ep.done)
+        for ep in episodes:
+            if ep.score is None:
+                ep.score = 0.0
+        return episodes
+    finally:
+        runner.close()
