@@ -1,0 +1,33 @@
+"""aitrain-grpo: train language-model agents with GRPO in environments you write.
+
+Public API: `Environment`, `ToolEnvironment`, `tool`, `Episode` (the environment contract),
+`load_environment` (import an environment class by module path with JSON keyword arguments),
+`RunConfig` and `train` (a training run, as `aitrain grpo` does it).
+"""
+
+from .config import RunConfig
+from .env import Environment, Episode, ToolEnvironment, tool
+from .loading import EnvLoadError, load_environment
+
+__version__ = "0.1.0"
+
+__all__ = [
+    "Environment",
+    "ToolEnvironment",
+    "tool",
+    "Episode",
+    "load_environment",
+    "EnvLoadError",
+    "train",
+    "RunConfig",
+]
+
+
+def __getattr__(name: str):
+    # `train` pulls in torch and TRL; importing it lazily keeps `import aitrain_grpo` and the CLI's
+    # error paths fast.
+    if name == "train":
+        from .training import train
+
+        return train
+    raise AttributeError(f"module 'aitrain_grpo' has no attribute {name!r}")

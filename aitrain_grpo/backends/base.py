@@ -1,0 +1,38 @@
+"""The generation interface the rollout engine talks to.
+
+A backend gets a batch of token-id prompts and returns, per prompt, the sampled token ids exactly as
+the sampler produced them, their log-probabilities, and why sampling stopped. It never sees text, so
+nothing is re-tokenized between turns.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Literal, Protocol
+
+FinishReason = Literal["stop", "length"]
+
+
+@dataclass(frozen=True)
+class SamplingParams:
+    """How to sample one model turn. `top_k=0` and `top_p=1.0` mean no truncation."""
+
+    temperature: float = 1.0
+    top_k: int = 50
+    top_p: float = 1.0
+
+
+@dataclass
+class Sample:
+    """One sampled model turn. `finish_reason` is "stop" when it ended with an end-of-turn token
+    (included in `token_ids`) and "length" when it ran into its token limit."""
+
+    token_ids: list[int]
+    logprobs: list[float]
+    finish_reason: FinishReason
+
+
+class GenerationBackend(Protocol):
+    def generate(self, prompts: list[list[int]], max_tokens: int, sampling: SamplingParams) -> list[Sample]:
+        """Sample one continuation per prompt, at most `max_tokens` tokens each."""
+        ...

@@ -1,0 +1,112 @@
+"""Generation with the Hugging Face model itself (`model.generate`), on CPU or GPU.
+
+Prompts are left-padded into one batch per call. The log-probability of each sampled token is taken
+from the raw logits divided by the temperature, which is how TRL computes the policy's own
+log-probabilities, so the two agree when the weights are the same.
+
+Left out: continuous batching and KV-cache reuse across turns (each turn re-encodes its prompt;
+vLLM's prefix cache is the answer to that), and returning top-k alternatives.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from typing import Callable, ContextManager
+
+import torch
+from transformers import GenerationConfig
+
+from .base import Sample, SamplingParams
+
+
+def stop_token_ids(model, tokenizer) -> list[int]:
+    """Every id that ends a model turn: the tokenizer's EOS and the model's generation EOS ids."""
+    ids: list[int] = []
+    configured = getattr(getattr(model, "generation_config", None), "eos_token_id", None)
+    for value in (tokenizer.eos_token_id, configured):
+        for token in value if isinstance(value, (list, tuple)) else [value]:
+            if token is not None and token not in ids:
+                ids.append(int(token))
+    return ids
+
+
+class HFBackend:
+    """Samples with a transformers causal LM. `open_model` yields the model to generate with (for
+    training, TRL's `unwrap_model_for_generation` around the wrapped model)."""
+
+    def __init__(self, open_model: Callable[[], ContextManager], tokenizer, stop_ids: list[int], device=None):
+        self.open_model = open_model
+        self.stop_ids = stop_ids
+        self.pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else stop_ids[0]
+        self.device = device
+
+    @classmethod
+    def for_model(cls, model, tokenizer) -> "HFBackend":
+        return cls(lambda: contextlib.nullcontext(model), tokenizer, stop_token_ids(model, tokenizer))
+
+    @classmethod
+    def for_trainer(cls, trainer) -> "HFBackend":
+        from trl.models import unwrap_model_for_generation
+
+        def open_model():
+            return unwrap_model_for_generation(
+                trainer.model_wrapped, trainer.accelerator, gather_deepspeed3_params=trainer.args.ds3_gather_for_generation
+            )
+
+        tokenizer = trainer.processing_class
+        return cls(open_model, tokenizer, stop_token_ids(trainer.model, tokenizer), device=trainer.accelerator.device)
+
+    def _generation_config(self, max_tokens: int, sampling: SamplingParams) -> GenerationConfig:
+        greedy = sampling.temperature <= 0
+        return GenerationConfig(
+            max_new_tokens=max_tokens,
+            do_sample=not greedy,
+            temperature=None if greedy else sampling.temperature,
+            top_k=None if greedy or not sampling.top_k else sampling.top_k,
+            top_p=None if greedy or sampling.top_p >= 1.0 else sampling.top_p,
+            eos_token_id=self.stop_ids,
+            pad_token_id=self.pad_id,
+            return_dict_in_generate=True,
+            output_logits=True,
+        )
+
+    @torch.no_grad()
+    def generate(self, prompts: list[list[int]], max_tokens: int, sampling: SamplingParams) -> list[Sample]:
+        if not prompts:
+            return []
+        width = max(len(p) for p in prompts)
+        input_ids = torch.full((len(prompts), width), self.pad_id, dtype=torch.long)
+        attention_mask = torch.zeros((len(prompts), width), dtype=torch.long)
+        for row, ids in enumerate(prompts):
+            input_ids[row, width - len(ids):] = torch.tensor(ids, dtype=torch.long)
+            attention_mask[row, width - len(ids):] = 1
+        with self.open_model() as model:
+            device = self.device or next(model.parameters()).device
+            was_training = model.training
+            model.eval()  # no dropout while sampling: the sampled log-probs must be the policy's
+            try:
+                out = model.generate(
+                    input_ids=input_ids.to(device),
+                    attention_mask=attention_mask.to(device),
+                    generation_config=self._generation_config(max_tokens, sampling),
+                )
+            finally:
+                if was_training:
+                    model.train()
+        sampled = out.sequences[:, width:]
+        logits = torch.stack(out.logits, dim=1).float()  # (batch, steps, vocab)
+        if sampling.temperature > 0:
+            logits = logits / sampling.temperature
+        logprobs = torch.log_softmax(logits, dim=-1).gather(-1, sampled.unsqueeze(-1)).squeeze(-1)
+        is_stop = torch.isin(sampled, torch.tensor(self.stop_ids, device=sampled.device))
+        any_stop = is_stop.any(dim=1)
+        lengths = torch.where(any_stop, is_stop.int().argmax(dim=1) + 1, torch.full_like(any_stop, sampled.size(1), dtype=torch.long))
+        sampled_rows, logprob_rows = sampled.cpu().tolist(), logprobs.cpu().tolist()
+        return [
+            Sample(
+                token_ids=sampled_rows[i][:n],
+                logprobs=logprob_rows[i][:n],
+                finish_reason="stop" if stopped else "length",
+            )
+            for i, (n, stopped) in enumerate(zip(lengths.tolist(), any_stop.tolist()))
+        ]

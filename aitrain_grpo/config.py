@@ -1,0 +1,193 @@
+"""`RunConfig`: every option of a training run in one typed place.
+
+The CLI flags, `--config file.yaml|json` and the Python API (`train(RunConfig(...))`) all land here;
+flag `--rl-num-generations` is field `rl_num_generations`. `validate()` checks the whole config before
+anything heavy is loaded and raises `ConfigError` with one line naming the problem and the fix.
+`run_config.json` in the output directory is `to_dict()`: enough to reproduce the run.
+
+Left out: translating to TRL's `GRPOConfig` (training.py) and parsing flags (cli.py).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+from dataclasses import dataclass, field, fields
+from pathlib import Path
+from typing import Any
+
+
+class ConfigError(ValueError):
+    """A run option is invalid. The message is one line with the fix."""
+
+
+def _opt(default: Any, help: str, **kw) -> Any:
+    return field(default=default, metadata={"help": help, **kw})
+
+
+VLLM_MODES = ("colocate", "server")
+REPORT_TO = ("none", "tensorboard", "wandb", "trackio")
+LOSS_TYPES = ("grpo", "dr_grpo", "dapo", "bnpo", "cispo", "sapo")
+
+
+@dataclass
+class RunConfig:
+    """Options of one `aitrain grpo` run. Defaults are the CLI's defaults."""
+
+    # model and environment
+    model: str = _opt("tiny", "Model id or path; 'tiny' builds a small local model (no download).")
+    output_dir: str | None = _opt(None, "Where the model, checkpoints and logs go [default: outputs/<env class>].")
+    rl_env_module: str = _opt("", "Python module of the environment, e.g. envs.hotel (resolved from the current directory).")
+    rl_env_class: str = _opt("", "Environment class in that module, e.g. HotelEnv.")
+    rl_env_config: Any = _opt(None, "JSON object of keyword arguments for the environment, or @file.json.")
+    # episodes
+    rl_num_generations: int = _opt(4, "Episodes per prompt (the GRPO group size).")
+    rl_max_new_tokens: int = _opt(128, "Token limit of one model turn.")
+    rl_max_turns: int | None = _opt(None, "Cap on model turns per episode [default: the environment's max_turns].")
+    rl_max_completion_length: int = _opt(1024, "Token budget of a whole episode after the prompt (model + environment).")
+    rl_temperature: float = _opt(1.0, "Sampling temperature.")
+    rl_top_k: int = _opt(50, "Top-k sampling (0 = off).")
+    rl_top_p: float = _opt(1.0, "Nucleus sampling (1.0 = off).")
+    rl_env_timeout: float = _opt(60.0, "Seconds one environment call (reset/step/score_episode) may take.")
+    # GRPO
+    rl_kl_coef: float = _opt(0.1, "KL penalty against the reference model (TRL's beta).")
+    rl_clip_range: float = _opt(0.2, "PPO-style clip range (TRL's epsilon).")
+    rl_loss_type: str | None = _opt(None, f"TRL loss type: {', '.join(LOSS_TYPES)} [default: TRL's].")
+    lr: float = _opt(1e-5, "Learning rate.")
+    max_steps: int | None = _opt(None, "Optimizer steps to run [default: --epochs over the dataset].")
+    epochs: float = _opt(1.0, "Passes over the dataset when --max-steps is not set.")
+    batch_size: int = _opt(8, "Episodes per device per optimizer step; a multiple of --rl-num-generations.")
+    gradient_accumulation_steps: int = _opt(1, "Micro-batches per optimizer step.")
+    seed: int = _opt(42, "Random seed.")
+    # LoRA
+    peft: bool = _opt(True, "Train a LoRA adapter (--no-peft: full fine-tuning).")
+    lora_r: int = _opt(16, "LoRA rank.")
+    lora_alpha: int = _opt(32, "LoRA alpha.")
+    lora_dropout: float = _opt(0.05, "LoRA dropout.")
+    target_modules: str = _opt("all-linear", "LoRA target modules: all-linear or a comma-separated list.")
+    # logging and saving
+    logging_steps: int = _opt(1, "Log metrics every N steps.")
+    save_steps: int | None = _opt(None, "Save a checkpoint every N steps [default: only at the end].")
+    report_to: str = _opt("none", f"Experiment tracker: {', '.join(REPORT_TO)}.")
+    overwrite: bool = _opt(False, "Allow writing into an output directory that holds a finished run.")
+    # vLLM
+    use_vllm: bool = _opt(False, "Generate with vLLM instead of Hugging Face generate.")
+    vllm_mode: str = _opt("colocate", "vLLM mode: colocate (in the trainer) or server (aitrain vllm-serve).")
+    vllm_gpu_memory_utilization: float = _opt(0.3, "Share of GPU memory for colocated vLLM.")
+    vllm_server_url: str | None = _opt(None, "URL of the vLLM server (server mode), e.g. http://127.0.0.1:8000.")
+    vllm_tensor_parallel_size: int = _opt(1, "Tensor parallel size of colocated vLLM.")
+    vllm_server_gpus: int = _opt(1, "GPUs taken by the vLLM server (training uses the rest).")
+    debug: bool = _opt(False, "Show full tracebacks.")
+
+    # ------------------------------------------------------------------------------- helpers
+
+    @classmethod
+    def field_names(cls) -> list[str]:
+        return [f.name for f in fields(cls)]
+
+    @classmethod
+    def help_for(cls, name: str) -> str:
+        f = next(f for f in fields(cls) if f.name == name)
+        default = f.default
+        shown = "" if default is None or isinstance(default, bool) or default == "" else f" [default: {default}]"
+        return f.metadata["help"] + shown
+
+    @classmethod
+    def from_file(cls, path: str | Path) -> dict[str, Any]:
+        """Read a YAML or JSON file of options (flag names with - or _ both accepted) into a dict."""
+        path = Path(path)
+        if not path.is_file():
+            raise ConfigError(f"config file {path} does not exist; pass an existing YAML or JSON file to --config")
+        text = path.read_text()
+        try:
+            if path.suffix in (".yaml", ".yml"):
+                import yaml
+
+                data = yaml.safe_load(text)
+            else:
+                data = json.loads(text)
+        except json.JSONDecodeError as exc:
+            raise ConfigError(f"config file {path} is not valid JSON: {exc.msg} at line {exc.lineno} column {exc.colno}") from None
+        except Exception as exc:  # yaml.YAMLError and friends
+            detail = " ".join(str(exc).split())
+            raise ConfigError(f"config file {path} is not valid YAML: {detail}") from None
+        if data is None:
+            data = {}
+        if not isinstance(data, dict):
+            raise ConfigError(f"config file {path} must hold a mapping of option names to values, not {type(data).__name__}")
+        options = {str(k).replace("-", "_"): v for k, v in data.items()}
+        unknown = sorted(set(options) - set(cls.field_names()))
+        if unknown:
+            import difflib
+
+            hints = []
+            for key in unknown:
+                close = difflib.get_close_matches(key, cls.field_names(), n=1)
+                hints.append(f"{key} (did you mean {close[0]}?)" if close else key)
+            raise ConfigError(f"config file {path} has unknown option(s): {', '.join(hints)}")
+        return options
+
+    def to_dict(self) -> dict[str, Any]:
+        return dataclasses.asdict(self)
+
+    def resolved_output_dir(self) -> Path:
+        return Path(self.output_dir or f"outputs/{(self.rl_env_class or 'run').lower()}")
+
+    def validate(self) -> "RunConfig":
+        """Check the options against each other; raise `ConfigError` on the first problem."""
+        if not self.rl_env_module:
+            raise ConfigError("no environment given; pass --rl-env-module (e.g. envs.hotel) and --rl-env-class")
+        if not self.rl_env_class:
+            raise ConfigError("no environment class given; pass --rl-env-class (e.g. HotelEnv)")
+        positive = [
+            "rl_num_generations", "rl_max_new_tokens", "rl_max_completion_length", "batch_size",
+            "gradient_accumulation_steps", "logging_steps", "lora_r", "lora_alpha", "vllm_tensor_parallel_size",
+        ]
+        for name in positive:
+            value = getattr(self, name)
+            if not isinstance(value, int) or isinstance(value, bool) or value < 1:
+                raise ConfigError(f"--{name.replace('_', '-')} must be a positive integer, got {value!r}")
+        for name in ("rl_max_turns", "max_steps", "save_steps"):
+            value = getattr(self, name)
+            if value is not None and (not isinstance(value, int) or value < 1):
+                raise ConfigError(f"--{name.replace('_', '-')} must be a positive integer, got {value!r}")
+        if self.rl_num_generations < 2:
+            raise ConfigError("--rl-num-generations must be at least 2: GRPO compares episodes within a group")
+        if self.batch_size % self.rl_num_generations:
+            g = self.rl_num_generations
+            options = ", ".join(str(g * k) for k in range(1, 5))
+            raise ConfigError(
+                f"--batch-size {self.batch_size} is not a multiple of --rl-num-generations {g}; use one of {options}"
+            )
+        if self.rl_max_new_tokens > self.rl_max_completion_length:
+            raise ConfigError(
+                f"--rl-max-new-tokens {self.rl_max_new_tokens} exceeds --rl-max-completion-length "
+                f"{self.rl_max_completion_length}; raise the budget or lower the turn limit"
+            )
+        if self.lr <= 0:
+            raise ConfigError(f"--lr must be positive, got {self.lr}")
+        if self.epochs <= 0:
+            raise ConfigError(f"--epochs must be positive, got {self.epochs}")
+        if self.rl_temperature < 0:
+            raise ConfigError(f"--rl-temperature must be >= 0, got {self.rl_temperature}")
+        if not 0 < self.rl_top_p <= 1:
+            raise ConfigError(f"--rl-top-p must be in (0, 1], got {self.rl_top_p}")
+        if self.rl_top_k < 0:
+            raise ConfigError(f"--rl-top-k must be >= 0 (0 turns it off), got {self.rl_top_k}")
+        if self.rl_kl_coef < 0 or self.rl_clip_range <= 0:
+            raise ConfigError("--rl-kl-coef must be >= 0 and --rl-clip-range > 0")
+        if self.rl_env_timeout <= 0:
+            raise ConfigError(f"--rl-env-timeout must be positive seconds, got {self.rl_env_timeout}")
+        if self.rl_loss_type is not None and self.rl_loss_type not in LOSS_TYPES:
+            raise ConfigError(f"--rl-loss-type {self.rl_loss_type!r} is not one of {', '.join(LOSS_TYPES)}")
+        if self.report_to not in REPORT_TO:
+            raise ConfigError(f"--report-to {self.report_to!r} is not one of {', '.join(REPORT_TO)}")
+        if self.vllm_mode not in VLLM_MODES:
+            raise ConfigError(f"--vllm-mode {self.vllm_mode!r} is not one of {', '.join(VLLM_MODES)}")
+        if not 0 < self.vllm_gpu_memory_utilization <= 1:
+            raise ConfigError(f"--vllm-gpu-memory-utilization must be in (0, 1], got {self.vllm_gpu_memory_utilization}")
+        if self.use_vllm and self.vllm_mode == "server" and not self.vllm_server_url:
+            raise ConfigError("--vllm-mode server needs --vllm-server-url (start one with `aitrain vllm-serve --model ...`)")
+        if not 0 <= self.lora_dropout < 1:
+            raise ConfigError(f"--lora-dropout must be in [0, 1), got {self.lora_dropout}")
+        return self

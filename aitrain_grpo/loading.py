@@ -1,0 +1,431 @@
+"""Load a user's environment class by module path, build it from JSON keyword arguments, check its rows.
+
+`load_environment("envs.hotel", "HotelEnv", '{"num_tasks": 64}')` imports the module with the current
+directory on `sys.path` (put first when missing, so a project's own `envs/` folder resolves), finds the
+class, checks that it is an environment and that the JSON keys match its constructor, and instantiates it. `build_rows` calls
+`build_dataset(tokenizer)` and `validate_dataset` checks that every row has a usable `prompt`.
+
+Every failure is an `EnvLoadError` whose message is one line: what went wrong, where (module, file:line,
+row index), and how to fix it. The CLI prints it as `error: <message>` and exits 2, so nothing here
+prints or exits.
+
+Left out on purpose: loading classes from file paths (`envs/hotel.py`; we ask for the dotted name
+instead), reloading modules that are already imported (a same-named package imported earlier answers
+first; the not-found message shows which folder it came from), type-checking config values against annotations
+(the constructor is the judge of its own values), and validating columns other than `prompt`.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import difflib
+import importlib
+import inspect
+import json
+import os
+import pkgutil
+import sys
+import traceback
+from collections.abc import Iterable, Mapping
+from pathlib import Path
+from typing import Any
+
+from aitrain_grpo.env import Environment, ToolEnvironment
+
+REQUIRED_METHODS = ("build_dataset", "score_episode")
+MESSAGE_ROLES = frozenset({"system", "user", "assistant", "tool"})
+_ROLE_LIST = "system, user, assistant, tool"
+# The library's own base classes are never the answer to "which class did you mean?".
+_BASE_CLASSES = (Environment, ToolEnvironment)
+_MAX_DETAIL = 300  # characters of an embedded exception message; the CLI shows one line
+_CONFIG_EXAMPLE = """'{"num_tasks": 64, "seed": 1}'"""
+
+
+class EnvLoadError(Exception):
+    """An environment could not be loaded, built or validated. The message is one line: problem; fix."""
+
+
+# ------------------------------------------------------------------------------------------- helpers
+
+
+def _one_line(text: Any, limit: int = _MAX_DETAIL) -> str:
+    """Collapse an embedded message to one line; long ones are cut so the CLI line stays readable."""
+    flat = " ".join(str(text).split())
+    return flat if len(flat) <= limit else flat[: limit - 3] + "..."
+
+
+def _describe_exception(exc: BaseException) -> str:
+    message = _one_line(exc)
+    return f"{type(exc).__name__}: {message}" if message else type(exc).__name__
+
+
+def _is_library_file(filename: str) -> bool:
+    # Frames in the standard library, site-packages or importlib say little about the user's bug.
+    if filename.startswith("<") or filename == __file__:
+        return True
+    prefixes = {sys.prefix, sys.base_prefix, sys.exec_prefix}
+    return any(filename.startswith(os.path.join(p, "lib")) for p in prefixes)
+
+
+def _user_location(exc: BaseException) -> str | None:
+    """'file:line' of the innermost traceback frame in the user's code (else the innermost frame)."""
+    frames = traceback.extract_tb(exc.__traceback__)
+    frames = [f for f in frames if not f.filename.startswith("<")]
+    if not frames:
+        return None
+    user = [f for f in frames if not _is_library_file(f.filename)]
+    frame = (user or frames)[-1]
+    return f"{frame.filename}:{frame.lineno}"
+
+
+def _closest(name: str, options: Iterable[str]) -> str | None:
+    matches = difflib.get_close_matches(name, list(options), n=1, cutoff=0.6)
+    return matches[0] if matches else None
+
+
+_JSON_KIND = {dict: "an object", list: "an array", str: "a string", int: "a number", float: "a number",
+              bool: "a boolean", type(None): "null"}
+
+
+# -------------------------------------------------------------------------------------------- config
+
+
+def parse_config_json(text: str | Mapping | None) -> dict[str, Any]:
+    """Turn `--rl-env-config` into constructor keyword arguments.
+
+    Accepts a JSON object string, `@path/to/file.json`, an already-parsed mapping, or None/"" (no
+    keyword arguments). Returns a new dict; raises `EnvLoadError` for anything else.
+    """
+    if text is None:
+        return {}
+    if isinstance(text, Mapping):
+        bad = [k for k in text if not isinstance(k, str)]
+        if bad:
+            raise EnvLoadError(f"config keys must be strings (they become keyword arguments), got {bad[0]!r} "
+                               f"({type(bad[0]).__name__}); use string keys")
+        return dict(text)
+    if not isinstance(text, str):
+        raise EnvLoadError(f"config must be a JSON object string, '@file.json', a dict or None, got "
+                           f"{type(text).__name__}; pass e.g. {_CONFIG_EXAMPLE}")
+    if not text.strip():
+        return {}
+    source = "config"
+    if text.startswith("@"):
+        path = Path(text[1:].strip()).expanduser()
+        if not path.is_file():
+            what = "is a directory" if path.is_dir() else "not found"
+            raise EnvLoadError(f"config file {str(path)!r} {what} (relative paths start at {os.getcwd()}); "
+                               f"check the path after '@'")
+        try:
+            text = path.read_text(encoding="utf-8")
+        except (OSError, UnicodeDecodeError) as exc:
+            raise EnvLoadError(f"config file {str(path)!r} could not be read: {_describe_exception(exc)}; "
+                               f"check its permissions and encoding (UTF-8)") from exc
+        source = f"config file {str(path)!r}"
+    try:
+        value = json.loads(text)
+    except json.JSONDecodeError as exc:
+        where = f"line {exc.lineno}, column {exc.colno}"
+        if source == "config":
+            # Most bad inline configs come from the shell eating double quotes, or from Python-style
+            # single quotes; say both, and show what actually arrived.
+            raise EnvLoadError(
+                f"config is not valid JSON: {exc.msg} at {where} in {_one_line(text, 80)!r}; JSON needs "
+                f"double quotes around keys and strings, and the shell needs the whole object in single "
+                f"quotes, e.g. --rl-env-config {_CONFIG_EXAMPLE}") from exc
+        raise EnvLoadError(f"{source} is not valid JSON: {exc.msg} at {where}; fix the file there "
+                           f"(keys and strings need double quotes, no trailing commas)") from exc
+    if not isinstance(value, dict):
+        kind = _JSON_KIND.get(type(value), type(value).__name__)
+        raise EnvLoadError(f"{source} must be a JSON object of keyword arguments, got {kind} "
+                           f"({_one_line(json.dumps(value), 60)}); write e.g. {_CONFIG_EXAMPLE}")
+    return value
+
+
+# ------------------------------------------------------------------------------------ module & class
+
+
+def _missing_module_message(module: str, missing: str) -> str:
+    """The module itself (or a package on its path) does not exist: say where we looked, suggest."""
+    parent_name, _, leaf = missing.rpartition(".")
+    parent = sys.modules.get(parent_name) if parent_name else None
+    if parent is not None and hasattr(parent, "__path__"):
+        # The package exists but lacks the submodule: list its siblings. Showing the package's location
+        # exposes the classic mix-up of a same-named package elsewhere on sys.path.
+        siblings = sorted(m.name for m in pkgutil.iter_modules(list(parent.__path__)))
+        where = ", ".join(list(parent.__path__)) or "?"
+        best = _closest(leaf, siblings)
+        fix = f"did you mean '{parent_name}.{best}'?" if best else "check the module path (--rl-env-module)"
+        listed = ", ".join(siblings) if siblings else "none"
+        return (f"module {module!r} not found: package {parent_name!r} (at {where}) has no module {leaf!r} "
+                f"(it has: {_one_line(listed, 200)}); {fix}")
+    if parent is not None:  # e.g. 'envs.hotel.HotelEnv': a class name was put into the module path
+        return (f"module {module!r} not found: {parent_name!r} is a module, not a package, so it has no "
+                f"{leaf!r}; if {leaf} is a class, pass module {parent_name!r} and class {leaf!r}")
+    top = missing.split(".")[0]
+    return (f"module {module!r} not found: no module or package {top!r} in the current directory "
+            f"({os.getcwd()}) or on sys.path; run from your project's root folder or fix the module path "
+            f"(--rl-env-module)")
+
+
+def _import_module(module: str):
+    if not module or not module.strip():
+        raise EnvLoadError("no environment module given; pass a dotted module path such as envs.hotel "
+                           "(--rl-env-module)")
+    if "/" in module or "\\" in module or module.endswith(".py"):
+        dotted = module.removesuffix(".py").replace("\\", "/").strip("/").replace("/", ".")
+        raise EnvLoadError(f"environment module must be a dotted module path, not a file path: got "
+                           f"{module!r}; use {dotted!r} and run from the folder that contains it")
+    if module.startswith("."):
+        raise EnvLoadError(f"environment module {module!r} is relative; use the full dotted path, e.g. "
+                           f"envs.hotel")
+    if os.getcwd() not in sys.path:  # console scripts start with their bin folder there, not the cwd
+        sys.path.insert(0, os.getcwd())
+    # Files written after start-up (a fresh project, a test's tmp folder) may be missing from the
+    # import system's directory caches.
+    importlib.invalidate_caches()
+    try:
+        return importlib.import_module(module)
+    except ModuleNotFoundError as exc:
+        missing = exc.name or ""
+        # Only a miss on the module itself or one of its parent packages means "not found"; any other
+        # missing name was imported by code inside the module.
+        if missing and (module == missing or module.startswith(missing + ".")):
+            raise EnvLoadError(_missing_module_message(module, missing)) from exc
+        location = _user_location(exc) or "?"
+        raise EnvLoadError(f"module {module!r} failed to import: {_one_line(exc)} (imported from "
+                           f"{location}); install it or fix the import") from exc
+    except ImportError as exc:
+        location = _user_location(exc) or "?"
+        raise EnvLoadError(f"module {module!r} failed to import: {_one_line(exc)} (imported from "
+                           f"{location}); install the right version or fix the import") from exc
+    except SyntaxError as exc:
+        where = f"{exc.filename}:{exc.lineno}" if exc.filename else (_user_location(exc) or "?")
+        column = f", column {exc.offset}" if exc.offset else ""
+        raise EnvLoadError(f"module {module!r} has a syntax error at {where}{column}: "
+                           f"{type(exc).__name__}: {_one_line(exc.msg)}; fix the code there") from exc
+    except (Exception, SystemExit) as exc:  # SystemExit: a stray sys.exit() at module level
+        location = _user_location(exc) or "?"
+        raise EnvLoadError(f"module {module!r} raised {_describe_exception(exc)} while importing (at "
+                           f"{location}); fix the module's top-level code") from exc
+
+
+def _is_env_like(obj: Any) -> bool:
+    return inspect.isclass(obj) and all(callable(getattr(obj, m, None)) for m in REQUIRED_METHODS)
+
+
+def _candidate_classes(mod) -> list[str]:
+    """Classes a user may have meant: those defined in the module, plus environments it re-exports."""
+    names = []
+    for name, obj in vars(mod).items():
+        if not inspect.isclass(obj) or name.startswith("_"):
+            continue
+        defined_here = obj.__module__ == mod.__name__
+        if defined_here or (_is_env_like(obj) and obj not in _BASE_CLASSES):
+            names.append(name)
+    return names
+
+
+def _find_class(mod, class_name: str) -> type:
+    module = mod.__name__
+    if not class_name or not class_name.strip():
+        classes = ", ".join(_candidate_classes(mod)) or "none"
+        raise EnvLoadError(f"no environment class given for module {module!r} (classes there: {classes}); "
+                           f"pass the class name (--rl-env-class)")
+    obj = getattr(mod, class_name, None)
+    if obj is None and not hasattr(mod, class_name):
+        candidates = _candidate_classes(mod)
+        if not candidates:
+            raise EnvLoadError(f"module {module!r} ({mod.__file__}) has no class {class_name!r} and defines "
+                               f"no classes; check the module path, or define the class there")
+        best = _closest(class_name, candidates) or _closest(class_name.lower(), [c.lower() for c in candidates])
+        if best and best not in candidates:  # matched case-insensitively: report the real spelling
+            best = next(c for c in candidates if c.lower() == best)
+        fix = f"did you mean {best!r}?" if best else "pass one of those (--rl-env-class)"
+        raise EnvLoadError(f"module {module!r} has no class {class_name!r}; classes defined there: "
+                           f"{', '.join(candidates)}; {fix}")
+    if not inspect.isclass(obj):
+        if isinstance(obj, Environment) or _is_env_like(type(obj)):
+            raise EnvLoadError(f"{module}.{class_name} is an instance of {type(obj).__name__}, not a class; "
+                               f"pass the class name {type(obj).__name__!r} and its arguments as config")
+        kind = "a function" if inspect.isroutine(obj) else f"a {type(obj).__name__}"
+        raise EnvLoadError(f"{module}.{class_name} is {kind}, not a class; pass the name of your environment "
+                           f"class (classes defined there: {', '.join(_candidate_classes(mod)) or 'none'})")
+    return obj
+
+
+def _check_is_environment(cls: type, module: str) -> None:
+    label = f"class {cls.__name__} in {module!r}"
+    if issubclass(cls, Environment):
+        # A subclass inherits the base's raising placeholders; it must replace them.
+        missing = [m for m in REQUIRED_METHODS if getattr(cls, m) is getattr(Environment, m)]
+        if missing:
+            signatures = " and ".join(f"{m}(self, {'tokenizer' if m == 'build_dataset' else 'episode'})"
+                                      for m in missing)
+            raise EnvLoadError(f"{label} does not implement {', '.join(missing)}; define {signatures} "
+                               f"in {cls.__name__}")
+    else:
+        # Duck typing is fine: a class with both methods works without inheriting from Environment.
+        missing = [m for m in REQUIRED_METHODS if not callable(getattr(cls, m, None))]
+        if missing:
+            raise EnvLoadError(f"{label} is not an environment: it has no {', '.join(missing)}; subclass "
+                               f"aitrain_grpo.Environment and implement build_dataset(self, tokenizer) and "
+                               f"score_episode(self, episode)")
+    if inspect.isabstract(cls):
+        abstract = ", ".join(sorted(getattr(cls, "__abstractmethods__", ())))
+        raise EnvLoadError(f"{label} is abstract (unimplemented: {abstract}); implement them or pass a "
+                           f"concrete subclass")
+
+
+def _check_arguments(cls: type, kwargs: dict[str, Any]) -> None:
+    """Compare the config keys with the constructor's signature before calling it, so a typo is
+    reported as a typo rather than as a TypeError from deep inside __init__."""
+    try:
+        signature = inspect.signature(cls)
+    except (TypeError, ValueError):  # no introspectable signature (C extension): let the call decide
+        return
+    params = list(signature.parameters.values())
+    keywords = [p.name for p in params if p.kind in (p.POSITIONAL_OR_KEYWORD, p.KEYWORD_ONLY)]
+    if not any(p.kind == p.VAR_KEYWORD for p in params):
+        unknown = [k for k in kwargs if k not in keywords]
+        if unknown:
+            names = ", ".join(repr(k) for k in unknown)
+            if not keywords:
+                raise EnvLoadError(f"{cls.__name__} takes no config keywords but the config has {names}; "
+                                   f"remove them or add them to {cls.__name__}.__init__")
+            best = _closest(unknown[0], keywords)
+            fix = f"did you mean {best!r}?" if best else "remove or rename them"
+            raise EnvLoadError(f"{cls.__name__} does not accept config key(s) {names}; accepted keywords: "
+                               f"{', '.join(keywords)}; {fix}")
+    required = [p.name for p in params if p.kind in (p.POSITIONAL_OR_KEYWORD, p.KEYWORD_ONLY)
+                and p.default is p.empty and p.name not in kwargs]
+    if required:
+        names = ", ".join(repr(k) for k in required)
+        example = ", ".join(f'"{k}": ...' for k in required)
+        raise EnvLoadError(f"{cls.__name__} requires config key(s) {names} (no default in __init__); add "
+                           f"them to the config, e.g. '{{{example}}}'")
+
+
+def load_environment(module: str, class_name: str, config: str | Mapping | None = None) -> Environment:
+    """Import `module`, find `class_name`, and return `cls(**config)`; see `parse_config_json`."""
+    kwargs = parse_config_json(config)
+    mod = _import_module(module)
+    cls = _find_class(mod, class_name)
+    _check_is_environment(cls, mod.__name__)
+    _check_arguments(cls, kwargs)
+    try:
+        return cls(**kwargs)
+    except Exception as exc:
+        location = _user_location(exc)
+        at = f" (at {location})" if location else ""
+        raise EnvLoadError(f"{cls.__name__}(**config) raised {_describe_exception(exc)}{at}; fix the config "
+                           f"values or the constructor") from exc
+
+
+# -------------------------------------------------------------------------------------------- rows
+
+
+def _is_plain_prompt(prompt: Any) -> bool:
+    """The common, valid case, checked with exact types only (no ABC isinstance) so 100k rows stay cheap."""
+    if type(prompt) is str:
+        return bool(prompt) and not prompt.isspace()
+    if type(prompt) is not list or not prompt:
+        return False
+    for message in prompt:
+        if type(message) is not dict or type(message.get("content")) is not str:
+            return False
+        role = message.get("role")
+        if type(role) is not str or role not in MESSAGE_ROLES:
+            return False
+    return True
+
+
+def _check_prompt(prompt: Any, index: int, source: str) -> None:
+    """The slow path: find what is wrong with a prompt (or accept an unusual but valid one)."""
+    where = f"row {index} from {source}"
+    if isinstance(prompt, str):
+        if not prompt.strip():
+            raise EnvLoadError(f"{where} has an empty 'prompt' string; give it the task text")
+        return
+    if not isinstance(prompt, list):
+        raise EnvLoadError(f"{where} has a 'prompt' of type {type(prompt).__name__}; it must be a string or "
+                           f"a list of {{'role', 'content'}} messages")
+    if not prompt:
+        raise EnvLoadError(f"{where} has an empty 'prompt' list; add at least one message such as "
+                           f"{{'role': 'user', 'content': '...'}}")
+    for j, message in enumerate(prompt):
+        if not isinstance(message, Mapping):
+            raise EnvLoadError(f"{where}: prompt message {j} is a {type(message).__name__}, not a dict; "
+                               f"write {{'role': 'user', 'content': '...'}}")
+        role = message.get("role")
+        if not isinstance(role, str) or role not in MESSAGE_ROLES:
+            problem = "has no 'role'" if role is None else f"has role {_one_line(repr(role), 40)}"
+            raise EnvLoadError(f"{where}: prompt message {j} {problem}; roles must be one of "
+                               f"{_ROLE_LIST}")
+        content = message.get("content")
+        if isinstance(content, str):
+            continue
+        # An assistant message that only calls tools legitimately has no text.
+        if content is None and role == "assistant" and message.get("tool_calls"):
+            continue
+        problem = "has no 'content'" if content is None else f"has 'content' of type {type(content).__name__}"
+        raise EnvLoadError(f"{where}: prompt message {j} ({role}) {problem}; content must be a string")
+
+
+def validate_dataset(rows: Any, source: str = "build_dataset") -> list[dict[str, Any]]:
+    """Check the rows an environment built and return them as a list of plain dicts.
+
+    Accepts a `datasets.Dataset`, a list of dicts, or any iterable of mappings. `source` names where the
+    rows came from in error messages (e.g. 'HotelEnv.build_dataset').
+    """
+    returned = f"{source} returned {type(rows).__name__}"
+    datasets = sys.modules.get("datasets")  # a Dataset can only exist if datasets is imported
+    if datasets is not None and isinstance(rows, getattr(datasets, "Dataset", ())):
+        if "prompt" not in rows.column_names:
+            raise EnvLoadError(f"{source} returned a Dataset without a 'prompt' column (columns: "
+                               f"{', '.join(rows.column_names) or 'none'}); add a 'prompt' column")
+        converted = rows.to_list()  # Arrow -> fresh Python dicts in one pass
+    elif rows is None:
+        raise EnvLoadError(f"{returned}; return a list of dicts or a datasets.Dataset (is a `return` "
+                           f"statement missing?)")
+    elif isinstance(rows, Mapping):
+        splits = ", ".join(map(str, rows)) if type(rows).__name__ == "DatasetDict" else ""
+        hint = f"pick one split, e.g. ds[{next(iter(rows))!r}] (splits: {splits})" if splits else \
+            "return a list of row dicts, or datasets.Dataset.from_dict(columns) for a dict of columns"
+        raise EnvLoadError(f"{returned}, a mapping, not a list of rows; {hint}")
+    elif type(rows).__name__ == "DataFrame":
+        raise EnvLoadError(f"{returned}; return df.to_dict('records') or datasets.Dataset.from_pandas(df)")
+    elif isinstance(rows, (str, bytes)) or not isinstance(rows, Iterable):
+        raise EnvLoadError(f"{returned}; return a list of dicts (each with a 'prompt') or a datasets.Dataset")
+    else:
+        converted = []
+        for index, row in enumerate(rows):
+            if type(row) is not dict and not isinstance(row, Mapping):
+                raise EnvLoadError(f"row {index} from {source} is a {type(row).__name__}, not a dict; each "
+                                   f"row must be a dict with a 'prompt'")
+            converted.append(dict(row))  # shallow: the caller's row objects are never mutated
+    if not converted:
+        raise EnvLoadError(f"{source} returned no rows; return at least one row with a 'prompt'")
+    for index, row in enumerate(converted):
+        if "prompt" not in row:
+            columns = ", ".join(map(str, row)) or "none"
+            raise EnvLoadError(f"row {index} from {source} has no 'prompt' (columns: {_one_line(columns, 120)})"
+                               f"; add 'prompt': a string or a list of {{'role', 'content'}} messages")
+        if not _is_plain_prompt(row["prompt"]):
+            _check_prompt(row["prompt"], index, source)
+    return converted
+
+
+def build_rows(env: Any, tokenizer: Any) -> list[dict[str, Any]]:
+    """Call `env.build_dataset(tokenizer)` and validate what it returns."""
+    name = type(env).__name__
+    try:
+        rows = env.build_dataset(tokenizer)
+        if inspect.isawaitable(rows):  # an `async def build_dataset` is accepted
+            rows = asyncio.run(rows)
+    except Exception as exc:
+        location = _user_location(exc)
+        at = f" (at {location})" if location else ""
+        raise EnvLoadError(f"build_dataset of {name} raised {_describe_exception(exc)}{at}; fix "
+                           f"{name}.build_dataset") from exc
+    return validate_dataset(rows, source=f"{name}.build_dataset")

@@ -1,0 +1,236 @@
+"""`train(config)`: RunConfig -> GRPOConfig + GRPOTrainer with the rollout engine as `rollout_func`.
+
+TRL owns the algorithm (group-normalised advantages, the clipped loss over `env_mask == 1` tokens, KL,
+the optimizer); this module only wires our pieces into it:
+- the environment's dataset becomes `train_dataset`;
+- `rollout_func` plays the episodes of each batch with the `RolloutEngine`;
+- `episode_score` (the reward function) hands TRL the scores the engine computed.
+
+TRL passes `rollout_func` only the prompts, but episodes need their whole dataset row (the columns
+`score_episode` reads), so `EpisodeGRPOTrainer` keeps the batch's rows where the rollout can find them.
+
+Left out: the console display and files written during training (callbacks.py).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import time
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from .config import ConfigError, RunConfig
+from .env import Environment
+
+TRAINING_OUTPUT_FILES = ("run_config.json", "metrics.jsonl")
+
+
+def episode_score(prompts=None, completions=None, episode_score=None, **kwargs) -> list[float]:
+    """Reward function: the environment's score of each episode, computed during the rollout."""
+    if episode_score is None:
+        raise RuntimeError("episode_score is missing from the rollout output; is rollout_func set?")
+    return [float(s) for s in episode_score]
+
+
+def _trainer_class():
+    from trl import GRPOTrainer
+
+    class EpisodeGRPOTrainer(GRPOTrainer):
+        """GRPOTrainer that remembers the dataset rows of the batch being rolled out."""
+
+        rollout_rows: list[dict[str, Any]] = []
+
+        def _generate_and_score_completions(self, inputs):
+            self.rollout_rows = [dict(row) for row in inputs]
+            return super()._generate_and_score_completions(inputs)
+
+    return EpisodeGRPOTrainer
+
+
+def load_model_and_tokenizer(name_or_path: str):
+    """Load a causal LM and its tokenizer for training (float32 on CPU, bfloat16 on CUDA)."""
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    from .tiny import resolve_model
+
+    path = resolve_model(name_or_path)
+    tokenizer = AutoTokenizer.from_pretrained(path)
+    tokenizer.padding_side = "left"
+    if tokenizer.pad_token is None:
+        tokenizer.pad_token = tokenizer.eos_token
+    dtype = torch.bfloat16 if torch.cuda.is_available() else torch.float32
+    model = AutoModelForCausalLM.from_pretrained(path, dtype=dtype)
+    return model, tokenizer
+
+
+def grpo_config(config: RunConfig, output_dir: Path):
+    """Translate RunConfig into TRL's GRPOConfig, with CPU-friendly settings where there is no CUDA."""
+    from trl import GRPOConfig
+
+    on_cpu = not torch.cuda.is_available()
+    kwargs: dict[str, Any] = dict(
+        output_dir=str(output_dir),
+        learning_rate=config.lr,
+        per_device_train_batch_size=config.batch_size,
+        gradient_accumulation_steps=config.gradient_accumulation_steps,
+        num_generations=config.rl_num_generations,
+        max_completion_length=config.rl_max_completion_length,
+        temperature=config.rl_temperature if config.rl_temperature > 0 else 1.0,
+        top_k=config.rl_top_k,
+        top_p=config.rl_top_p,
+        beta=config.rl_kl_coef,
+        epsilon=config.rl_clip_range,
+        num_train_epochs=config.epochs,
+        max_steps=config.max_steps or -1,
+        seed=config.seed,
+        logging_steps=config.logging_steps,
+        save_strategy="steps" if config.save_steps else "no",
+        save_steps=config.save_steps or 500,
+        report_to=[] if config.report_to == "none" else [config.report_to],
+        remove_unused_columns=False,  # episodes need every column of their row
+        disable_tqdm=True,
+        log_completions=False,
+        use_vllm=config.use_vllm,
+        vllm_mode=config.vllm_mode,
+        vllm_gpu_memory_utilization=config.vllm_gpu_memory_utilization,
+        vllm_tensor_parallel_size=config.vllm_tensor_parallel_size,
+    )
+    if config.rl_loss_type:
+        kwargs["loss_type"] = config.rl_loss_type
+    if on_cpu:
+        # TRL's defaults assume a GPU; on a CPU they are slower (checkpointing) or unsupported (bf16).
+        kwargs.update(use_cpu=True, bf16=False, gradient_checkpointing=False)
+    return GRPOConfig(**kwargs)
+
+
+def make_rollout_func(env: Environment, config: RunConfig):
+    """The `rollout_func` TRL calls each generation step: play the batch's episodes, log `env/*`."""
+    from .backends.base import SamplingParams
+    from .backends.hf import HFBackend
+    from .rollout import RolloutEngine, batch_metrics
+
+    holder: dict[str, Any] = {}
+
+    def rollout(prompts: list, trainer) -> dict[str, Any]:
+        engine = holder.get("engine")
+        if engine is None:
+            engine = holder["engine"] = RolloutEngine(
+                env,
+                trainer.processing_class,
+                HFBackend.for_trainer(trainer),
+                max_new_tokens=config.rl_max_new_tokens,
+                max_turns=config.rl_max_turns,
+                max_completion_length=config.rl_max_completion_length,
+                sampling=SamplingParams(config.rl_temperature, config.rl_top_k, config.rl_top_p),
+                env_timeout=config.rl_env_timeout,
+            )
+        rows = trainer.rollout_rows
+        if len(rows) != len(prompts):
+            raise RuntimeError(f"rollout got {len(prompts)} prompts but {len(rows)} dataset rows")
+        batch = engine.run(rows)
+        summaries = batch.summaries()
+        if trainer.accelerator.num_processes > 1:
+            from accelerate.utils import gather_object
+
+            summaries = gather_object(summaries)
+        mode = "train" if trainer.model.training else "eval"
+        for key, value in batch_metrics(summaries).items():
+            trainer._metrics[mode][key].append(value)
+        trainer.last_rollout = batch
+        return batch.for_trl()
+
+    rollout.holder = holder
+    return rollout
+
+
+def _peft_config(config: RunConfig):
+    if not config.peft:
+        return None
+    from peft import LoraConfig
+
+    targets: Any = config.target_modules
+    if targets != "all-linear":
+        targets = [t.strip() for t in targets.split(",") if t.strip()]
+    return LoraConfig(
+        r=config.lora_r, lora_alpha=config.lora_alpha, lora_dropout=config.lora_dropout,
+        target_modules=targets, task_type="CAUSAL_LM",
+    )
+
+
+def check_output_dir(config: RunConfig) -> Path:
+    """Refuse to overwrite a finished run unless asked to."""
+    output_dir = config.resolved_output_dir()
+    if (output_dir / "run_summary.json").exists() and not config.overwrite:
+        raise ConfigError(
+            f"output directory {output_dir} already holds a finished run; pass --overwrite or choose another --output-dir"
+        )
+    return output_dir
+
+
+def train(config: RunConfig, env: Environment | None = None, *, callbacks: list | None = None) -> dict[str, Any]:
+    """Train the model in the environment as `config` says. Returns the run summary (also written to
+    `run_summary.json`). `env` skips loading the environment from `config` (Python API use)."""
+    from .callbacks import ConsoleCallback, MetricsFileCallback
+    from .loading import build_rows, load_environment
+
+    config.validate()
+    if config.use_vllm:
+        raise ConfigError("--use-vllm is not available in this version yet; drop it to generate with Hugging Face generate")
+    output_dir = check_output_dir(config)
+    if env is None:
+        env = load_environment(config.rl_env_module, config.rl_env_class, config.rl_env_config)
+    os.environ.setdefault("TRL_EXPERIMENTAL_SILENCE", "1")
+
+    model, tokenizer = load_model_and_tokenizer(config.model)
+    rows = build_rows(env, tokenizer)
+    from datasets import Dataset
+
+    dataset = Dataset.from_list(rows)
+    output_dir.mkdir(parents=True, exist_ok=True)
+    (output_dir / "metrics.jsonl").unlink(missing_ok=True)
+    (output_dir / "run_summary.json").unlink(missing_ok=True)
+    (output_dir / "run_config.json").write_text(json.dumps(config.to_dict(), indent=2, default=str) + "\n")
+
+    args = grpo_config(config, output_dir)
+    rollout = make_rollout_func(env, config)
+    trainer = _trainer_class()(
+        model=model,
+        args=args,
+        train_dataset=dataset,
+        processing_class=tokenizer,
+        reward_funcs=[episode_score],
+        rollout_func=rollout,
+        peft_config=_peft_config(config),
+        callbacks=[MetricsFileCallback(output_dir), ConsoleCallback(), *(callbacks or [])],
+    )
+    _drop_default_printer(trainer)
+    started = time.time()
+    try:
+        trainer.train()
+    finally:
+        engine = rollout.holder.get("engine")
+        if engine is not None:
+            engine.close()
+    trainer.save_model(str(output_dir))
+    summary: dict[str, Any] = {
+        "completed": True,
+        "global_step": trainer.state.global_step,
+        "runtime_seconds": round(time.time() - started, 2),
+        "model": config.model,
+        "adapter": bool(config.peft),
+    }
+    if trainer.accelerator.is_main_process:
+        tokenizer.save_pretrained(str(output_dir))
+        (output_dir / "run_summary.json").write_text(json.dumps(summary, indent=2) + "\n")
+    return summary
+
+
+def _drop_default_printer(trainer) -> None:
+    """transformers prints every log dict; our ConsoleCallback prints a compact line instead."""
+    from transformers.trainer_callback import PrinterCallback, ProgressCallback
+
+    trainer.remove_callback(PrinterCallback)
+    trainer.remove_callback(ProgressCallback)

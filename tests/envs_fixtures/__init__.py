@@ -1,0 +1,1 @@
+"""Small environment modules, good and broken, that tests/test_loading.py loads by module path."""

@@ -1,0 +1,3 @@
+"""A module that raises while it is being imported."""
+
+raise RuntimeError("database not reachable:\nretry later")

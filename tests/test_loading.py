@@ -1,0 +1,373 @@
+"""Loading environments by module path: the happy paths, and the one-line message for each mistake."""
+
+from __future__ import annotations
+
+import json
+import sys
+import textwrap
+from pathlib import Path
+
+import datasets
+import pytest
+
+from aitrain_grpo.env import Environment
+from aitrain_grpo.loading import EnvLoadError, build_rows, load_environment, parse_config_json, validate_dataset
+
+TESTS_DIR = Path(__file__).resolve().parent
+FIXTURES_DIR = TESTS_DIR / "envs_fixtures"
+# Packages these tests import; they are forgotten after each test so that every test imports afresh
+# (and a package written in one test's tmp_path never answers for another's).
+TEST_PACKAGES = ("envs_fixtures", "envs", "proj_envs")
+
+
+@pytest.fixture(autouse=True)
+def isolated_imports(monkeypatch):
+    saved_path = list(sys.path)
+    saved = {name: mod for name, mod in sys.modules.items() if name.split(".")[0] in TEST_PACKAGES}
+    for name in saved:
+        del sys.modules[name]
+    monkeypatch.chdir(TESTS_DIR)  # fixture modules resolve as envs_fixtures.<name> from here
+    yield
+    sys.path[:] = saved_path
+    for name in [n for n in sys.modules if n.split(".")[0] in TEST_PACKAGES]:
+        del sys.modules[name]
+    sys.modules.update(saved)
+
+
+def load_error(*args, **kwargs) -> str:
+    """The message of the EnvLoadError that load_environment raises, checked to be one line."""
+    with pytest.raises(EnvLoadError) as info:
+        load_environment(*args, **kwargs)
+    return one_line(info)
+
+
+def one_line(info) -> str:
+    message = str(info.value)
+    assert "\n" not in message and message.strip() == message, message
+    return message
+
+
+def write_package(root: Path, package: str, files: dict[str, str]) -> None:
+    folder = root / package
+    folder.mkdir(parents=True)
+    (folder / "__init__.py").write_text("")
+    for name, source in files.items():
+        (folder / name).write_text(textwrap.dedent(source))
+
+
+# ----------------------------------------------------------------------------------- happy paths
+
+
+def test_json_string_config_becomes_keyword_arguments():
+    env = load_environment("envs_fixtures.good", "GoodEnv", '{"num_tasks": 3, "seed": 7, "prefix": "Q"}')
+    assert (env.num_tasks, env.seed, env.prefix) == (3, 7, "Q")
+    assert isinstance(env, Environment)
+
+
+def test_config_from_at_file(tmp_path):
+    path = tmp_path / "env.json"
+    path.write_text(json.dumps({"num_tasks": 5}))
+    env = load_environment("envs_fixtures.good", "GoodEnv", f"@{path}")
+    assert env.num_tasks == 5 and env.seed == 0
+
+
+def test_config_from_relative_at_file_resolves_from_cwd(tmp_path, monkeypatch):
+    (tmp_path / "cfg.json").write_text('{"num_tasks": 2}')
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.syspath_prepend(str(TESTS_DIR))
+    assert load_environment("envs_fixtures.good", "GoodEnv", "@cfg.json").num_tasks == 2
+
+
+def test_config_as_dict_is_not_mutated():
+    config = {"num_tasks": 4}
+    env = load_environment("envs_fixtures.good", "GoodEnv", config)
+    assert env.num_tasks == 4 and config == {"num_tasks": 4}
+
+
+@pytest.mark.parametrize("config", [None, "", "   "])
+def test_empty_config_means_no_arguments(config):
+    assert load_environment("envs_fixtures.duck", "DuckEnv", config).size == 2
+
+
+def test_module_resolves_from_the_current_directory_first(tmp_path, monkeypatch):
+    # `envs` is also the name of the library's example package: the user's own folder must win.
+    write_package(tmp_path, "envs", {"hotel.py": """
+        from aitrain_grpo import env as base
+
+        class HotelEnv(base.Environment):
+            def __init__(self, rooms: int = 1):
+                self.rooms = rooms
+            def build_dataset(self, tokenizer):
+                return [{"prompt": "Book a room."}]
+            def score_episode(self, episode):
+                return 1.0
+    """})
+    monkeypatch.chdir(tmp_path)
+    env = load_environment("envs.hotel", "HotelEnv", '{"rooms": 3}')
+    assert env.rooms == 3
+    assert Path(sys.modules["envs.hotel"].__file__).parent == tmp_path / "envs"
+    assert sys.path[0] == str(tmp_path)
+
+
+def test_async_methods_are_allowed_and_var_keyword_accepts_any_key():
+    env = load_environment("envs_fixtures.async_env", "AsyncEnv", '{"anything": [1, 2]}')
+    assert env.options == {"anything": [1, 2]}
+    assert build_rows(env, tokenizer=None) == [{"prompt": "Say hi."}]
+
+
+def test_duck_typed_class_without_the_base_class_is_accepted():
+    env = load_environment("envs_fixtures.duck", "DuckEnv", '{"size": 3}')
+    assert len(build_rows(env, tokenizer=None)) == 3
+
+
+# ------------------------------------------------------------------------------- module errors
+
+
+def test_missing_top_level_module_names_it_and_the_cwd():
+    message = load_error("no_such_envs_pkg.hotel", "HotelEnv")
+    assert "'no_such_envs_pkg.hotel' not found" in message
+    assert "'no_such_envs_pkg'" in message and str(TESTS_DIR) in message
+
+
+def test_missing_submodule_lists_siblings_and_suggests_closest():
+    message = load_error("envs_fixtures.godo", "GoodEnv")
+    assert "package 'envs_fixtures'" in message and "no module 'godo'" in message
+    assert str(FIXTURES_DIR) in message  # where that package was found
+    assert message.endswith("did you mean 'envs_fixtures.good'?")
+
+
+def test_class_name_inside_module_path_is_pointed_out():
+    message = load_error("envs_fixtures.good.GoodEnv", "GoodEnv")
+    assert "'envs_fixtures.good' is a module, not a package" in message
+    assert message.endswith("pass module 'envs_fixtures.good' and class 'GoodEnv'")
+
+
+def test_file_path_instead_of_module_suggests_dotted_name():
+    message = load_error("envs_fixtures/good.py", "GoodEnv")
+    assert "not a file path" in message and "use 'envs_fixtures.good'" in message
+
+
+@pytest.mark.parametrize("module", ["", ".good"])
+def test_empty_or_relative_module_is_rejected(module):
+    assert "envs.hotel" in load_error(module, "GoodEnv")
+
+
+def test_failed_import_inside_module_names_the_import_and_the_file():
+    message = load_error("envs_fixtures.broken_import", "BrokenEnv")
+    assert message.startswith("module 'envs_fixtures.broken_import' failed to import: "
+                              "No module named 'nonexistent_pkg_for_aitrain_tests'")
+    assert f"(imported from {FIXTURES_DIR / 'broken_import.py'}:3)" in message
+    assert message.endswith("install it or fix the import")
+
+
+def test_import_of_missing_name_is_reported_with_file():
+    message = load_error("envs_fixtures.bad_name_import", "X")
+    assert "cannot import name 'no_such_function'" in message
+    assert str(FIXTURES_DIR / "bad_name_import.py") in message
+
+
+def test_syntax_error_reports_file_and_line(tmp_path, monkeypatch):
+    # Written at test time: a broken .py file in the repository would trip linters and compileall.
+    write_package(tmp_path, "proj_envs", {"syntax_error.py": """
+        from aitrain_grpo.env import Environment
+
+        class Env(Environment)
+            pass
+    """})
+    monkeypatch.chdir(tmp_path)
+    message = load_error("proj_envs.syntax_error", "Env")
+    assert "has a syntax error at" in message
+    assert f"{tmp_path / 'proj_envs' / 'syntax_error.py'}:4" in message
+    assert message.endswith("fix the code there")
+
+
+def test_exception_at_import_gives_type_message_and_location():
+    message = load_error("envs_fixtures.raises_at_import", "X")
+    assert "raised RuntimeError: database not reachable: retry later while importing" in message
+    assert f"{FIXTURES_DIR / 'raises_at_import.py'}:3" in message
+
+
+# -------------------------------------------------------------------------------- class errors
+
+
+def test_missing_class_lists_defined_classes_and_suggests_closest():
+    message = load_error("envs_fixtures.good", "GodEnv", '{"num_tasks": 1}')
+    assert "has no class 'GodEnv'" in message
+    assert "classes defined there: GoodEnv, Helper;" in message  # imported Environment/Episode not listed
+    assert message.endswith("did you mean 'GoodEnv'?")
+
+
+def test_missing_class_suggestion_ignores_case():
+    assert load_error("envs_fixtures.good", "goodenv").endswith("did you mean 'GoodEnv'?")
+
+
+def test_function_is_not_a_class():
+    message = load_error("envs_fixtures.good", "make_env")
+    assert "envs_fixtures.good.make_env is a function, not a class" in message and "GoodEnv" in message
+
+
+def test_instance_is_not_a_class_and_names_its_class():
+    message = load_error("envs_fixtures.good", "default_env")
+    assert "is an instance of GoodEnv, not a class" in message and "'GoodEnv'" in message
+
+
+@pytest.mark.parametrize("cls, missing", [("Helper", "build_dataset, score_episode"),
+                                          ("NotAnEnv", "score_episode")])
+def test_class_without_required_methods_is_not_an_environment(cls, missing):
+    module = "envs_fixtures.good" if cls == "Helper" else "envs_fixtures.duck"
+    message = load_error(module, cls)
+    assert f"class {cls} in '{module}' is not an environment: it has no {missing};" in message
+    assert "subclass aitrain_grpo.Environment" in message
+
+
+@pytest.mark.parametrize("cls, missing", [("NoScoreEnv", "score_episode"), ("NoDatasetToolEnv", "build_dataset")])
+def test_subclass_that_keeps_the_base_placeholder_names_the_method(cls, missing):
+    message = load_error("envs_fixtures.no_score", cls)
+    assert f"class {cls} in 'envs_fixtures.no_score' does not implement {missing};" in message
+
+
+def test_abstract_class_names_unimplemented_methods():
+    message = load_error("envs_fixtures.duck", "AbstractEnv")
+    assert "is abstract (unimplemented: grade)" in message
+
+
+# ------------------------------------------------------------------------------- config errors
+
+
+def test_invalid_json_gives_line_column_and_shell_quoting_hint():
+    message = load_error("envs_fixtures.good", "GoodEnv", "{num_tasks: 3}")
+    assert "config is not valid JSON" in message and "line 1, column 2" in message
+    assert "'{num_tasks: 3}'" in message  # what actually arrived after the shell
+    assert "double quotes" in message and "single quotes" in message
+
+
+def test_invalid_json_file_gives_line_and_column(tmp_path):
+    path = tmp_path / "bad.json"
+    path.write_text('{\n  "num_tasks": 3,\n  "seed": 1,\n}\n')
+    message = load_error("envs_fixtures.good", "GoodEnv", f"@{path}")
+    assert f"config file '{path}' is not valid JSON" in message and "line 4, column 1" in message
+
+
+def test_missing_config_file_names_the_path(tmp_path):
+    message = load_error("envs_fixtures.good", "GoodEnv", f"@{tmp_path / 'nope.json'}")
+    assert f"'{tmp_path / 'nope.json'}' not found" in message
+
+
+@pytest.mark.parametrize("text, kind", [("[1, 2]", "an array"), ("3", "a number"), ('"x"', "a string"),
+                                        ("null", "null")])
+def test_json_that_is_not_an_object_says_what_it_was(text, kind):
+    message = load_error("envs_fixtures.good", "GoodEnv", text)
+    assert f"must be a JSON object of keyword arguments, got {kind}" in message
+
+
+def test_unknown_key_lists_accepted_keywords_and_suggests():
+    message = load_error("envs_fixtures.good", "GoodEnv", '{"num_task": 3}')
+    assert "GoodEnv does not accept config key(s) 'num_task'" in message
+    assert "accepted keywords: num_tasks, seed, prefix" in message
+    assert message.endswith("did you mean 'num_tasks'?")
+
+
+def test_unknown_key_for_constructor_without_arguments():
+    message = load_error("envs_fixtures.duck", "NoKeywordsEnv", '{"x": 1}')
+    assert "NoKeywordsEnv takes no config keywords but the config has 'x'" in message
+
+
+def test_missing_required_argument_is_named():
+    message = load_error("envs_fixtures.good", "GoodEnv", "{}")
+    assert "GoodEnv requires config key(s) 'num_tasks'" in message and '"num_tasks": ...' in message
+
+
+def test_constructor_exception_is_one_line_with_type_and_location():
+    message = load_error("envs_fixtures.ctor_raises", "CtorRaisesEnv", '{"num_tasks": 0}')
+    assert message.startswith("CtorRaisesEnv(**config) raised ValueError: num_tasks must be positive, got 0")
+    assert f"{FIXTURES_DIR / 'ctor_raises.py'}:9" in message
+
+
+def test_parse_config_json_rejects_non_string_keys_and_other_types():
+    assert parse_config_json('{"a": 1}') == {"a": 1}
+    with pytest.raises(EnvLoadError, match="keys must be strings"):
+        parse_config_json({1: 2})
+    with pytest.raises(EnvLoadError, match="got list"):
+        parse_config_json([("a", 1)])
+
+
+# ------------------------------------------------------------------------------------ datasets
+
+
+def test_dataset_and_lists_become_plain_dicts():
+    ds = datasets.Dataset.from_list([{"prompt": [{"role": "user", "content": "hi"}], "x": 1}])
+    assert validate_dataset(ds) == [{"prompt": [{"role": "user", "content": "hi"}], "x": 1}]
+    rows = [{"prompt": "a"}]
+    out = validate_dataset(rows)
+    out[0]["extra"] = 1
+    assert rows == [{"prompt": "a"}]  # the environment's own rows are untouched
+    assert validate_dataset(r for r in rows) == [{"prompt": "a"}]
+
+
+def test_assistant_tool_call_message_may_have_no_content():
+    call = {"name": "f", "arguments": "{}"}
+    prompt = [{"role": "user", "content": "q"}, {"role": "assistant", "content": None, "tool_calls": [call]},
+              {"role": "tool", "content": "r"}]
+    assert validate_dataset([{"prompt": prompt}])[0]["prompt"] == prompt
+
+
+@pytest.mark.parametrize("rows, expected", [
+    (None, "build_dataset returned NoneType; return a list of dicts or a datasets.Dataset (is a `return`"),
+    (42, "build_dataset returned int;"),
+    ("prompt", "build_dataset returned str;"),
+    ({"prompt": ["a", "b"]}, "build_dataset returned dict, a mapping, not a list of rows"),
+    ([], "build_dataset returned no rows"),
+    ([{"prompt": "a"}, "b"], "row 1 from build_dataset is a str, not a dict"),
+    ([{"prompt": "a"}, {"question": "q", "answer": 1}], 
+     "row 1 from build_dataset has no 'prompt' (columns: question, answer)"),
+    ([{"prompt": " "}], "row 0 from build_dataset has an empty 'prompt' string"),
+    ([{"prompt": []}], "row 0 from build_dataset has an empty 'prompt' list"),
+    ([{"prompt": 5}], "row 0 from build_dataset has a 'prompt' of type int"),
+    ([{"prompt": ["hi"]}], "row 0 from build_dataset: prompt message 0 is a str, not a dict"),
+    ([{"prompt": [{"content": "hi"}]}], 
+     "prompt message 0 has no 'role'; roles must be one of system, user, assistant, tool"),
+    ([{"prompt": [{"role": "bot", "content": "hi"}]}], "prompt message 0 has role 'bot'; roles must be one of"),
+    ([{"prompt": [{"role": "user", "content": 3}]}], "prompt message 0 (user) has 'content' of type int"),
+    ([{"prompt": "a"}, {"prompt": [{"role": "user"}]}], 
+     "row 1 from build_dataset: prompt message 0 (user) has no 'content'"),
+])
+def test_bad_rows_name_the_row_and_the_problem(rows, expected):
+    with pytest.raises(EnvLoadError) as info:
+        validate_dataset(rows)
+    assert expected in one_line(info)
+
+
+def test_dataset_without_prompt_column_lists_columns():
+    ds = datasets.Dataset.from_list([{"question": "q"}])
+    with pytest.raises(EnvLoadError, match=r"without a 'prompt' column \(columns: question\)"):
+        validate_dataset(ds)
+
+
+def test_dataset_dict_asks_for_one_split():
+    dd = datasets.DatasetDict({"train": datasets.Dataset.from_list([{"prompt": "a"}])})
+    with pytest.raises(EnvLoadError, match=r"pick one split, e.g. ds\['train'\]"):
+        validate_dataset(dd)
+
+
+def test_build_rows_returns_validated_rows():
+    env = load_environment("envs_fixtures.good", "GoodEnv", '{"num_tasks": 2}')
+    rows = build_rows(env, tokenizer=None)
+    assert [r["answer"] for r in rows] == [0, 1] and rows[0]["prompt"][0]["content"] == "Task 0"
+
+
+def test_build_rows_reports_exception_in_build_dataset():
+    env = load_environment("envs_fixtures.ctor_raises", "CtorRaisesEnv")
+    with pytest.raises(EnvLoadError) as info:
+        build_rows(env, tokenizer=None)
+    message = one_line(info)
+    assert message.startswith("build_dataset of CtorRaisesEnv raised KeyError: 'missing_column'")
+    assert f"{FIXTURES_DIR / 'ctor_raises.py'}:13" in message
+
+
+def test_build_rows_names_the_class_when_rows_are_wrong():
+    class NoReturnEnv(Environment):
+        def build_dataset(self, tokenizer):
+            [{"prompt": "forgot to return"}]
+
+    with pytest.raises(EnvLoadError, match=r"NoReturnEnv.build_dataset returned NoneType"):
+        build_rows(NoReturnEnv(), tokenizer=None)
