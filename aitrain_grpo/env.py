@@ -45,6 +45,8 @@ class Episode:
     # Problems found while parsing the last turn's tool calls (bad JSON, missing name, ...).
     tool_call_errors: list[str] = field(default_factory=list)
     score: float | None = None
+    # The turn cap in force for this episode (the environment's, or lower if the run config says so).
+    max_turns: int | None = None
     num_tool_calls: int = 0
     num_tool_errors: int = 0
 
@@ -270,7 +272,13 @@ class ToolEnvironment(Environment):
 
     def __init_subclass__(cls, **kwargs):
         super().__init_subclass__(**kwargs)
-        cls._tool_names = [n for n, v in inspect.getmembers(cls) if callable(v) and hasattr(v, _TOOL_MARK)]
+        # Definition order (base classes first), so the prompt lists tools as the author wrote them.
+        names: dict[str, None] = {}
+        for klass in reversed(cls.__mro__):
+            for attr, value in vars(klass).items():
+                if callable(value) and hasattr(value, _TOOL_MARK):
+                    names[attr] = None
+        cls._tool_names = list(names)
 
     @property
     def tool_specs(self) -> dict[str, ToolSpec]:
@@ -300,8 +308,10 @@ class ToolEnvironment(Environment):
         for problem in episode.tool_call_errors:
             episode.num_tool_errors += 1
             replies.append({"role": "tool", "name": "error", "content": f"Error: {problem}"})
-        results = await asyncio.gather(*(self.run_tool_call(episode, call) for call in episode.tool_calls))
-        replies.extend(results)
+        # One call after another, in the order the model wrote them: tools often change state
+        # (a booking), and the model reads the results in that order. Episodes still run concurrently.
+        for call in episode.tool_calls:
+            replies.append(await self.run_tool_call(episode, call))
         return replies
 
     async def run_tool_call(self, episode: Episode, call: ToolCall) -> Message:

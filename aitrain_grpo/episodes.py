@@ -91,7 +91,7 @@ class EpisodeRunner:
     # -------------------------------------------------------------------------------- episodes
 
     def new_episode(self, row: dict[str, Any]) -> Episode:
-        return Episode(row=row, messages=prompt_messages(row["prompt"]))
+        return Episode(row=row, messages=prompt_messages(row["prompt"]), max_turns=self.max_turns)
 
     async def reset(self, episode: Episode) -> None:
         try:

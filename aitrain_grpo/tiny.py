@@ -20,14 +20,13 @@ import logging
 import os
 import random
 import shutil
-import tempfile
 import uuid
 from pathlib import Path
 
 logger = logging.getLogger(__name__)
 
 TINY_MODEL_ID = "tiny"
-TINY_VERSION = 1
+TINY_VERSION = 2
 
 PAD_TOKEN = "<|endoftext|>"
 IM_START = "<|im_start|>"
@@ -119,28 +118,24 @@ available availability price prices total budget breakfast suite double single c
 confirm confirmed confirmation cancel search results stay arrival departure rating stars cheap
 nearby airport""".split()
 
+
+def _function_schema(name: str, description: str, optional=(), **params: tuple[str, str]) -> dict:
+    properties = {key: {"type": kind, "description": text} for key, (kind, text) in params.items()}
+    required = [key for key in params if key not in optional]
+    return {"type": "function", "function": {"name": name, "description": description, "parameters": {
+        "type": "object", "properties": properties, "required": required}}}
+
+
+_DATE = "YYYY-MM-DD."
 HOTEL_TOOLS = [
-    {"type": "function", "function": {
-        "name": "search_hotels", "description": "Find hotels in a city.",
-        "parameters": {"type": "object", "properties": {
-            "city": {"type": "string", "description": "City name."},
-            "max_price": {"type": "integer", "description": "Highest price per night."}},
-            "required": ["city"]}}},
-    {"type": "function", "function": {
-        "name": "check_availability", "description": "Check free rooms for a stay.",
-        "parameters": {"type": "object", "properties": {
-            "hotel_id": {"type": "string", "description": "Hotel id."},
-            "check_in": {"type": "string", "description": "Arrival date, YYYY-MM-DD."},
-            "check_out": {"type": "string", "description": "Departure date, YYYY-MM-DD."}},
-            "required": ["hotel_id", "check_in", "check_out"]}}},
-    {"type": "function", "function": {
-        "name": "book_hotel", "description": "Book a room for a guest.",
-        "parameters": {"type": "object", "properties": {
-            "hotel_id": {"type": "string", "description": "Hotel id."},
-            "guest_name": {"type": "string", "description": "Full name of the guest."},
-            "check_in": {"type": "string", "description": "Arrival date, YYYY-MM-DD."},
-            "nights": {"type": "integer", "description": "Number of nights."}},
-            "required": ["hotel_id", "guest_name", "check_in", "nights"]}}},
+    _function_schema("search_hotels", "Find hotels in a city.", optional=("max_price",),
+                     city=("string", "City name."), max_price=("integer", "Highest price per night.")),
+    _function_schema("check_availability", "Check free rooms for a stay.", hotel_id=("string", "Hotel id."),
+                     check_in=("string", f"Arrival date, {_DATE}"),
+                     check_out=("string", f"Departure date, {_DATE}")),
+    _function_schema("book_hotel", "Book a room for a guest.", hotel_id=("string", "Hotel id."),
+                     guest_name=("string", "Full name of the guest."),
+                     check_in=("string", f"Arrival date, {_DATE}"), nights=("integer", "Number of nights.")),
 ]
 
 _SYSTEM_PROMPTS = [
@@ -326,20 +321,15 @@ def _build_into(directory: Path, seed: int) -> None:
     pad_id = tokenizer.convert_tokens_to_ids(PAD_TOKEN)
     eos_id = tokenizer.convert_tokens_to_ids(IM_END)
     config = LlamaConfig(
-        hidden_size=64,
-        intermediate_size=128,
-        num_hidden_layers=2,
-        num_attention_heads=4,
-        num_key_value_heads=2,
-        vocab_size=len(tokenizer),
-        max_position_embeddings=4096,
+        hidden_size=64, intermediate_size=128, num_hidden_layers=2,
+        num_attention_heads=4, num_key_value_heads=2,
+        # hidden_size / heads would be 16, below the smallest head size vLLM's CPU attention runs.
+        head_dim=32,
+        vocab_size=len(tokenizer), max_position_embeddings=4096, tie_word_embeddings=False,
         # Larger-than-usual init: with 0.02 the weights are so small that LoRA on top barely learns.
         initializer_range=0.1,
         # The tokenizer adds no BOS; the id is only there for code that insists on one.
-        bos_token_id=pad_id,
-        eos_token_id=eos_id,
-        pad_token_id=pad_id,
-        tie_word_embeddings=False,
+        bos_token_id=pad_id, eos_token_id=eos_id, pad_token_id=pad_id,
     )
     # A private RNG stream: building must not disturb the caller's random state, and the same seed
     # must give the same weights whatever ran before.
@@ -355,9 +345,12 @@ def _build_into(directory: Path, seed: int) -> None:
 
 
 def _temp_dir_beside(target: Path) -> Path:
-    # Same folder as the target, so the final rename stays on one filesystem and is atomic.
+    # Same folder as the target, so the final rename stays on one filesystem and is atomic. A plain
+    # mkdir (not mkdtemp, which makes it private) so a shared cache stays readable under the umask.
     target.parent.mkdir(parents=True, exist_ok=True)
-    return Path(tempfile.mkdtemp(prefix=f".{target.name}.tmp-", dir=target.parent))
+    temp = target.with_name(f".{target.name}.tmp-{uuid.uuid4().hex}")
+    temp.mkdir()
+    return temp
 
 
 def build_tiny_model(output_dir, *, seed: int = 0) -> Path:

@@ -56,6 +56,9 @@ def load_model_and_tokenizer(name_or_path: str):
 
     from .tiny import resolve_model
 
+    from transformers.utils import logging as hf_logging
+
+    hf_logging.disable_progress_bar()
     path = resolve_model(name_or_path)
     tokenizer = AutoTokenizer.from_pretrained(path)
     tokenizer.padding_side = "left"
@@ -102,7 +105,8 @@ def grpo_config(config: RunConfig, output_dir: Path):
         kwargs["loss_type"] = config.rl_loss_type
     if on_cpu:
         # TRL's defaults assume a GPU; on a CPU they are slower (checkpointing) or unsupported (bf16).
-        kwargs.update(use_cpu=True, bf16=False, gradient_checkpointing=False)
+        checkpointing = "activation_checkpointing" if "activation_checkpointing" in GRPOConfig.__dataclass_fields__ else "gradient_checkpointing"
+        kwargs.update(use_cpu=True, bf16=False, **{checkpointing: False})
     return GRPOConfig(**kwargs)
 
 
@@ -170,9 +174,12 @@ def check_output_dir(config: RunConfig) -> Path:
     return output_dir
 
 
-def train(config: RunConfig, env: Environment | None = None, *, callbacks: list | None = None) -> dict[str, Any]:
-    """Train the model in the environment as `config` says. Returns the run summary (also written to
-    `run_summary.json`). `env` skips loading the environment from `config` (Python API use)."""
+def build_trainer(config: RunConfig, env: Environment | None = None, *, callbacks: list | None = None):
+    """Everything `train` does before `trainer.train()`: validate, load the environment, model and
+    dataset, write `run_config.json`, and construct the trainer. Returns the trainer; its
+    `rollout_func.holder["engine"]` is the rollout engine once the first batch has been played."""
+    from datasets import Dataset
+
     from .callbacks import ConsoleCallback, MetricsFileCallback
     from .loading import build_rows, load_environment
 
@@ -185,33 +192,36 @@ def train(config: RunConfig, env: Environment | None = None, *, callbacks: list 
     os.environ.setdefault("TRL_EXPERIMENTAL_SILENCE", "1")
 
     model, tokenizer = load_model_and_tokenizer(config.model)
-    rows = build_rows(env, tokenizer)
-    from datasets import Dataset
-
-    dataset = Dataset.from_list(rows)
+    dataset = Dataset.from_list(build_rows(env, tokenizer))
     output_dir.mkdir(parents=True, exist_ok=True)
-    (output_dir / "metrics.jsonl").unlink(missing_ok=True)
-    (output_dir / "run_summary.json").unlink(missing_ok=True)
+    for stale in ("metrics.jsonl", "run_summary.json"):
+        (output_dir / stale).unlink(missing_ok=True)
     (output_dir / "run_config.json").write_text(json.dumps(config.to_dict(), indent=2, default=str) + "\n")
 
-    args = grpo_config(config, output_dir)
-    rollout = make_rollout_func(env, config)
     trainer = _trainer_class()(
         model=model,
-        args=args,
+        args=grpo_config(config, output_dir),
         train_dataset=dataset,
         processing_class=tokenizer,
         reward_funcs=[episode_score],
-        rollout_func=rollout,
+        rollout_func=make_rollout_func(env, config),
         peft_config=_peft_config(config),
         callbacks=[MetricsFileCallback(output_dir), ConsoleCallback(), *(callbacks or [])],
     )
     _drop_default_printer(trainer)
+    return trainer
+
+
+def train(config: RunConfig, env: Environment | None = None, *, callbacks: list | None = None) -> dict[str, Any]:
+    """Train the model in the environment as `config` says. Returns the run summary (also written to
+    `run_summary.json`). `env` skips loading the environment from `config` (Python API use)."""
+    trainer = build_trainer(config, env, callbacks=callbacks)
+    output_dir = config.resolved_output_dir()
     started = time.time()
     try:
         trainer.train()
     finally:
-        engine = rollout.holder.get("engine")
+        engine = trainer.rollout_func.holder.get("engine")
         if engine is not None:
             engine.close()
     trainer.save_model(str(output_dir))
@@ -223,7 +233,7 @@ def train(config: RunConfig, env: Environment | None = None, *, callbacks: list 
         "adapter": bool(config.peft),
     }
     if trainer.accelerator.is_main_process:
-        tokenizer.save_pretrained(str(output_dir))
+        trainer.processing_class.save_pretrained(str(output_dir))
         (output_dir / "run_summary.json").write_text(json.dumps(summary, indent=2) + "\n")
     return summary
 
