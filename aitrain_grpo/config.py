@@ -36,14 +36,14 @@ class RunConfig:
 
     # model and environment
     model: str = _opt("tiny", "Model id or path; 'tiny' builds a small local model (no download).")
-    output_dir: str | None = _opt(None, "Where the model, checkpoints and logs go [default: outputs/<env class>].")
+    output_dir: str | None = _opt(None, "Where the model, checkpoints and logs go (default: outputs/<env class>).")
     rl_env_module: str = _opt("", "Python module of the environment, e.g. envs.hotel (resolved from the current directory).")
     rl_env_class: str = _opt("", "Environment class in that module, e.g. HotelEnv.")
     rl_env_config: Any = _opt(None, "JSON object of keyword arguments for the environment, or @file.json.")
     # episodes
     rl_num_generations: int = _opt(4, "Episodes per prompt (the GRPO group size).")
     rl_max_new_tokens: int = _opt(128, "Token limit of one model turn.")
-    rl_max_turns: int | None = _opt(None, "Cap on model turns per episode [default: the environment's max_turns].")
+    rl_max_turns: int | None = _opt(None, "Cap on model turns per episode (default: the environment's max_turns).")
     rl_max_completion_length: int = _opt(1024, "Token budget of a whole episode after the prompt (model + environment).")
     rl_temperature: float = _opt(1.0, "Sampling temperature.")
     rl_top_k: int = _opt(50, "Top-k sampling (0 = off).")
@@ -52,9 +52,9 @@ class RunConfig:
     # GRPO
     rl_kl_coef: float = _opt(0.1, "KL penalty against the reference model (TRL's beta).")
     rl_clip_range: float = _opt(0.2, "PPO-style clip range (TRL's epsilon).")
-    rl_loss_type: str | None = _opt(None, f"TRL loss type: {', '.join(LOSS_TYPES)} [default: TRL's].")
+    rl_loss_type: str | None = _opt(None, f"TRL loss type: {', '.join(LOSS_TYPES)} (default: TRL's).")
     lr: float = _opt(1e-5, "Learning rate.")
-    max_steps: int | None = _opt(None, "Optimizer steps to run [default: --epochs over the dataset].")
+    max_steps: int | None = _opt(None, "Optimizer steps to run (default: --epochs over the dataset).")
     epochs: float = _opt(1.0, "Passes over the dataset when --max-steps is not set.")
     batch_size: int = _opt(8, "Episodes per device per optimizer step; a multiple of --rl-num-generations.")
     gradient_accumulation_steps: int = _opt(1, "Micro-batches per optimizer step.")
@@ -67,7 +67,7 @@ class RunConfig:
     target_modules: str = _opt("all-linear", "LoRA target modules: all-linear or a comma-separated list.")
     # logging and saving
     logging_steps: int = _opt(1, "Log metrics every N steps.")
-    save_steps: int | None = _opt(None, "Save a checkpoint every N steps [default: only at the end].")
+    save_steps: int | None = _opt(None, "Save a checkpoint every N steps (default: only at the end).")
     report_to: str = _opt("none", f"Experiment tracker: {', '.join(REPORT_TO)}.")
     overwrite: bool = _opt(False, "Allow writing into an output directory that holds a finished run.")
     # vLLM
@@ -89,7 +89,7 @@ class RunConfig:
     def help_for(cls, name: str) -> str:
         f = next(f for f in fields(cls) if f.name == name)
         default = f.default
-        shown = "" if default is None or isinstance(default, bool) or default == "" else f" [default: {default}]"
+        shown = "" if default is None or isinstance(default, bool) or default == "" else f" (default: {default})"
         return f.metadata["help"] + shown
 
     @classmethod

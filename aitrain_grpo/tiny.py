@@ -138,12 +138,8 @@ HOTEL_TOOLS = [
                      check_in=("string", f"Arrival date, {_DATE}"), nights=("integer", "Number of nights.")),
 ]
 
-_SYSTEM_PROMPTS = [
-    "You are a helpful assistant.",
-    "You are a hotel booking assistant. Use the tools to help the guest.",
-    "Answer briefly.",
-    "You are a friendly travel agent.",
-]
+_SYSTEM_PROMPTS = ["You are a helpful assistant.", "Answer briefly.", "You are a friendly travel agent.",
+                   "You are a hotel booking assistant. Use the tools to help the guest."]
 
 _NAMES = "Ada Ben Chen Dana Eli Fatima Gus Hana Ivan Jo Kai Lena Maya Noor Omar Pia Raj Sara Tom Uma".split()
 
@@ -339,9 +335,12 @@ def _build_into(directory: Path, seed: int) -> None:
         _warm_up(model, tokenizer, seed)
     model.generation_config.eos_token_id = eos_id
     model.generation_config.pad_token_id = pad_id
-    model.generation_config.bos_token_id = pad_id
     model.to(torch.float32).save_pretrained(directory)
     tokenizer.save_pretrained(directory)
+    # The weights file is written private; give every file the folder's umask-derived mode instead,
+    # so a cache shared through AITRAIN_CACHE_DIR is readable by whoever can read the folder.
+    for path in directory.iterdir():
+        path.chmod(directory.stat().st_mode & 0o666)
 
 
 def _temp_dir_beside(target: Path) -> Path:

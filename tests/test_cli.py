@@ -1,0 +1,100 @@
+"""`aitrain grpo` as a user runs it: bad input gets one line and exit 2; a short hotel run leaves a
+usable output directory."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from conftest import REPO, run_cli
+
+FIXTURES = REPO / "tests"
+HOTEL = ["--rl-env-module", "envs.hotel", "--rl-env-class", "HotelEnv"]
+
+
+def assert_one_line_error(result, *fragments: str) -> str:
+    assert result.returncode == 2, result.stdout + result.stderr
+    lines = [line for line in result.stderr.splitlines() if line.strip()]
+    assert len(lines) == 1, result.stderr
+    assert lines[0].startswith("error: ")
+    assert "Traceback" not in result.stderr + result.stdout
+    for fragment in fragments:
+        assert fragment in lines[0], lines[0]
+    return lines[0]
+
+
+@pytest.mark.parametrize(
+    "args, fragments",
+    [
+        (["--rl-env-module", "envs_fixtures.nope", "--rl-env-class", "X"], ["module 'envs_fixtures.nope' not found"]),
+        (["--rl-env-module", "envs_fixtures.broken_import", "--rl-env-class", "BrokenEnv"], ["failed to import", "nonexistent"]),
+        (["--rl-env-module", "envs.hotel", "--rl-env-class", "HotelEnvv"], ["has no class 'HotelEnvv'", "did you mean 'HotelEnv'"]),
+        (["--rl-env-module", "envs.hotel", "--rl-env-class", "HotelEnv", "--rl-env-config", "{num_tasks: 3}"], ["not valid JSON", "line 1, column 2"]),
+        (["--rl-env-module", "envs.hotel", "--rl-env-class", "HotelEnv", "--rl-env-config", "[1, 2]"], ["must be a JSON object", "array"]),
+        (["--rl-env-module", "envs.hotel", "--rl-env-class", "HotelEnv", "--rl-env-config", '{"num_task": 3}'], ["does not accept config key(s) 'num_task'", "num_tasks"]),
+        (["--rl-env-module", "envs.hotel", "--rl-env-class", "HotelEnv", "--rl-env-config", '{"num_tasks": 0}'], ["raised ValueError"]),
+        (["--rl-env-module", "envs.hotel", "--rl-env-class", "HotelEnv", "--rl-env-config", "@missing.json"], ["config file 'missing.json' not found"]),
+        (["--rl-env-module", "envs_fixtures.no_score", "--rl-env-class", "NoScoreEnv"], ["score_episode"]),
+    ],
+)
+def test_environment_load_errors(args, fragments):
+    assert_one_line_error(run_cli("grpo", *args, cwd=FIXTURES), *fragments)
+
+
+@pytest.mark.parametrize(
+    "extra, fragments",
+    [
+        (["--rl-num-generations", "1"], ["--rl-num-generations must be at least 2"]),
+        (["--batch-size", "6"], ["--batch-size 6 is not a multiple of --rl-num-generations 4", "4, 8, 12, 16"]),
+        (["--vllm-mode", "foo"], ["--vllm-mode 'foo' is not one of colocate, server"]),
+        (["--use-vllm", "--vllm-mode", "server"], ["--vllm-mode server needs --vllm-server-url"]),
+        (["--rl-max-new-tokens", "0"], ["--rl-max-new-tokens must be a positive integer"]),
+        (["--lr", "-1"], ["--lr must be positive"]),
+    ],
+)
+def test_bad_options(extra, fragments):
+    assert_one_line_error(run_cli("grpo", *HOTEL, *extra), *fragments)
+
+
+def test_config_file_with_unknown_key(tmp_path):
+    path = tmp_path / "run.yaml"
+    path.write_text("rl-env-module: envs.hotel\nrl-env-class: HotelEnv\nlearning_rate: 0.1\n")
+    assert_one_line_error(run_cli("grpo", "--config", str(path)), "unknown option(s): learning_rate")
+
+
+def test_debug_shows_the_traceback():
+    result = run_cli("grpo", "--rl-env-module", "envs.hotel", "--rl-env-class", "Nope", "--debug")
+    assert result.returncode != 0 and "Traceback" in result.stderr and "EnvLoadError" in result.stderr
+
+
+def test_hotel_run_writes_model_config_and_metrics(tiny_model_dir, tmp_path):
+    out = tmp_path / "hotel"
+    result = run_cli(
+        "grpo", *HOTEL, "--model", tiny_model_dir, "--output-dir", str(out), "--max-steps", "2",
+        "--rl-env-config", '{"num_tasks": 8, "seed": 3}', "--rl-max-new-tokens", "32",
+    )
+    assert result.returncode == 0, result.stderr[-2000:]
+    assert "step 2/2" in result.stdout
+    config = json.loads((out / "run_config.json").read_text())
+    assert config["rl_env_module"] == "envs.hotel" and config["rl_env_class"] == "HotelEnv"
+    assert config["rl_env_config"] == '{"num_tasks": 8, "seed": 3}'
+    records = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
+    assert [r["step"] for r in records] == [1, 2]
+    for key in ("reward", "reward_std", "env/score_mean", "env/turns_mean", "env/errors", "env/tool_calls_mean"):
+        assert key in records[0], key
+    assert (out / "adapter_config.json").exists() and (out / "adapter_model.safetensors").exists()
+    assert (out / "tokenizer_config.json").exists()
+    # The saved adapter loads on top of its base model.
+    from peft import AutoPeftModelForCausalLM
+
+    AutoPeftModelForCausalLM.from_pretrained(str(out))
+
+    again = run_cli("grpo", *HOTEL, "--model", tiny_model_dir, "--output-dir", str(out), "--max-steps", "1")
+    assert_one_line_error(again, "already holds a finished run", "--overwrite")
+
+
+def test_default_model_is_announced(tmp_path):
+    result = run_cli("grpo", "--rl-env-module", "envs.hotel", "--rl-env-class", "Nope", cwd=tmp_path)
+    assert "built-in tiny model" in result.stdout and "--model Qwen/Qwen2.5-0.5B-Instruct" in result.stdout
