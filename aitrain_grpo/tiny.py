@@ -10,7 +10,8 @@ a path that `from_pretrained` accepts.
 
 Deliberately left out: any notion of quality (the model answers with word salad), multimodal or
 list-of-parts message content, reasoning blocks, parallel-call formatting beyond simple
-concatenation, and cleanup of temp folders left behind by a build that was killed half-way.
+concatenation, identical weights across torch versions or thread counts (a seed is reproducible on
+one setup), and cleanup of temp folders left behind by a build that was killed half-way.
 """
 
 from __future__ import annotations
