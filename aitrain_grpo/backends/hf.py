@@ -62,8 +62,9 @@ class HFBackend:
             max_new_tokens=max_tokens,
             do_sample=not greedy,
             temperature=None if greedy else sampling.temperature,
-            top_k=None if greedy or not sampling.top_k else sampling.top_k,
-            top_p=None if greedy or sampling.top_p >= 1.0 else sampling.top_p,
+            # 0 and 1.0 switch the filters off; None would fall back to transformers' defaults (top-k 50).
+            top_k=None if greedy else int(sampling.top_k),
+            top_p=None if greedy else float(sampling.top_p),
             eos_token_id=self.stop_ids,
             pad_token_id=self.pad_id,
             return_dict_in_generate=True,
