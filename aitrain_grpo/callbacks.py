@@ -1,21 +1,35 @@
-"""Trainer callbacks: the metrics file and a compact console line per logging step.
+"""Trainer callbacks that write a run's files, and `training_callbacks`, the set `build_trainer` registers.
 
-`metrics.jsonl` holds one JSON object per logged training step: `step`, TRL's `reward` and
-`reward_std`, the loss and KL, and every `env/*` value the rollout logged. Only the main process
-writes it. The console line is what a person watching the run reads: reward, turns, errors, speed.
+Files in the output directory, written by the main process only:
+- `metrics.jsonl`: one JSON object per logged training step: `step`, TRL's `reward` and `reward_std`,
+  loss, KL, entropy, grad_norm, and every `env/*` value the rollout logged.
+- `scores.jsonl`: every episode score of every step (`{"step", "scores"}`), for the score distribution.
+- `episodes.jsonl`: at step 1 and every `--log-episodes-every` steps, a sample of whole episodes (the
+  best and worst of the batch and random others): messages, score, turns, error, step.
+- `report.html`: regenerated whenever episodes are sampled and at the end of training (report.py).
 
-Left out: health warnings, transcripts and reports.
+A resumed run starts these files again from its checkpoint's step: records of later steps, which the
+resumed run is about to redo, are dropped when training begins.
+
+Left out: the console (progress.py), health warnings (health.py) and the page itself (report.py).
 """
 
 from __future__ import annotations
 
+import importlib.util
 import json
 import math
-import time
+import random
 from pathlib import Path
+from typing import Any
 
 from rich.console import Console
 from transformers import TrainerCallback
+
+from .config import ConfigError, RunConfig
+
+# The packages transformers' integrations import for each --report-to value (any one of them will do).
+TRACKER_PACKAGES = {"tensorboard": ("tensorboard", "tensorboardX"), "wandb": ("wandb",), "trackio": ("trackio",)}
 
 
 def _clean(value):
@@ -24,42 +38,155 @@ def _clean(value):
     return value
 
 
+def _append(path: Path, records: list[dict[str, Any]]) -> None:
+    with path.open("a") as f:
+        for record in records:
+            f.write(json.dumps(record, default=str) + "\n")
+
+
+def drop_records_after(path: Path, step: int) -> None:
+    """Keep only the records of steps up to `step` (all of them go for a fresh run, step 0)."""
+    if not path.exists():
+        return
+    if step <= 0:
+        path.unlink()
+        return
+    kept = []
+    for line in path.read_text().splitlines():
+        try:
+            record = json.loads(line)
+        except json.JSONDecodeError:
+            continue  # a line torn by the crash being resumed from
+        if isinstance(record, dict) and isinstance(record.get("step"), int) and record["step"] <= step:
+            kept.append(line)
+    path.write_text("".join(line + "\n" for line in kept))
+
+
 class MetricsFileCallback(TrainerCallback):
     """Appends each training log (not the end-of-run summary) to `<output_dir>/metrics.jsonl`."""
 
     def __init__(self, output_dir: str | Path):
         self.path = Path(output_dir) / "metrics.jsonl"
 
+    def on_train_begin(self, args, state, control, **kwargs):
+        if state.is_world_process_zero:
+            drop_records_after(self.path, state.global_step)
+
     def on_log(self, args, state, control, logs=None, **kwargs):
         if not state.is_world_process_zero or not logs or "reward" not in logs:
             return
-        record = {"step": state.global_step, **{k: _clean(v) for k, v in logs.items()}}
-        with self.path.open("a") as f:
-            f.write(json.dumps(record) + "\n")
+        _append(self.path, [{"step": state.global_step, **{k: _clean(v) for k, v in logs.items()}}])
 
 
-class ConsoleCallback(TrainerCallback):
-    """One line per logging step: step/total, reward mean±std, turns, errors, seconds per step."""
+def sample_indices(scores: list[float], count: int, rng: random.Random) -> list[int]:
+    """Which episodes of a batch to keep: the best, the worst, then random others; in batch order."""
+    if count >= len(scores):
+        return list(range(len(scores)))
+    by_score = sorted(range(len(scores)), key=lambda i: scores[i])
+    picked = [by_score[-1], by_score[0]][:count]
+    rest = [i for i in range(len(scores)) if i not in picked]
+    picked += rng.sample(rest, count - len(picked))
+    return sorted(picked)
 
-    def __init__(self, console: Console | None = None):
-        self.console = console or Console(highlight=False)
-        self.started = None
+
+class EpisodeLogCallback(TrainerCallback):
+    """Writes each step's scores to `scores.jsonl` and, every `every` steps, sampled whole episodes to
+    `episodes.jsonl`. Reads the step's episodes from `trainer.last_rollout` (set by the rollout
+    function), so it needs the trainer: `bind_trainer` hands it over once the trainer exists."""
+
+    def __init__(self, output_dir: str | Path, every: int, count: int, group_size: int, seed: int = 0):
+        self.episodes_path = Path(output_dir) / "episodes.jsonl"
+        self.scores_path = Path(output_dir) / "scores.jsonl"
+        self.every, self.count, self.group_size = every, count, max(group_size, 1)
+        self.rng = random.Random(seed)
+        self.trainer = None
+        self._last_batch = None
 
     def on_train_begin(self, args, state, control, **kwargs):
-        self.started = time.time()
         if state.is_world_process_zero:
-            self.console.print(f"training: {state.max_steps} steps, output in {args.output_dir}")
+            for path in (self.episodes_path, self.scores_path):
+                drop_records_after(path, state.global_step)
+
+    def wants_episodes(self, step: int) -> bool:
+        return bool(self.every and self.count) and (step == 1 or step % self.every == 0)
+
+    def on_step_end(self, args, state, control, **kwargs):
+        if not state.is_world_process_zero or self.trainer is None:
+            return
+        batch = getattr(self.trainer, "last_rollout", None)
+        if batch is None or batch is self._last_batch:  # no new rollout this step
+            return
+        self._last_batch = batch
+        from .report import episode_record
+
+        step = state.global_step
+        scores = batch.scores
+        _append(self.scores_path, [{"step": step, "scores": [round(s, 4) for s in scores]}])
+        if self.wants_episodes(step):
+            _append(self.episodes_path, [
+                episode_record(batch.episodes[i], step=step, index=i, group=i // self.group_size)
+                for i in sample_indices(scores, self.count, self.rng)
+            ])
+
+
+class ReportCallback(TrainerCallback):
+    """Regenerates `report.html` when episodes were sampled (after the step's metrics are written) and
+    at the end of training. A report that fails to render is a warning, never a failed run."""
+
+    def __init__(self, output_dir: str | Path, every: int, console: Console):
+        self.output_dir = Path(output_dir)
+        self.every = every
+        self.console = console
+        self.failed = False
+
+    def _write(self) -> None:
+        from .report import write_report
+
+        try:
+            write_report(self.output_dir)
+        except Exception as exc:  # the run matters more than its report
+            if not self.failed:
+                self.console.print(f"warning: could not write report.html: {type(exc).__name__}: {exc}", markup=False)
+            self.failed = True
 
     def on_log(self, args, state, control, logs=None, **kwargs):
-        if not state.is_world_process_zero or not logs or "reward" not in logs:
-            return
-        elapsed = time.time() - (self.started or time.time())
-        per_step = elapsed / max(state.global_step, 1)
-        parts = [
-            f"step {state.global_step}/{state.max_steps}",
-            f"reward {logs.get('reward', 0):.3f}±{logs.get('reward_std', 0):.3f}",
-            f"turns {logs.get('env/turns_mean', 0):.2f}",
-            f"errors {int(logs.get('env/errors', 0))}",
-            f"{per_step:.2f}s/step",
-        ]
-        self.console.print("  ".join(parts))
+        step = state.global_step
+        if state.is_world_process_zero and logs and "reward" in logs and self.every and (step == 1 or step % self.every == 0):
+            self._write()
+
+    def on_train_end(self, args, state, control, **kwargs):
+        if state.is_world_process_zero:
+            self._write()
+
+
+def check_tracker_installed(report_to: str) -> None:
+    """A one-line error instead of transformers' traceback when `--report-to X` lacks its package."""
+    packages = TRACKER_PACKAGES.get(report_to)
+    if packages and not any(importlib.util.find_spec(p) is not None for p in packages):
+        raise ConfigError(f"--report-to {report_to} needs the {packages[0]} package; install it with "
+                          f"`pip install {packages[-1]}` or pass --report-to none")
+
+
+def training_callbacks(config: RunConfig, output_dir: str | Path) -> list[TrainerCallback]:
+    """The callbacks of a training run, in the order they must run: files first, then the console
+    (progress and health share one console so warnings print above the progress bar), then the report."""
+    from .health import HealthCallback
+    from .progress import TrainingProgress
+
+    check_tracker_installed(config.report_to)
+    console = Console(highlight=False, soft_wrap=True)
+    return [
+        MetricsFileCallback(output_dir),
+        EpisodeLogCallback(output_dir, config.log_episodes_every, config.log_episodes_count,
+                           config.rl_num_generations, seed=config.seed),
+        TrainingProgress(console),
+        HealthCallback(console),
+        ReportCallback(output_dir, config.log_episodes_every, console),
+    ]
+
+
+def bind_trainer(trainer) -> None:
+    """Give the callbacks that read the trainer's rollouts their trainer (callbacks are created first)."""
+    for callback in trainer.callback_handler.callbacks:
+        if isinstance(callback, EpisodeLogCallback):
+            callback.trainer = trainer

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import math
 from dataclasses import dataclass, field, fields
 from pathlib import Path
 from typing import Any
@@ -26,6 +27,7 @@ def _opt(default: Any, help: str, **kw) -> Any:
 
 
 VLLM_MODES = ("colocate", "server")
+VLLM_SYNC = ("auto", "nccl", "lora", "disk")
 REPORT_TO = ("none", "tensorboard", "wandb", "trackio")
 LOSS_TYPES = ("grpo", "dr_grpo", "dapo", "bnpo", "cispo", "sapo")
 
@@ -46,9 +48,10 @@ class RunConfig:
     rl_max_turns: int | None = _opt(None, "Cap on model turns per episode (default: the environment's max_turns).")
     rl_max_completion_length: int = _opt(1024, "Token budget of a whole episode after the prompt (model + environment).")
     rl_temperature: float = _opt(1.0, "Sampling temperature.")
-    rl_top_k: int = _opt(50, "Top-k sampling (0 = off).")
+    rl_top_k: int = _opt(0, "Top-k sampling (0 = off; with vLLM, filtering biases the importance-sampling ratio).")
     rl_top_p: float = _opt(1.0, "Nucleus sampling (1.0 = off).")
     rl_env_timeout: float = _opt(60.0, "Seconds one environment call (reset/step/score_episode) may take.")
+    rl_max_error_rate: float = _opt(0.5, "Stop (after saving a checkpoint) when more than this share of the episodes of the last 4 steps failed; 1 never stops.")
     # GRPO
     rl_kl_coef: float = _opt(0.1, "KL penalty against the reference model (TRL's beta).")
     rl_clip_range: float = _opt(0.2, "PPO-style clip range (TRL's epsilon).")
@@ -68,7 +71,11 @@ class RunConfig:
     # logging and saving
     logging_steps: int = _opt(1, "Log metrics every N steps.")
     save_steps: int | None = _opt(None, "Save a checkpoint every N steps (default: only at the end).")
+    save_total_limit: int | None = _opt(None, "Keep only the newest N checkpoints (default: all).")
+    resume_from_checkpoint: str | None = _opt(None, "Continue a run: auto (the newest complete checkpoint in --output-dir) or a checkpoint-N folder.")
     report_to: str = _opt("none", f"Experiment tracker: {', '.join(REPORT_TO)}.")
+    log_episodes_every: int = _opt(10, "Write a sample of whole episodes to episodes.jsonl at step 1 and every N steps (0 = never).")
+    log_episodes_count: int = _opt(4, "Episodes in each sample written to episodes.jsonl (the best, the worst, and random others).")
     overwrite: bool = _opt(False, "Allow writing into an output directory that holds a finished run.")
     # vLLM
     use_vllm: bool = _opt(False, "Generate with vLLM instead of Hugging Face generate.")
@@ -77,6 +84,9 @@ class RunConfig:
     vllm_server_url: str | None = _opt(None, "URL of the vLLM server (server mode), e.g. http://127.0.0.1:8000.")
     vllm_tensor_parallel_size: int = _opt(1, "Tensor parallel size of colocated vLLM.")
     vllm_server_gpus: int = _opt(1, "GPUs taken by the vLLM server (training uses the rest).")
+    vllm_sync: str = _opt("auto", "How weights reach a vLLM server: auto, nccl (GPU), lora (adapter folder) or disk (weights folder).")
+    vllm_sync_dir: str | None = _opt(None, "Folder shared with the vLLM server for lora/disk sync (default: <output-dir>/vllm-sync).")
+    vllm_server_timeout: float = _opt(240.0, "Seconds to wait for the vLLM server to be healthy before training.")
     debug: bool = _opt(False, "Show full tracebacks.")
 
     # ------------------------------------------------------------------------------- helpers
@@ -98,7 +108,10 @@ class RunConfig:
         path = Path(path)
         if not path.is_file():
             raise ConfigError(f"config file {path} does not exist; pass an existing YAML or JSON file to --config")
-        text = path.read_text()
+        try:
+            text = path.read_text(encoding="utf-8")
+        except UnicodeDecodeError:
+            raise ConfigError(f"config file {path} is not UTF-8 text; pass a YAML or JSON file") from None
         try:
             if path.suffix in (".yaml", ".yml"):
                 import yaml
@@ -108,6 +121,8 @@ class RunConfig:
                 data = json.loads(text)
         except json.JSONDecodeError as exc:
             raise ConfigError(f"config file {path} is not valid JSON: {exc.msg} at line {exc.lineno} column {exc.colno}") from None
+        except RecursionError:
+            raise ConfigError(f"config file {path} is nested too deeply; options are a flat mapping") from None
         except Exception as exc:  # yaml.YAMLError and friends
             detail = " ".join(str(exc).split())
             raise ConfigError(f"config file {path} is not valid YAML: {detail}") from None
@@ -135,6 +150,7 @@ class RunConfig:
 
     def validate(self) -> "RunConfig":
         """Check the options against each other; raise `ConfigError` on the first problem."""
+        self._check_types()
         if not self.rl_env_module:
             raise ConfigError("no environment given; pass --rl-env-module (e.g. envs.hotel) and --rl-env-class")
         if not self.rl_env_class:
@@ -147,10 +163,14 @@ class RunConfig:
             value = getattr(self, name)
             if not isinstance(value, int) or isinstance(value, bool) or value < 1:
                 raise ConfigError(f"--{name.replace('_', '-')} must be a positive integer, got {value!r}")
-        for name in ("rl_max_turns", "max_steps", "save_steps"):
+        for name in ("rl_max_turns", "max_steps", "save_steps", "save_total_limit"):
             value = getattr(self, name)
             if value is not None and (not isinstance(value, int) or value < 1):
                 raise ConfigError(f"--{name.replace('_', '-')} must be a positive integer, got {value!r}")
+        for name in ("log_episodes_every", "log_episodes_count"):
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+                raise ConfigError(f"--{name.replace('_', '-')} must be an integer >= 0 (0 turns it off), got {value!r}")
         if self.rl_num_generations < 2:
             raise ConfigError("--rl-num-generations must be at least 2: GRPO compares episodes within a group")
         if self.batch_size % self.rl_num_generations:
@@ -188,6 +208,82 @@ class RunConfig:
             raise ConfigError(f"--vllm-gpu-memory-utilization must be in (0, 1], got {self.vllm_gpu_memory_utilization}")
         if self.use_vllm and self.vllm_mode == "server" and not self.vllm_server_url:
             raise ConfigError("--vllm-mode server needs --vllm-server-url (start one with `aitrain vllm-serve --model ...`)")
+        if self.vllm_sync not in VLLM_SYNC:
+            raise ConfigError(f"--vllm-sync {self.vllm_sync!r} is not one of {', '.join(VLLM_SYNC)}")
+        if self.vllm_server_timeout <= 0:
+            raise ConfigError(f"--vllm-server-timeout must be positive seconds, got {self.vllm_server_timeout}")
+        if self.vllm_server_gpus < 0:
+            raise ConfigError(f"--vllm-server-gpus must be >= 0, got {self.vllm_server_gpus}")
         if not 0 <= self.lora_dropout < 1:
             raise ConfigError(f"--lora-dropout must be in [0, 1), got {self.lora_dropout}")
+        if not 0 <= self.rl_max_error_rate <= 1:
+            raise ConfigError(f"--rl-max-error-rate must be in [0, 1] (a share of episodes; 1 never stops), got {self.rl_max_error_rate}")
+        if self.resume_from_checkpoint is not None and not self.resume_from_checkpoint.strip():
+            raise ConfigError("--resume-from-checkpoint needs a value: auto, or a checkpoint-N folder")
+        self._check_model_path()
         return self
+
+    def _check_types(self) -> None:
+        """Values from a config file arrive as YAML/JSON typed them; check each against its field (and
+        read numbers written as strings into float fields: YAML 1.1 reads `1e-5` as a string)."""
+        for f in fields(self):
+            value = getattr(self, f.name)
+            kinds = {k.strip() for k in str(f.type).split("|")}
+            if "Any" in kinds or (value is None and "None" in kinds):
+                continue
+            flag, shown = "--" + f.name.replace("_", "-"), repr(value)[:60]
+            if "bool" in kinds:
+                ok = isinstance(value, bool)
+            elif "int" in kinds:
+                ok = isinstance(value, int) and not isinstance(value, bool)
+            elif "float" in kinds:
+                if isinstance(value, str):
+                    try:
+                        value = float(value)
+                    except ValueError:
+                        pass
+                ok = isinstance(value, (int, float)) and not isinstance(value, bool)
+                if ok and not math.isfinite(value):
+                    raise ConfigError(f"{flag} must be a finite number, got {shown}")
+                if ok:
+                    setattr(self, f.name, float(value))
+            else:
+                ok = isinstance(value, str)
+            if not ok:
+                wanted = next(k for k in ("bool", "int", "float", "str") if k in kinds)
+                names = {"bool": "true or false", "int": "an integer", "float": "a number", "str": "a string"}
+                raise ConfigError(f"{flag} must be {names[wanted]}, got {shown} ({type(value).__name__})")
+
+    def _check_model_path(self) -> None:
+        """A `--model` that looks like a local path must be a model folder; hub ids are left to loading."""
+        model = self.model
+        if model == "tiny":
+            return
+        try:
+            path = Path(model).expanduser()
+            looks_local = (
+                model.startswith((".", "/", "~")) or model.count("/") > 1 or path.exists()
+                or (len(path.parts) > 1 and Path(path.parts[0]).is_dir())
+            )
+        except (OSError, ValueError, RuntimeError) as exc:  # NUL bytes, names too long, no home directory
+            raise ConfigError(f"--model {model[:80]!r} is not a usable name or path ({exc}); pass a model folder or id") from None
+        if not looks_local:
+            return
+        if not path.exists():
+            hint = ""
+            if path.parent.is_dir():
+                import difflib
+
+                close = difflib.get_close_matches(path.name, [p.name for p in path.parent.iterdir()], n=1)
+                hint = f" (did you mean {path.parent / close[0]}?)" if close else ""
+            raise ConfigError(
+                f"--model {model} does not exist{hint}; pass a model folder (with config.json) or a Hugging Face "
+                f"model id such as Qwen/Qwen2.5-0.5B-Instruct"
+            )
+        if not path.is_dir():
+            raise ConfigError(f"--model {model} is a file, not a model folder; pass the folder that holds config.json")
+        if not (path / "config.json").is_file() and not (path / "adapter_config.json").is_file():
+            raise ConfigError(
+                f"--model {model} is not a model: the folder has no config.json; pass a folder written by "
+                f"save_pretrained (or by `aitrain tiny-model DIR`)"
+            )

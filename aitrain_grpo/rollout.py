@@ -168,6 +168,11 @@ class RolloutEngine:
         t0 = time.perf_counter()
         runner.gather(runner.score(ep) for ep in episodes)
         batch.env_seconds += time.perf_counter() - t0
+        for trace in traces:
+            if not trace.completion_ids:
+                # An episode that failed before the model's first turn (reset raised) has nothing after
+                # its prompt, and TRL indexes the last completion token: give it one EOS, masked out.
+                trace.add_env_tokens([self.tokenizer.eos_token_id])
         batch.wall_seconds = time.perf_counter() - started
         return batch
 

@@ -41,6 +41,9 @@ WARMUP_STEPS = 300
 WARMUP_BATCH = 4
 WARMUP_SEQ_LEN = 256
 WARMUP_LR = 3e-3
+# Share of warm-up conversations whose assistant answers are strings of random letters (see
+# `_letter_noise`); the tokenizer's corpus has none.
+WARMUP_NOISE_SHARE = 0.0
 
 # Written with whitespace control on every tag and newlines only inside string literals, so the
 # trim_blocks/lstrip_blocks settings transformers uses cannot change the output. Earlier messages
@@ -228,6 +231,31 @@ def synthetic_conversation(rng: random.Random) -> tuple[list[dict], list[dict] |
     return messages, (tools if use_tools else None)
 
 
+def _letter_noise(rng: random.Random) -> str:
+    """A short answer of made-up lowercase words, some of them one letter repeated."""
+    letters = "abcdefghijklmnopqrstuvwxyz"
+    words = []
+    for _ in range(rng.randint(1, 4)):
+        size = rng.randint(1, 5)
+        if rng.random() < 0.3:
+            words.append(rng.choice(letters) * size)
+        else:
+            words.append("".join(rng.choice(letters) for _ in range(size)))
+    return " ".join(words)
+
+
+def _warmup_conversation(rng: random.Random) -> tuple[list[dict], list[dict] | None]:
+    messages, tools = synthetic_conversation(rng)
+    # Answers made of single letters give every letter token a real chance of being sampled, so an
+    # RL task that rewards characters (like envs.letters) has a gradual path to climb instead of
+    # only whole words like " a" or " are" to lock onto.
+    if WARMUP_NOISE_SHARE and rng.random() < WARMUP_NOISE_SHARE:
+        for m in messages:
+            if m["role"] == "assistant" and m.get("content") and not m.get("tool_calls"):
+                m["content"] = _letter_noise(rng)
+    return messages, tools
+
+
 def _bpe_corpus(rng: random.Random, n: int = 3000):
     tool_lines = [json.dumps(t) for t in HOTEL_TOOLS]
     for _ in range(n):
@@ -286,7 +314,7 @@ def _warmup_batches(tokenizer, rng: random.Random, steps: int, batch: int, seq_l
     need = steps * batch * seq_len
     ids: list[int] = []
     while len(ids) < need:
-        messages, tools = synthetic_conversation(rng)
+        messages, tools = _warmup_conversation(rng)
         text = tokenizer.apply_chat_template(messages, tools=tools, tokenize=False)
         ids.extend(tokenizer(text, add_special_tokens=False).input_ids)
     return torch.tensor(ids[:need]).view(steps, batch, seq_len)

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import json
 import os
+import sys
 import time
 from pathlib import Path
 from typing import Any
@@ -24,6 +25,9 @@ import torch
 
 from .config import ConfigError, RunConfig
 from .env import Environment
+from .generation import check_server as check_vllm_server
+from .generation import grpo_kwargs as generation_grpo_kwargs
+from .generation import plan_generation, sampling_warning
 
 TRAINING_OUTPUT_FILES = ("run_config.json", "metrics.jsonl")
 
@@ -38,10 +42,14 @@ def episode_score(prompts=None, completions=None, episode_score=None, **kwargs) 
 def _trainer_class():
     from trl import GRPOTrainer
 
-    class EpisodeGRPOTrainer(GRPOTrainer):
-        """GRPOTrainer that remembers the dataset rows of the batch being rolled out."""
+    from .checkpoints import AtomicCheckpoints
+
+    class EpisodeGRPOTrainer(AtomicCheckpoints, GRPOTrainer):
+        """GRPOTrainer that remembers the dataset rows of the batch being rolled out (checkpointing:
+        see checkpoints.py)."""
 
         rollout_rows: list[dict[str, Any]] = []
+        rollout_observers: list = []  # called with each rollout's episode summaries (all processes')
 
         def _generate_and_score_completions(self, inputs):
             self.rollout_rows = [dict(row) for row in inputs]
@@ -60,12 +68,16 @@ def load_model_and_tokenizer(name_or_path: str):
 
     hf_logging.disable_progress_bar()
     path = resolve_model(name_or_path)
-    tokenizer = AutoTokenizer.from_pretrained(path)
-    tokenizer.padding_side = "left"
-    if tokenizer.pad_token is None:
-        tokenizer.pad_token = tokenizer.eos_token
-    dtype = torch.bfloat16 if torch.cuda.is_available() else torch.float32
-    model = AutoModelForCausalLM.from_pretrained(path, dtype=dtype)
+    try:
+        tokenizer = AutoTokenizer.from_pretrained(path)
+        tokenizer.padding_side = "left"
+        if tokenizer.pad_token is None:
+            tokenizer.pad_token = tokenizer.eos_token
+        dtype = torch.bfloat16 if torch.cuda.is_available() else torch.float32
+        model = AutoModelForCausalLM.from_pretrained(path, dtype=dtype)
+    except (OSError, ValueError, KeyError) as exc:  # what transformers raises for a missing or broken model
+        detail = " ".join(str(exc).split())[:300]
+        raise ConfigError(f"--model {name_or_path} could not be loaded: {detail}; pass a causal LM folder or model id") from exc
     return model, tokenizer
 
 
@@ -96,11 +108,8 @@ def grpo_config(config: RunConfig, output_dir: Path):
         remove_unused_columns=False,  # episodes need every column of their row
         disable_tqdm=True,
         log_completions=False,
-        use_vllm=config.use_vllm,
-        vllm_mode=config.vllm_mode,
-        vllm_gpu_memory_utilization=config.vllm_gpu_memory_utilization,
-        vllm_tensor_parallel_size=config.vllm_tensor_parallel_size,
     )
+    kwargs.update(generation_grpo_kwargs(config, plan_generation(config)))
     if config.rl_loss_type:
         kwargs["loss_type"] = config.rl_loss_type
     if on_cpu:
@@ -113,18 +122,22 @@ def grpo_config(config: RunConfig, output_dir: Path):
 def make_rollout_func(env: Environment, config: RunConfig):
     """The `rollout_func` TRL calls each generation step: play the batch's episodes, log `env/*`."""
     from .backends.base import SamplingParams
-    from .backends.hf import HFBackend
+    from .backends.hf import stop_token_ids
+    from .generation import make_backend, plan_generation
     from .rollout import RolloutEngine, batch_metrics
 
     holder: dict[str, Any] = {}
 
     def rollout(prompts: list, trainer) -> dict[str, Any]:
         engine = holder.get("engine")
+        mode = "train" if trainer.model.training else "eval"
         if engine is None:
+            stop_ids = stop_token_ids(trainer.model, trainer.processing_class)
+            backend, holder["weight_sync"] = make_backend(trainer, config, plan_generation(config), stop_ids)
             engine = holder["engine"] = RolloutEngine(
                 env,
                 trainer.processing_class,
-                HFBackend.for_trainer(trainer),
+                backend,
                 max_new_tokens=config.rl_max_new_tokens,
                 max_turns=config.rl_max_turns,
                 max_completion_length=config.rl_max_completion_length,
@@ -134,15 +147,21 @@ def make_rollout_func(env: Environment, config: RunConfig):
         rows = trainer.rollout_rows
         if len(rows) != len(prompts):
             raise RuntimeError(f"rollout got {len(prompts)} prompts but {len(rows)} dataset rows")
+        weight_sync = holder.get("weight_sync")
+        if weight_sync is not None:
+            seconds = weight_sync.maybe_sync(trainer)
+            if seconds is not None:
+                trainer._metrics[mode]["vllm/sync_seconds"].append(seconds)
         batch = engine.run(rows)
         summaries = batch.summaries()
         if trainer.accelerator.num_processes > 1:
             from accelerate.utils import gather_object
 
             summaries = gather_object(summaries)
-        mode = "train" if trainer.model.training else "eval"
         for key, value in batch_metrics(summaries).items():
             trainer._metrics[mode][key].append(value)
+        for observe in trainer.rollout_observers:
+            observe(summaries)
         trainer.last_rollout = batch
         return batch.for_trl()
 
@@ -165,13 +184,11 @@ def _peft_config(config: RunConfig):
 
 
 def check_output_dir(config: RunConfig) -> Path:
-    """Refuse to overwrite a finished run unless asked to."""
-    output_dir = config.resolved_output_dir()
-    if (output_dir / "run_summary.json").exists() and not config.overwrite:
-        raise ConfigError(
-            f"output directory {output_dir} already holds a finished run; pass --overwrite or choose another --output-dir"
-        )
-    return output_dir
+    """Refuse to overwrite a finished run, or one with checkpoints, unless asked to (checkpoints.py)."""
+    from .checkpoints import check_output_dir_for_run
+
+    check_output_dir_for_run(config)
+    return config.resolved_output_dir()
 
 
 def build_trainer(config: RunConfig, env: Environment | None = None, *, callbacks: list | None = None):
@@ -180,12 +197,18 @@ def build_trainer(config: RunConfig, env: Environment | None = None, *, callback
     `rollout_func.holder["engine"]` is the rollout engine once the first batch has been played."""
     from datasets import Dataset
 
-    from .callbacks import ConsoleCallback, MetricsFileCallback
+    from .callbacks import bind_trainer, training_callbacks
+    from .checkpoints import prepare_output_dir, resume_checkpoint
     from .loading import build_rows, load_environment
+    from .redaction import redact
+    from .stopping import stop_callbacks
 
     config.validate()
-    if config.use_vllm:
-        raise ConfigError("--use-vllm is not available in this version yet; drop it to generate with Hugging Face generate")
+    plan = plan_generation(config)
+    check_vllm_server(config, plan)
+    warning = sampling_warning(config, plan)
+    if warning:
+        print(warning, file=sys.stderr)
     output_dir = check_output_dir(config)
     if env is None:
         env = load_environment(config.rl_env_module, config.rl_env_class, config.rl_env_config)
@@ -193,10 +216,9 @@ def build_trainer(config: RunConfig, env: Environment | None = None, *, callback
 
     model, tokenizer = load_model_and_tokenizer(config.model)
     dataset = Dataset.from_list(build_rows(env, tokenizer))
-    output_dir.mkdir(parents=True, exist_ok=True)
-    for stale in ("metrics.jsonl", "run_summary.json"):
-        (output_dir / stale).unlink(missing_ok=True)
-    (output_dir / "run_config.json").write_text(json.dumps(config.to_dict(), indent=2, default=str) + "\n")
+    prepare_output_dir(output_dir, resume_checkpoint(config))
+    (output_dir / "run_config.json").write_text(json.dumps(redact(config.to_dict()), indent=2, default=str) + "\n")
+    callbacks = [*stop_callbacks(config.rl_max_error_rate), *(callbacks or [])]
 
     trainer = _trainer_class()(
         model=model,
@@ -206,8 +228,9 @@ def build_trainer(config: RunConfig, env: Environment | None = None, *, callback
         reward_funcs=[episode_score],
         rollout_func=make_rollout_func(env, config),
         peft_config=_peft_config(config),
-        callbacks=[MetricsFileCallback(output_dir), ConsoleCallback(), *(callbacks or [])],
+        callbacks=[*training_callbacks(config, output_dir), *(callbacks or [])],
     )
+    bind_trainer(trainer)
     _drop_default_printer(trainer)
     return trainer
 
@@ -218,8 +241,15 @@ def train(config: RunConfig, env: Environment | None = None, *, callbacks: list 
     trainer = build_trainer(config, env, callbacks=callbacks)
     output_dir = config.resolved_output_dir()
     started = time.time()
+    from .checkpoints import resume_checkpoint
+    from .stopping import clean_stops
+
     try:
-        trainer.train()
+        with clean_stops(trainer):  # early stops (signals, error rate, backend) raise TrainingStopped
+            trainer.train(resume_from_checkpoint=resume_checkpoint(config))
+            weight_sync = trainer.rollout_func.holder.get("weight_sync")
+            if weight_sync is not None:
+                weight_sync.maybe_sync(trainer)  # leave the server serving the final weights
     finally:
         engine = trainer.rollout_func.holder.get("engine")
         if engine is not None:
@@ -239,7 +269,7 @@ def train(config: RunConfig, env: Environment | None = None, *, callbacks: list 
 
 
 def _drop_default_printer(trainer) -> None:
-    """transformers prints every log dict; our ConsoleCallback prints a compact line instead."""
+    """transformers prints every log dict; our TrainingProgress prints a compact line instead."""
     from transformers.trainer_callback import PrinterCallback, ProgressCallback
 
     trainer.remove_callback(PrinterCallback)

@@ -32,6 +32,12 @@ class Sample:
     finish_reason: FinishReason
 
 
+class GenerationBackendError(RuntimeError):
+    """The generation backend is gone for good (for a server: it still fails after the client's bounded
+    retries). Raise it from `generate` with a one-line message that names the server and what failed;
+    training then saves a checkpoint and exits non-zero with that message (see stopping.py)."""
+
+
 class GenerationBackend(Protocol):
     def generate(self, prompts: list[list[int]], max_tokens: int, sampling: SamplingParams) -> list[Sample]:
         """Sample one continuation per prompt, at most `max_tokens` tokens each."""

@@ -1,0 +1,80 @@
+"""Generation with the vLLM engine TRL runs inside the trainer (`use_vllm=True, vllm_mode="colocate"`).
+
+TRL builds the engine (`trainer.vllm_generation.llm`) and pushes the trainer's weights into it before
+each rollout; this backend only samples from it, from token ids, one `generate` call per turn for every
+running episode. The log-probabilities are vLLM's processed ones (after temperature), which is what
+TRL's importance-sampling correction compares against the trainer's own.
+
+With tensor parallelism, the processes of one tensor-parallel group must pass vLLM the same prompts:
+each process gathers its group's prompts, every process generates the whole group's batch (vLLM
+shards the work), and keeps its own slice, as TRL does for its single-turn path.
+
+Left out: sleep mode (TRL's `vllm_enable_sleep_mode`) and multimodal prompts.
+"""
+
+from __future__ import annotations
+
+import math
+
+from .base import Sample, SamplingParams
+
+
+class VLLMColocateBackend:
+    def __init__(self, trainer, stop_ids: list[int]):
+        generation = getattr(trainer, "vllm_generation", None)
+        if generation is None or getattr(generation, "llm", None) is None:
+            raise RuntimeError("the trainer has no colocated vLLM engine; set use_vllm=True and vllm_mode='colocate'")
+        self.llm = generation.llm
+        self.tp_group = getattr(generation, "tp_group", None)
+        self.tp_size = getattr(generation, "tensor_parallel_size", 1)
+        self.stop_ids = stop_ids
+
+    def _sampling_params(self, max_tokens: int, sampling: SamplingParams):
+        from vllm import SamplingParams as VLLMSampling
+
+        greedy = sampling.temperature <= 0
+        return VLLMSampling(
+            max_tokens=max_tokens,
+            temperature=0.0 if greedy else sampling.temperature,
+            top_k=0 if greedy or not sampling.top_k else sampling.top_k,
+            top_p=1.0 if greedy else sampling.top_p,
+            logprobs=0,  # the sampled token's own log-probability
+            stop_token_ids=self.stop_ids,
+            skip_special_tokens=False,
+            detokenize=False,
+        )
+
+    def generate(self, prompts: list[list[int]], max_tokens: int, sampling: SamplingParams) -> list[Sample]:
+        import torch.distributed as dist
+
+        local = prompts
+        if self.tp_size > 1:
+            gathered: list = [None] * self.tp_size
+            dist.all_gather_object(gathered, prompts, group=self.tp_group)
+            offsets = [0]
+            for part in gathered:
+                offsets.append(offsets[-1] + len(part))
+            prompts = [p for part in gathered for p in part]
+        outputs = self.llm.generate(
+            [{"prompt_token_ids": ids} for ids in prompts],
+            sampling_params=self._sampling_params(max_tokens, sampling),
+            use_tqdm=False,
+        )
+        samples = [sample_from_vllm_output(out.outputs[0], self.stop_ids) for out in outputs]
+        if self.tp_size > 1:
+            rank = dist.get_rank(group=self.tp_group)
+            samples = samples[offsets[rank]:offsets[rank + 1]]
+            assert len(samples) == len(local)
+        return samples
+
+
+def sample_from_vllm_output(completion, stop_ids: list[int]) -> Sample:
+    """A vLLM `CompletionOutput` as a `Sample` (NaN log-probs, which vLLM reports as None, become 0)."""
+    token_ids = list(completion.token_ids)
+    logprobs = []
+    for token, entry in zip(token_ids, completion.logprobs or []):
+        value = entry[token].logprob if entry is not None and token in entry else 0.0
+        logprobs.append(value if value is not None and math.isfinite(value) else 0.0)
+    logprobs += [0.0] * (len(token_ids) - len(logprobs))
+    stopped = bool(token_ids) and token_ids[-1] in stop_ids
+    return Sample(token_ids=token_ids, logprobs=logprobs, finish_reason="stop" if stopped else "length")

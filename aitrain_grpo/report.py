@@ -1,0 +1,169 @@
+"""`report.html`: one self-contained page about a training run, built from the files in its output directory.
+
+The page reads nothing from the network. Python gathers the run's data (`run_config.json`,
+`run_summary.json`, `metrics.jsonl`, `scores.jsonl`, `episodes.jsonl`) into one JSON object embedded
+in the page; a small inline script draws the charts as SVG (reward mean with its std band, the score
+distribution early vs late, turns and errors over steps, every other logged metric) and lists the
+sampled transcripts with tool calls and tool results laid out readably.
+
+Model text is never interpreted as HTML: the JSON is embedded with `<`, `>` and `&` escaped (so no
+`</script>` inside it can end the block), and the script puts text into the page with `textContent`
+only. A completion that contains `<script>` shows as those characters.
+
+This module also defines the episode record shared by `episodes.jsonl` and `aitrain eval --output`.
+
+Left out: live updating (the page is regenerated during training and by `aitrain report DIR`).
+"""
+
+from __future__ import annotations
+
+import html
+import json
+import math
+import time
+from pathlib import Path
+from typing import Any
+
+from .env import Episode
+
+TEMPLATE = Path(__file__).with_name("report_template.html")
+DATA_MARK = "__AITRAIN_REPORT_DATA__"
+TITLE_MARK = "__AITRAIN_REPORT_TITLE__"
+MAX_EPISODES = 300        # transcripts embedded in the page, spread over the run
+MAX_METRIC_POINTS = 2000  # steps kept per chart; longer runs are thinned evenly (the last step kept)
+ROW_TEXT_LIMIT = 200      # longer string columns of a dataset row are left out of records
+
+
+def _json_safe(value: Any) -> Any:
+    """`value` with every non-finite float (anywhere inside it) replaced by None: JSON has no NaN."""
+    if isinstance(value, float) and not math.isfinite(value):
+        return None
+    if isinstance(value, dict):
+        return {str(k): _json_safe(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [_json_safe(v) for v in value]
+    return value
+
+
+def episode_record(episode: Episode, **extra: Any) -> dict[str, Any]:
+    """One episode as a JSON-ready dict: the whole conversation, score, turns, error, metrics, and the
+    dataset row's short scalar columns (task ids, answers) so a transcript can be traced to its task."""
+    row = {
+        k: v for k, v in episode.row.items()
+        if k != "prompt" and (isinstance(v, (int, float, bool)) or (isinstance(v, str) and len(v) <= ROW_TEXT_LIMIT))
+    }
+    return {
+        **extra,
+        "score": _json_safe(float(episode.score or 0.0)),
+        "turns": episode.turns,
+        "truncated": episode.truncated,
+        "error": episode.error,
+        "tool_calls": episode.num_tool_calls,
+        "tool_errors": episode.num_tool_errors,
+        "metrics": {k: _json_safe(float(v)) for k, v in episode.metrics.items()
+                    if isinstance(v, (int, float)) and not isinstance(v, bool)},
+        "row": {k: _json_safe(v) for k, v in row.items()},
+        "messages": [{k: v for k, v in m.items() if isinstance(v, (str, int, float, bool, type(None)))}
+                     for m in episode.messages],
+    }
+
+
+# ------------------------------------------------------------------------------------ reading a run
+
+
+def read_jsonl(path: Path) -> list[dict[str, Any]]:
+    """Records of a JSONL file; a torn last line (a run still writing) is skipped."""
+    if not path.exists():
+        return []
+    records = []
+    for line in path.read_text(errors="replace").splitlines():
+        try:
+            record = json.loads(line)
+        except json.JSONDecodeError:
+            continue
+        if isinstance(record, dict):
+            records.append(record)
+    return records
+
+
+def _by_step(records: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """One record per step, the last written winning (a resumed run may repeat steps), in step order."""
+    latest: dict[int, dict[str, Any]] = {}
+    for record in records:
+        if isinstance(record.get("step"), int):
+            latest[record["step"]] = record
+    return [latest[s] for s in sorted(latest)]
+
+
+def _thin(items: list, limit: int) -> list:
+    if len(items) <= limit:
+        return items
+    stride = len(items) / limit
+    picked = [items[int(i * stride)] for i in range(limit - 1)]
+    return picked + [items[-1]]
+
+
+def _read_json(path: Path) -> dict[str, Any]:
+    try:
+        data = json.loads(path.read_text())
+    except (OSError, json.JSONDecodeError):
+        return {}
+    return data if isinstance(data, dict) else {}
+
+
+def report_data(output_dir: str | Path) -> dict[str, Any]:
+    """Everything the page shows, as one JSON-ready dict."""
+    from .health import first_warnings
+
+    output_dir = Path(output_dir)
+    config = _read_json(output_dir / "run_config.json")
+    summary = _read_json(output_dir / "run_summary.json")
+    metrics = _by_step(read_jsonl(output_dir / "metrics.jsonl"))
+    scores = _by_step(read_jsonl(output_dir / "scores.jsonl"))
+    episodes = [e for e in read_jsonl(output_dir / "episodes.jsonl") if isinstance(e.get("messages"), list)]
+    numeric = [
+        {k: v for k, v in record.items() if isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v)}
+        for record in metrics
+    ]
+    return {
+        "title": f"{config.get('rl_env_class') or output_dir.name} · {output_dir.name}",
+        "generated": time.strftime("%Y-%m-%d %H:%M:%S"),
+        "output_dir": str(output_dir.resolve()),
+        "config": {k: v for k, v in config.items() if isinstance(v, (str, int, float, bool, type(None)))},
+        "summary": summary,
+        "metrics": _thin(numeric, MAX_METRIC_POINTS),
+        "scores": _thin([{"step": s["step"], "scores": s.get("scores", [])} for s in scores], MAX_METRIC_POINTS),
+        "episodes": _thin(episodes, MAX_EPISODES),
+        "episodes_total": len(episodes),
+        "health": [w.to_dict() for w in first_warnings(metrics)],
+    }
+
+
+# ------------------------------------------------------------------------------------ writing the page
+
+
+def embed_json(data: Any) -> str:
+    """JSON that is safe inside `<script type="application/json">`: no `<`, `>` or `&` survive as such,
+    so nothing in it can close the block or open a comment; JSON.parse reads the escapes back."""
+    text = json.dumps(_json_safe(data), ensure_ascii=False, allow_nan=False, default=str)
+    for char, escaped in (("&", "\\u0026"), ("<", "\\u003c"), (">", "\\u003e"),
+                          ("\u2028", "\\u2028"), ("\u2029", "\\u2029")):
+        text = text.replace(char, escaped)
+    return text
+
+
+def render_report(data: dict[str, Any]) -> str:
+    page = TEMPLATE.read_text()
+    page = page.replace(TITLE_MARK, html.escape(str(data.get("title", "training report"))))
+    return page.replace(DATA_MARK, embed_json(data))
+
+
+def write_report(output_dir: str | Path, path: str | Path | None = None) -> Path:
+    """Render the run in `output_dir` to `path` (default: `<output_dir>/report.html`), atomically."""
+    output_dir = Path(output_dir)
+    target = Path(path) if path else output_dir / "report.html"
+    page = render_report(report_data(output_dir))
+    partial = target.with_name(target.name + ".partial")
+    partial.write_text(page, encoding="utf-8")
+    partial.replace(target)  # a browser open on the old page never sees half of the new one
+    return target

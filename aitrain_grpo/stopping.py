@@ -1,0 +1,212 @@
+"""Stopping a run early and cleanly: too many failing episodes, a dead generation backend, a signal.
+
+A fault inside one episode never stops training (episodes.py gives it score 0 and an error). A run
+stops early only when:
+
+- the share of failed episodes over the last `window` (4) steps is above `--rl-max-error-rate`
+  (0.5; 1.0 never stops). `ErrorRateStop` counts the errors of each step's episodes (gathered across
+  processes, so every process decides the same) and, from the step where the window is full, asks HF
+  Trainer to save a checkpoint and stop; the message names the three most common errors. The first few
+  distinct errors are also printed as they appear, so a user sees them long before any bound is hit;
+- the generation backend raises `GenerationBackendError` (a server that stopped answering after its
+  client's bounded retries): a checkpoint of the last finished step is saved and the message names
+  the server;
+- SIGINT/SIGTERM arrive (signals.py).
+
+`clean_stops(trainer)` wraps `trainer.train()` and turns each of these into `TrainingStopped`, which
+carries the exit code and the lines the CLI prints (what happened, where the checkpoint is, how to go on).
+
+Left out: retrying failed episodes, and HTTP retries themselves (the server client's job; it raises
+`GenerationBackendError` once they are used up).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import shlex
+import sys
+from collections import Counter, deque
+from pathlib import Path
+from typing import Any, Iterator
+
+from transformers import TrainerCallback
+
+from .backends.base import GenerationBackendError
+from .signals import SignalStop
+
+EXIT_FAULT = 1
+ANNOUNCED_ERRORS = 10  # distinct episode errors printed as they first appear
+_MAX_SHOWN = 160  # characters of one error in a message
+
+
+class TrainingStopped(Exception):
+    """Training stopped before its end. `lines` are for the user; `exit_code` for the shell."""
+
+    def __init__(self, reason: str, exit_code: int, checkpoint: Path | None, *, is_error: bool = True):
+        super().__init__(reason)
+        self.reason = reason
+        self.exit_code = exit_code
+        self.checkpoint = checkpoint
+        self.is_error = is_error
+
+    def lines(self, argv: list[str] | None = None) -> list[str]:
+        """What to print: the reason on one line, then where the checkpoint is and how to resume
+        (a command built from `argv`, the arguments after `aitrain`)."""
+        first = f"error: {self.reason}" if self.is_error else self.reason
+        if self.checkpoint is None:
+            return [first + "; no step had finished, so there is no checkpoint to resume from"]
+        lines = [first, f"checkpoint saved: {self.checkpoint}"]
+        if argv is not None:
+            lines.append(f"resume with: {resume_command(argv)}")
+        return lines
+
+
+def resume_command(argv: list[str]) -> str:
+    """`aitrain ARGS` with `--resume-from-checkpoint auto` in place of any earlier resume or overwrite."""
+    kept: list[str] = []
+    skip_next = False
+    for arg in argv:
+        if skip_next:
+            skip_next = False
+            continue
+        if arg == "--resume-from-checkpoint":
+            skip_next = True
+            continue
+        if arg.startswith("--resume-from-checkpoint=") or arg == "--overwrite":
+            continue
+        kept.append(arg)
+    return shlex.join(["aitrain", *kept, "--resume-from-checkpoint", "auto"])
+
+
+def _short(text: str) -> str:
+    flat = " ".join(str(text).split())
+    return flat if len(flat) <= _MAX_SHOWN else flat[: _MAX_SHOWN - 3] + "..."
+
+
+class ErrorRateStop(TrainerCallback):
+    """Stops the run when too many episodes fail; see the module docstring."""
+
+    run_state_key = "error_rate"
+
+    def __init__(self, max_rate: float = 0.5, window: int = 4, stream=None):
+        self.max_rate = max_rate
+        self.window_size = window
+        self.stream = stream or sys.stderr
+        self.announce = True
+        # One entry per finished step: [step, episodes, errors, {message: count}].
+        self.window: deque = deque(maxlen=window)
+        self._pending: list[Any] = [0, 0, Counter()]
+        self.seen: list[str] = []  # distinct messages already printed
+        self.episodes_total = 0
+        self.errors_total = 0
+        self.triggered: str | None = None
+
+    def observe(self, summaries: list[dict[str, Any]]) -> None:
+        """Record one rollout's episode summaries (all processes' episodes)."""
+        self._pending[0] += len(summaries)
+        for summary in summaries:
+            error = summary.get("error")
+            if not error:
+                continue
+            message = _short(error)
+            self._pending[1] += 1
+            self._pending[2][message] += 1
+            if message not in self.seen and len(self.seen) < ANNOUNCED_ERRORS:
+                self.seen.append(message)
+                if self.announce:
+                    more = " (further new errors are not printed)" if len(self.seen) == ANNOUNCED_ERRORS else ""
+                    print(f"environment error (episode scored 0): {message}{more}", file=self.stream, flush=True)
+
+    def on_train_begin(self, args, state, control, **kwargs):
+        self.announce = state.is_world_process_zero
+
+    def on_step_end(self, args, state, control, **kwargs):
+        episodes, errors, messages = self._pending
+        self._pending = [0, 0, Counter()]
+        if episodes == 0:  # a micro-step without a rollout (generation batches reused)
+            return control
+        self.window.append([state.global_step, episodes, errors, dict(messages)])
+        self.episodes_total += episodes
+        self.errors_total += errors
+        if len(self.window) < self.window_size:
+            return control
+        total = sum(entry[1] for entry in self.window)
+        failed = sum(entry[2] for entry in self.window)
+        if total and failed / total > self.max_rate:
+            counts: Counter = Counter()
+            for entry in self.window:
+                counts.update(entry[3])
+            common = "; ".join(f"({n}x) {message}" for message, n in counts.most_common(3))
+            first, last = self.window[0][0], self.window[-1][0]
+            self.triggered = (
+                f"{failed} of {total} episodes failed in steps {first}-{last} ({failed / total:.0%}), above "
+                f"--rl-max-error-rate {self.max_rate:g}; most common: {common}; fix the environment, or raise "
+                f"--rl-max-error-rate (1 never stops)"
+            )
+            control.should_save = True
+            control.should_training_stop = True
+        return control
+
+    def state_dict(self) -> dict[str, Any]:
+        return {
+            "window": list(self.window),
+            "seen": self.seen,
+            "episodes_total": self.episodes_total,
+            "errors_total": self.errors_total,
+        }
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        self.window = deque((list(entry) for entry in state.get("window", [])), maxlen=self.window_size)
+        self.seen = list(state.get("seen", []))
+        self.episodes_total = int(state.get("episodes_total", 0))
+        self.errors_total = int(state.get("errors_total", 0))
+
+
+def stop_callbacks(max_error_rate: float) -> list[TrainerCallback]:
+    return [SignalStop(), ErrorRateStop(max_error_rate)]
+
+
+def _find(trainer, kind: type):
+    return next((cb for cb in trainer.callback_handler.callbacks if isinstance(cb, kind)), None)
+
+
+def _checkpoint_of_last_step(trainer) -> Path | None:
+    path = Path(trainer.args.output_dir) / f"checkpoint-{trainer.state.global_step}"
+    return path if path.is_dir() else None
+
+
+@contextlib.contextmanager
+def clean_stops(trainer) -> Iterator[None]:
+    """Wrap `trainer.train()`: raise `TrainingStopped` when it ended early for one of the reasons above."""
+    signals = _find(trainer, SignalStop)
+    errors = _find(trainer, ErrorRateStop)
+    if signals is not None:
+        signals.install()
+    if errors is not None:
+        trainer.rollout_observers = [*getattr(trainer, "rollout_observers", []), errors.observe]
+    try:
+        yield
+    except GenerationBackendError as exc:
+        checkpoint = trainer.save_checkpoint_now()
+        raise TrainingStopped(
+            f"generation backend failed at step {trainer.state.global_step + 1}: {_short(exc)}; "
+            f"check that the server is up, then resume",
+            EXIT_FAULT,
+            checkpoint,
+        ) from exc
+    finally:
+        if signals is not None:
+            signals.uninstall()
+    finished = trainer.state.max_steps > 0 and trainer.state.global_step >= trainer.state.max_steps
+    if signals is not None and signals.received is not None and not finished:
+        import signal
+
+        name = signal.Signals(signals.received).name
+        raise TrainingStopped(
+            f"stopped by {name} after step {trainer.state.global_step}",
+            signals.exit_code,
+            _checkpoint_of_last_step(trainer),
+            is_error=False,
+        )
+    if errors is not None and errors.triggered:
+        raise TrainingStopped(errors.triggered, EXIT_FAULT, _checkpoint_of_last_step(trainer))

@@ -1,0 +1,129 @@
+"""Getting the trainer's new weights into a vLLM server after each optimizer step.
+
+Three ways, chosen by `--vllm-sync`:
+- `nccl`: TRL's own weight transfer (GPU only). TRL does it; this module only chooses it.
+- `lora`: the LoRA adapter is saved to the sync folder under a new name each step and loaded into the
+  server by that name; generation then asks for that adapter. Old versions are unloaded and deleted.
+- `disk`: the full weights (LoRA merged in, if any) are saved to the sync folder as safetensors and the
+  server reloads them from there.
+The folder must be readable by the server at the same path (same machine, or a shared file system).
+Each version is written to a hidden temporary folder and renamed, so the server never reads half a file.
+
+Only the main process writes and calls the server; every process switches to the new adapter name,
+which is derived from the step number so all agree without talking. Processes wait for each other
+after a sync so nobody samples from stale weights.
+
+Left out: NCCL itself (TRL's client), and weight transfer across machines without a shared folder.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import shutil
+import time
+from pathlib import Path
+
+import torch
+
+from .backends.vllm_server import VLLMServerBackend, VLLMServerClient
+
+
+def choose_sync_method(requested: str, *, peft: bool, cuda: bool) -> str:
+    """Resolve `--vllm-sync auto`: NCCL on CUDA with full fine-tuning, LoRA with --peft, disk otherwise."""
+    if requested != "auto":
+        return requested
+    if peft:
+        return "lora"
+    return "nccl" if cuda else "disk"
+
+
+def merged_state_dict(model) -> dict[str, torch.Tensor]:
+    """The model's weights under the base model's names, with LoRA (if any) merged in, on the CPU."""
+    is_peft = hasattr(model, "merge_adapter") and hasattr(model, "peft_config")
+    if is_peft:
+        model.merge_adapter()
+    try:
+        state = {}
+        for name, tensor in model.state_dict().items():
+            if is_peft:
+                if "lora_" in name or "original_module" in name:
+                    continue
+                name = name.removeprefix("base_model.model.").replace(".base_layer", "").replace("modules_to_save.default.", "")
+            state[name] = tensor.detach().to("cpu").contiguous().clone()
+        return state
+    finally:
+        if is_peft:
+            model.unmerge_adapter()
+
+
+def _write_atomically(final: Path, write) -> None:
+    temporary = final.parent / f".{final.name}.partial"
+    shutil.rmtree(temporary, ignore_errors=True)
+    temporary.mkdir(parents=True)
+    write(temporary)
+    shutil.rmtree(final, ignore_errors=True)
+    temporary.rename(final)
+
+
+class FolderWeightSync:
+    """`lora` and `disk` synchronisation through a shared folder."""
+
+    def __init__(self, method: str, client: VLLMServerClient, backend: VLLMServerBackend, sync_dir: Path, base_model: str):
+        if method not in ("lora", "disk"):
+            raise ValueError(f"unknown folder sync method {method!r}")
+        self.method = method
+        self.base_model = base_model
+        self.client = client
+        self.backend = backend
+        self.sync_dir = Path(sync_dir).resolve()
+        self.last_step: int | None = None
+        self.current: Path | None = None
+        # Adapter names are global on the server: tie them to this run's folder so two runs sharing a
+        # server do not swap each other's adapters.
+        self.prefix = "aitrain-" + hashlib.sha1(str(self.sync_dir).encode()).hexdigest()[:8]
+
+    def maybe_sync(self, trainer) -> float | None:
+        """Sync if the optimizer has stepped since the last sync; returns the seconds spent, or None."""
+        step = trainer.state.global_step
+        if step == self.last_step:
+            return None
+        started = time.perf_counter()
+        accelerator = trainer.accelerator
+        if self.last_step is None:
+            # A server outlives runs, and a `disk` run leaves its weights in it: start from the base
+            # model's checkpoint, which is what the trainer starts from too (or, when resuming, what
+            # the resumed adapter applies to). The path is explicit because a reload from a folder
+            # makes that folder the server's default for later reloads.
+            if accelerator.is_main_process:
+                self.client.reload_weights(self.base_model)
+            self.last_step = 0
+            if step == 0:
+                accelerator.wait_for_everyone()
+                return time.perf_counter() - started
+        version = self.sync_dir / f"{self.prefix}-step-{step}"
+        if self.method == "disk" or accelerator.is_main_process:
+            model = accelerator.unwrap_model(trainer.model)
+        if self.method == "disk":
+            # Merging is done on every process (it is cheap and keeps any sharded gathers collective).
+            state = merged_state_dict(model)
+        if accelerator.is_main_process:
+            self.sync_dir.mkdir(parents=True, exist_ok=True)
+            previous = self.current
+            if self.method == "lora":
+                _write_atomically(version, lambda folder: model.save_pretrained(str(folder)))
+                self.client.load_lora_adapter(version.name, str(version))
+                if previous is not None:
+                    self.client.unload_lora_adapter(previous.name)
+            else:
+                from safetensors.torch import save_file
+
+                _write_atomically(version, lambda folder: save_file(state, str(folder / "model.safetensors")))
+                self.client.reload_weights(str(version))
+            if previous is not None:
+                shutil.rmtree(previous, ignore_errors=True)
+        if self.method == "lora":
+            self.backend.model = version.name
+        self.current = version
+        self.last_step = step
+        accelerator.wait_for_everyone()
+        return time.perf_counter() - started

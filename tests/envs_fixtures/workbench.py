@@ -1,0 +1,61 @@
+"""Environments for `aitrain env check` tests: each breaks one rule, or bends one, in a way a user would.
+
+All are "say the number" tasks: the model should answer with the row's number; `solve` does that.
+"""
+
+from aitrain_grpo.env import Environment, Episode
+
+
+class NumberEnv(Environment):
+    """A correct environment: 1.0 for the right number, 0.5 for any digit, 0.0 otherwise."""
+
+    max_turns = 2
+
+    def __init__(self, num_tasks: int = 8):
+        self.num_tasks = num_tasks
+
+    def build_dataset(self, tokenizer):
+        return [{"prompt": [{"role": "user", "content": f"Say {i}."}], "number": i} for i in range(self.num_tasks)]
+
+    def step(self, episode: Episode, completion: str):
+        return None
+
+    def score_episode(self, episode: Episode) -> float:
+        text = episode.last_completion.strip()
+        if text == str(episode.row["number"]):
+            return 1.0
+        return 0.5 if any(c.isdigit() for c in text) else 0.0
+
+    def solve(self, episode: Episode) -> str:
+        return str(episode.row["number"])
+
+
+class ScoreTooHighEnv(NumberEnv):
+    """Forgets to normalise: a right answer scores 10."""
+
+    def score_episode(self, episode: Episode) -> float:
+        return 10.0 * super().score_episode(episode)
+
+
+class StepRaisesEnv(NumberEnv):
+    def step(self, episode: Episode, completion: str):
+        raise KeyError("history")
+
+
+class NoPromptEnv(NumberEnv):
+    def build_dataset(self, tokenizer):
+        return [{"question": f"Say {i}.", "number": i} for i in range(self.num_tasks)]
+
+
+class ConstantScoreEnv(NumberEnv):
+    """Scores every episode the same, whatever happens: nothing to learn from."""
+
+    def score_episode(self, episode: Episode) -> float:
+        return 0.5
+
+
+class WrongOracleEnv(NumberEnv):
+    """`solve` answers off by one: the oracle does not reach 1.0."""
+
+    def solve(self, episode: Episode) -> str:
+        return str(episode.row["number"] + 1)

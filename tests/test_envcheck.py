@@ -1,0 +1,123 @@
+"""`aitrain env check` as an environment author uses it: a good environment passes with its numbers shown,
+a broken one exits 1 naming the fault, a suspicious one passes with a warning that says what to fix."""
+
+from __future__ import annotations
+
+import re
+import shutil
+
+import pytest
+
+from conftest import REPO, run_cli
+
+FIXTURES = REPO / "tests"
+WORKBENCH = ["--rl-env-module", "envs_fixtures.workbench"]
+TEXT_POLICIES = ["--policies", "oracle,empty"]
+
+
+def policy_row(stdout: str, policy: str) -> list[str]:
+    """The cells of one policy's row in the episodes table: mean, min, max, turns, errors, ..."""
+    for line in stdout.splitlines():
+        cells = [c.strip() for c in re.split(r"[│┃|]", line) if c.strip()]
+        if cells and cells[0] == policy:
+            return cells[1:]
+    raise AssertionError(f"no row for policy {policy!r} in:\n{stdout}")
+
+
+def test_hotel_oracle_scores_one_empty_scores_zero_and_the_model_plays(tiny_model_dir):
+    result = run_cli("env", "check", "--rl-env-module", "envs.hotel", "--rl-env-class", "HotelEnv",
+                     "--model", tiny_model_dir, "--episodes", "6", "--rl-max-new-tokens", "24")
+    assert result.returncode == 0, result.stdout + result.stderr
+    out = result.stdout
+    assert policy_row(out, "oracle")[:3] == ["1.000", "1.000", "1.000"]
+    assert policy_row(out, "empty")[:3] == ["0.000", "0.000", "0.000"]
+    model = policy_row(out, "model")
+    assert 0.0 <= float(model[0]) <= 1.0 and model[4] == "0"  # played, no environment errors
+    # What the model will see: the dataset, a rendered prompt with its token count, the tools.
+    assert re.search(r"rows\s+64", out)
+    assert re.search(r"prompt tokens\s+\d+ in row 0; longest \d+", out)
+    assert "<|im_start|>system" in out and "# Tools" in out
+    assert "search_hotels(city, min_rating?, guests?)" in out and "book_hotel(hotel_id, check_in, nights, guests)" in out
+    assert "env check passed" in out
+    assert "Traceback" not in result.stderr
+
+
+@pytest.mark.parametrize(
+    "env_class, fragments",
+    [
+        ("ScoreTooHighEnv", ["ScoreTooHighEnv.score_episode returned 10.0, outside [0, 1]", "under the oracle policy"]),
+        ("StepRaisesEnv", ["StepRaisesEnv.step raised KeyError", "8 of 8 episodes"]),
+        ("NoPromptEnv", ["has no 'prompt'", "columns: question, number"]),
+    ],
+)
+def test_a_broken_contract_exits_1_and_says_why(env_class, fragments):
+    result = run_cli("env", "check", *WORKBENCH, "--rl-env-class", env_class, "--episodes", "8", *TEXT_POLICIES, cwd=FIXTURES)
+    assert result.returncode == 1, result.stdout + result.stderr
+    errors = [line for line in result.stderr.splitlines() if line.startswith("error: ")]
+    assert errors, result.stderr
+    for fragment in fragments:
+        assert any(fragment in line for line in errors), (fragment, errors)
+    assert "Traceback" not in result.stderr and "env check passed" not in result.stdout
+
+
+def test_constant_scores_pass_with_a_no_learning_signal_warning():
+    result = run_cli("env", "check", *WORKBENCH, "--rl-env-class", "ConstantScoreEnv", *TEXT_POLICIES, cwd=FIXTURES)
+    assert result.returncode == 0, result.stdout + result.stderr
+    assert "warning: every episode scored 0.5 under every policy: there is no learning signal" in result.stdout
+    assert "partial credit" in result.stdout
+
+
+def test_an_oracle_below_one_is_a_warning():
+    result = run_cli("env", "check", *WORKBENCH, "--rl-env-class", "WrongOracleEnv", "--episodes", "4", *TEXT_POLICIES,
+                     cwd=FIXTURES)
+    assert result.returncode == 0, result.stdout + result.stderr
+    assert "the oracle (solve) scored below 1.0 in 4 of 4 episodes (mean 0.500" in result.stdout
+    assert "no learning signal" not in result.stdout  # the scores do vary (0.5 vs 0.0)
+
+
+def test_an_environment_without_solve_skips_the_oracle():
+    result = run_cli("env", "check", "--rl-env-module", "envs_fixtures.good", "--rl-env-class", "GoodEnv",
+                     "--rl-env-config", '{"num_tasks": 3}', *TEXT_POLICIES, cwd=FIXTURES)
+    assert result.returncode == 0, result.stdout + result.stderr
+    assert "GoodEnv has no solve(episode) -> str, so no oracle was played" in result.stdout
+    assert policy_row(result.stdout, "empty")[0] == "1.000"
+    assert "warning: an empty reply scores 1.000 on average" in result.stdout
+
+
+def test_a_template_that_rewrites_earlier_turns_is_a_warning(tiny_model_dir, tmp_path):
+    # Like templates that strip past reasoning: earlier assistant turns lose their content.
+    model = tmp_path / "rewriting"
+    shutil.copytree(tiny_model_dir, model)
+    template = (model / "chat_template.jinja").read_text()
+    keep_content = "{%- if message.content is string -%}"
+    assert template.count(keep_content) == 1, "the tiny model's chat template changed; update this test"
+    (model / "chat_template.jinja").write_text(template.replace(
+        keep_content, "{%- if message.content is string and (message.role != 'assistant' or loop.last) -%}"))
+    result = run_cli("env", "check", *WORKBENCH, "--rl-env-class", "NumberEnv", "--model", str(model),
+                     "--policies", "empty", cwd=FIXTURES)
+    assert result.returncode == 0, result.stdout + result.stderr
+    assert "warning: the chat template rewrites earlier turns" in result.stdout
+    assert "use a model whose template only appends turns" in result.stdout
+
+
+def test_the_tiny_template_is_append_only():
+    result = run_cli("env", "check", *WORKBENCH, "--rl-env-class", "NumberEnv", "--policies", "oracle", cwd=FIXTURES)
+    assert result.returncode == 0, result.stdout + result.stderr
+    assert "append-only" not in result.stdout and "rewrites earlier turns" not in result.stdout
+    assert policy_row(result.stdout, "oracle")[0] == "1.000"
+
+
+@pytest.mark.parametrize(
+    "args, fragment",
+    [
+        (["--rl-env-class", "NumberEnv", "--policies", "oracle,random"], "--policies takes a comma-separated list"),
+        (["--rl-env-class", "NumberEnv", "--episodes", "0"], "--episodes must be a positive integer"),
+        (["--rl-env-class", "NumberEnvv"], "did you mean 'NumberEnv'"),
+        (["--rl-env-class", "NumberEnv", "--model", "/nonexistent/model"], "does not exist"),
+    ],
+)
+def test_bad_options_are_one_line_errors(args, fragment):
+    result = run_cli("env", "check", *WORKBENCH, *args, cwd=FIXTURES)
+    assert result.returncode == 2, result.stdout + result.stderr
+    lines = [line for line in result.stderr.splitlines() if line.strip()]
+    assert len(lines) == 1 and lines[0].startswith("error: ") and fragment in lines[0], result.stderr
