@@ -1,6 +1,7 @@
 """Trainer callbacks that write a run's files, and `training_callbacks`, the set `build_trainer` registers.
 
-Files in the output directory, written by the main process only:
+Files in the output directory, written by the main process only (under several processes, the episode
+files hold the main process's share of each batch):
 - `metrics.jsonl`: one JSON object per logged training step: `step`, TRL's `reward` and `reward_std`,
   loss, KL, entropy, grad_norm, and every `env/*` value the rollout logged.
 - `scores.jsonl`: every episode score of every step (`{"step", "scores"}`), for the score distribution.
@@ -28,8 +29,13 @@ from transformers import TrainerCallback
 
 from .config import ConfigError, RunConfig
 
-# The packages transformers' integrations import for each --report-to value (any one of them will do).
-TRACKER_PACKAGES = {"tensorboard": ("tensorboard", "tensorboardX"), "wandb": ("wandb",), "trackio": ("trackio",)}
+# The packages transformers' integrations import for each --report-to value (any one of them will do),
+# and the install command to suggest.
+TRACKER_PACKAGES = {
+    "tensorboard": (("tensorboard", "tensorboardX"), "pip install tensorboard"),
+    "wandb": (("wandb",), "pip install wandb"),
+    "trackio": (("trackio",), "pip install trackio"),
+}
 
 
 def _clean(value):
@@ -161,10 +167,12 @@ class ReportCallback(TrainerCallback):
 
 def check_tracker_installed(report_to: str) -> None:
     """A one-line error instead of transformers' traceback when `--report-to X` lacks its package."""
-    packages = TRACKER_PACKAGES.get(report_to)
-    if packages and not any(importlib.util.find_spec(p) is not None for p in packages):
-        raise ConfigError(f"--report-to {report_to} needs the {packages[0]} package; install it with "
-                          f"`pip install {packages[-1]}` or pass --report-to none")
+    if report_to not in TRACKER_PACKAGES:
+        return
+    packages, install = TRACKER_PACKAGES[report_to]
+    if not any(importlib.util.find_spec(p) is not None for p in packages):
+        raise ConfigError(f"--report-to {report_to} needs the {' or '.join(packages)} package, which is not installed; "
+                          f"run `{install}` or pass --report-to none")
 
 
 def training_callbacks(config: RunConfig, output_dir: str | Path) -> list[TrainerCallback]:

@@ -12,9 +12,9 @@ What this module adds:
 - `aitrain_state.json` in each checkpoint: the run's own counters (the error-rate window, episode
   totals) and the settings that define what a step is, checked again on resume.
 - The sampler position. TRL's `RepeatSampler` draws every epoch's order from one generator, so a run
-  resumed in epoch k would replay epoch 0's order. `EpochSeededSampler` seeds each epoch's shuffle with
-  (seed + epoch); HF Trainer's restored position (epoch, batches to skip) then yields the same prompts
-  as the uninterrupted run.
+  resumed in epoch k would replay epoch 0's order. `ResumableRepeatSampler` derives epoch k's order
+  from the seed and k alone (the same order an uninterrupted run gets); HF Trainer's restored position
+  (epoch, batches to skip) then yields the same prompts as the uninterrupted run.
 - `--resume-from-checkpoint auto|PATH`, `--save-total-limit` counted over complete checkpoints only, and
   refusing to start afresh over an earlier run's checkpoints without `--overwrite`. (The per-step log
   files are cut back to the checkpoint's step by the callbacks that write them.)
@@ -25,6 +25,7 @@ and merging checkpoints of runs with different batch shapes (refused with a mess
 
 from __future__ import annotations
 
+import functools
 import json
 import re
 import shutil
@@ -158,12 +159,15 @@ def prepare_output_dir(output_dir: Path, resume: Path | None) -> None:
 # --------------------------------------------------------------------------------------- the trainer
 
 
-def epoch_seeded_sampler_class():
+@functools.lru_cache(maxsize=None)
+def resumable_sampler_class():
+    import torch
     from trl.trainer.utils import RepeatSampler
 
-    class EpochSeededSampler(RepeatSampler):
-        """RepeatSampler whose shuffle for epoch e depends only on (seed, e); HF Trainer calls
-        `set_epoch` before each epoch, including the first one after a resume."""
+    class ResumableRepeatSampler(RepeatSampler):
+        """RepeatSampler whose epoch-e order is the (e+1)-th draw of a generator seeded afresh: the
+        order TRL gives an uninterrupted run, reproducible from the epoch number alone. HF Trainer
+        calls `set_epoch` before each epoch, including the first one after a resume."""
 
         epoch = 0
 
@@ -172,15 +176,17 @@ def epoch_seeded_sampler_class():
 
         def __iter__(self):
             if self.shuffle and self.seed is not None:
-                self.generator.manual_seed(self.seed + self.epoch)
+                self.generator.manual_seed(self.seed)
+                for _ in range(self.epoch):  # the draws of the epochs before this one
+                    torch.randperm(self.num_samples, generator=self.generator)
             return super().__iter__()
 
-    return EpochSeededSampler
+    return ResumableRepeatSampler
 
 
 class AtomicCheckpoints:
     """Mixin for the GRPOTrainer subclass: write-then-rename checkpoints that carry the run's own
-    counters, and an epoch-seeded sampler. Callbacks with a `run_state_key` attribute and
+    counters, and a sampler that resumes in place. Callbacks with a `run_state_key` attribute and
     `state_dict()` / `load_state_dict()` methods have their state saved and restored with each checkpoint."""
 
     _staging_dir: Path | None = None
@@ -191,7 +197,7 @@ class AtomicCheckpoints:
         sampler = super()._get_train_sampler(dataset)
         if type(sampler) is RepeatSampler:
             # Re-class rather than rebuild, so the sampler keeps whatever arguments TRL gave it.
-            sampler.__class__ = epoch_seeded_sampler_class()
+            sampler.__class__ = resumable_sampler_class()
         return sampler
 
     def _get_output_dir(self, trial):
@@ -247,10 +253,13 @@ class AtomicCheckpoints:
 
     def train(self, resume_from_checkpoint=None, *args, **kwargs):
         if resume_from_checkpoint:
-            parts = read_run_state(Path(resume_from_checkpoint)).get("parts", {})
+            state = read_run_state(Path(resume_from_checkpoint))
+            parts = state.get("parts", {})
             for key, cb in self._stateful_callbacks().items():
                 if key in parts:
                     cb.load_state_dict(parts[key])
+            if self.accelerator.is_main_process:
+                print(f"resuming from {resume_from_checkpoint} (step {state.get('global_step', '?')})", flush=True)
         return super().train(resume_from_checkpoint, *args, **kwargs)
 
     def save_checkpoint_now(self) -> Path | None:

@@ -256,34 +256,42 @@ class RunConfig:
 
     def _check_model_path(self) -> None:
         """A `--model` that looks like a local path must be a model folder; hub ids are left to loading."""
-        model = self.model
-        if model == "tiny":
+        if self.model == "tiny":
             return
         try:
-            path = Path(model).expanduser()
-            looks_local = (
-                model.startswith((".", "/", "~")) or model.count("/") > 1 or path.exists()
-                or (len(path.parts) > 1 and Path(path.parts[0]).is_dir())
-            )
-        except (OSError, ValueError, RuntimeError) as exc:  # NUL bytes, names too long, no home directory
-            raise ConfigError(f"--model {model[:80]!r} is not a usable name or path ({exc}); pass a model folder or id") from None
-        if not looks_local:
-            return
-        if not path.exists():
-            hint = ""
-            if path.parent.is_dir():
-                import difflib
+            problem = _local_model_problem(self.model)
+        except (OSError, ValueError, RuntimeError) as exc:  # NUL bytes, names too long, no such home directory
+            detail = " ".join(str(exc).split())[:120]
+            problem = f"{self.model[:80]!r} is not a usable name or path ({detail}); pass a model folder or id"
+        if problem:
+            raise ConfigError(f"--model {problem}")
 
-                close = difflib.get_close_matches(path.name, [p.name for p in path.parent.iterdir()], n=1)
-                hint = f" (did you mean {path.parent / close[0]}?)" if close else ""
-            raise ConfigError(
-                f"--model {model} does not exist{hint}; pass a model folder (with config.json) or a Hugging Face "
-                f"model id such as Qwen/Qwen2.5-0.5B-Instruct"
-            )
-        if not path.is_dir():
-            raise ConfigError(f"--model {model} is a file, not a model folder; pass the folder that holds config.json")
-        if not (path / "config.json").is_file() and not (path / "adapter_config.json").is_file():
-            raise ConfigError(
-                f"--model {model} is not a model: the folder has no config.json; pass a folder written by "
-                f"save_pretrained (or by `aitrain tiny-model DIR`)"
-            )
+
+def _local_model_problem(model: str) -> str | None:
+    """What is wrong with `model` as a local model folder, or None (fine, or a hub id)."""
+    path = Path(model).expanduser()
+    looks_local = (
+        model.startswith((".", "/", "~")) or model.count("/") > 1 or path.exists()
+        or (len(path.parts) > 1 and Path(path.parts[0]).is_dir())
+    )
+    if not looks_local:
+        return None
+    if not path.exists():
+        hint = ""
+        if path.parent.is_dir():
+            import difflib
+
+            close = difflib.get_close_matches(path.name, [p.name for p in path.parent.iterdir()], n=1)
+            hint = f" (did you mean {path.parent / close[0]}?)" if close else ""
+        return (
+            f"{model} does not exist{hint}; pass a model folder (with config.json) or a Hugging Face "
+            f"model id such as Qwen/Qwen2.5-0.5B-Instruct"
+        )
+    if not path.is_dir():
+        return f"{model} is a file, not a model folder; pass the folder that holds config.json"
+    if not (path / "config.json").is_file() and not (path / "adapter_config.json").is_file():
+        return (
+            f"{model} is not a model: the folder has no config.json; pass a folder written by "
+            f"save_pretrained (or by `aitrain tiny-model DIR`)"
+        )
+    return None

@@ -26,6 +26,8 @@ import time
 from dataclasses import dataclass, field
 from typing import Any, Callable, Iterator
 
+from rich.markup import escape
+
 from .backends.base import SamplingParams
 from .env import Environment, Episode
 
@@ -212,6 +214,8 @@ def judge(report: EnvCheckReport) -> None:
                 f"{len(result.errors)} of {len(result.episodes)} episodes under the {result.name} policy failed; "
                 f"the first: {result.errors[0]}"
             )
+    if report.problems:  # scores of failed episodes say nothing about the scoring
+        return
     all_scores = [s for p in report.policies for s in p.scores]
     if len(all_scores) > 1 and len(set(all_scores)) == 1:
         report.warnings.append(
@@ -226,7 +230,7 @@ def judge(report: EnvCheckReport) -> None:
             f"stronger model"
         )
     oracle = by_name.get("oracle")
-    if oracle is not None and not oracle.errors:
+    if oracle is not None:
         below = [(i, s) for i, s in enumerate(oracle.scores) if s < 1.0]
         if below:
             truncated = sum(1 for ep in oracle.episodes if ep.truncated)
@@ -236,7 +240,7 @@ def judge(report: EnvCheckReport) -> None:
                 f"{oracle.mean:.3f}, e.g. {below[0][1]:g}){cap}: either solve or score_episode is wrong"
             )
     empty = by_name.get("empty")
-    if empty is not None and not empty.errors and empty.mean >= 0.5:
+    if empty is not None and empty.mean >= 0.5:
         report.warnings.append(
             f"an empty reply scores {empty.mean:.3f} on average: the score rewards doing nothing, so the "
             f"model may learn to say nothing"
@@ -294,7 +298,7 @@ def show_report(report: EnvCheckReport, console, *, module: str, model_name: str
     """Print the report with rich: dataset, prompt, tools, then a table of the policies."""
     from rich.table import Table
 
-    console.print(f"[bold]{report.env_name}[/bold] from {module}, model {model_name}")
+    console.print(f"[bold]{escape(report.env_name)}[/bold] from {escape(module)}, model {escape(model_name)}")
     if not report.rows:
         return
     info = Table.grid(padding=(0, 2))
@@ -311,12 +315,10 @@ def show_report(report: EnvCheckReport, console, *, module: str, model_name: str
     console.print(shown, markup=False, highlight=False)
     console.rule(style="dim")
     if report.tools:
-        tools = Table(title="tools", title_justify="left", show_edge=False)
-        tools.add_column("call")
-        tools.add_column("description")
+        console.print(f"tools ({len(report.tools)}; ? marks an optional argument)", markup=False)
         for schema in report.tools:
-            tools.add_row(*_tool_line(schema))
-        console.print(tools)
+            call, description = _tool_line(schema)
+            console.print(f"  [bold]{escape(call)}[/bold]  {escape(description)}")
     if report.policies:
         table = Table(title=f"episodes ({len(report.policies[0].episodes)} per policy)", title_justify="left")
         for column in ("policy", "mean", "min", "max", "turns", "errors", "cut", "step ms", "time s"):
@@ -328,7 +330,7 @@ def show_report(report: EnvCheckReport, console, *, module: str, model_name: str
             table.add_row(p.name, f"{p.mean:.3f}", f"{min(p.scores):.3f}", f"{max(p.scores):.3f}", f"{p.turns_mean:.2f}",
                           str(len(p.errors)), str(sum(ep.truncated for ep in p.episodes)), latency, f"{p.wall_seconds:.1f}")
         console.print(table)
-        console.print("score: episode scores; cut: truncated by a budget; step ms: environment reply time, mean/max",
+        console.print("mean/min/max: episode scores; cut: truncated by a budget; step ms: environment reply time, mean/max",
                       style="dim", markup=False)
         model = next((p for p in report.policies if p.generate_seconds_per_turn is not None), None)
         if model is not None:
@@ -336,13 +338,7 @@ def show_report(report: EnvCheckReport, console, *, module: str, model_name: str
     for note in report.notes:
         console.print(f"note: {note}", markup=False)
     for warning in report.warnings:
-        console.print(f"[yellow]warning:[/yellow] {_escape(warning)}")
-
-
-def _escape(text: str) -> str:
-    from rich.markup import escape
-
-    return escape(text)
+        console.print(f"[yellow]warning:[/yellow] {escape(warning)}")
 
 
 def run_env_check(

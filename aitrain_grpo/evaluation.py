@@ -79,7 +79,9 @@ def resolve_source(spec: str) -> ModelSource:
                           f"model directory, a training output directory, or 'tiny'")
     if path.exists():
         raise ConfigError(f"{spec} is a file; pass a model directory, a training output directory, or 'tiny'")
-    if spec.startswith((".", "/", "~")) or spec.count("/") != 1:
+    # "org/name" (or "gpt2") may be a hub id, unless "org" is a folder here (outputs/run): a missing path.
+    local = spec.startswith((".", "/", "~")) or spec.count("/") > 1
+    if local or (len(path.parts) > 1 and Path(path.parts[0]).is_dir()):
         raise ConfigError(f"model {spec!r} does not exist; pass a model directory, a training output directory, "
                           f"a hub id such as Qwen/Qwen2.5-0.5B-Instruct, or 'tiny'")
     return ModelSource(spec, spec, None, spec)  # a hub id: transformers finds it in its cache or downloads it
@@ -327,6 +329,8 @@ def show_results(results: list[EvalResult], console, *, env_name: str, sampling:
                 cells.append(f"{delta * 100:+.1f} pts")
             elif key in ("episodes", "tasks"):
                 cells.append("")
+            elif key in ("errors", "truncated", "tool_errors"):
+                cells.append(f"{int(delta):+d}")
             else:
                 cells.append(f"{delta:+.3f}" if key != "tokens_per_second" else f"{delta:+.1f}")
         table.add_row(key.replace("_", " "), *cells)

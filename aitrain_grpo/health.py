@@ -31,6 +31,8 @@ LOW_ENTROPY = 0.01
 HIGH_GRAD_NORM = 10.0
 ERROR_RATE = 0.1          # share of episodes ending in an environment error worth a warning
 ERROR_RISE = 0.05         # and how far above the earlier rate it must be to count as rising
+EARLIER_STEPS = 20        # "earlier" for rising errors: the 20 steps before the recent ones
+HISTORY = RECENT_STEPS + EARLIER_STEPS  # no check looks further back than this
 
 
 @dataclass(frozen=True)
@@ -138,7 +140,7 @@ def _error_rates(records: Sequence[Record]) -> list[float]:
 
 def rising_errors(records: Sequence[Record], window: int = RECENT_STEPS) -> HealthWarning | None:
     """A growing share of episodes ends in an environment error (an exception, a timeout, a bad score)."""
-    rates = _error_rates(records)
+    rates = _error_rates(records[-(window + EARLIER_STEPS):])
     if len(rates) < window:
         return None
     recent = sum(rates[-window:]) / window
@@ -168,7 +170,7 @@ def first_warnings(records: Sequence[Record]) -> list[HealthWarning]:
     """Replay a finished run: each kind of warning at the first step where it fired."""
     found: dict[str, HealthWarning] = {}
     for end in range(1, len(records) + 1):
-        for warning in check_health(records[:end]):
+        for warning in check_health(records[max(0, end - HISTORY):end]):
             found.setdefault(warning.key, warning)
     return sorted(found.values(), key=lambda w: w.step)
 
@@ -185,6 +187,7 @@ class HealthCallback(TrainerCallback):
         if not state.is_world_process_zero or not logs or "reward" not in logs:
             return
         self.history.append({"step": state.global_step, **logs})
+        del self.history[:-HISTORY]
         for warning in check_health(self.history):
             if warning.key in self.shown:
                 continue

@@ -111,9 +111,14 @@ def parse_config_json(text: str | Mapping | None) -> dict[str, Any]:
         return {}
     source = "config"
     if text.startswith("@"):
-        path = Path(text[1:].strip()).expanduser()
-        if not path.is_file():
-            what = "is a directory" if path.is_dir() else "not found"
+        try:
+            path = Path(text[1:].strip()).expanduser()
+            found, is_dir = path.is_file(), path.is_dir()
+        except (OSError, ValueError, RuntimeError) as exc:  # a name too long, NUL bytes, ~user unknown
+            raise EnvLoadError(f"config file {_one_line(text[1:], 80)!r} is not a usable path "
+                               f"({_describe_exception(exc)}); check the path after '@'") from None
+        if not found:
+            what = "is a directory" if is_dir else "not found"
             raise EnvLoadError(f"config file {str(path)!r} {what} (relative paths start at {os.getcwd()}); "
                                f"check the path after '@'")
         try:

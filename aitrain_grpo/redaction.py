@@ -2,7 +2,7 @@
 
 Secrets reach a run's options in three ways, and `redact` replaces each with "<redacted>" in any
 JSON-like value (dicts, lists, strings; an `--rl-env-config` JSON string is parsed, redacted and
-written back as JSON):
+written back as JSON); `redact_strings`, for transcripts, does the first and the last only:
 
 - the value of a secret environment variable (`HF_TOKEN`, `WANDB_API_KEY`, anything whose name has a
   part such as TOKEN, SECRET, PASSWORD or API_KEY) pasted into an option;
@@ -47,6 +47,17 @@ def redact_text(text: str, secrets: list[str]) -> str:
     for secret in secrets:
         text = text.replace(secret, REDACTED)
     return _URL_CREDENTIALS.sub(lambda m: f"{m.group('scheme')}{REDACTED}@", text)
+
+
+def redact_strings(value: Any, secrets: list[str] | None = None) -> Any:
+    """A copy of `value` with secret values and URL credentials replaced inside every string, and
+    nothing else changed: for transcripts, whose text should stay as the model and environment wrote it."""
+    secrets = secret_values() if secrets is None else secrets
+    if isinstance(value, dict):
+        return {k: redact_strings(v, secrets) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [redact_strings(v, secrets) for v in value]
+    return redact_text(value, secrets) if isinstance(value, str) else value
 
 
 def redact(value: Any, secrets: list[str] | None = None) -> Any:

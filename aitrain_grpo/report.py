@@ -25,6 +25,7 @@ from pathlib import Path
 from typing import Any
 
 from .env import Episode
+from .redaction import redact_strings
 
 TEMPLATE = Path(__file__).with_name("report_template.html")
 DATA_MARK = "__AITRAIN_REPORT_DATA__"
@@ -52,7 +53,7 @@ def episode_record(episode: Episode, **extra: Any) -> dict[str, Any]:
         k: v for k, v in episode.row.items()
         if k != "prompt" and (isinstance(v, (int, float, bool)) or (isinstance(v, str) and len(v) <= ROW_TEXT_LIMIT))
     }
-    return {
+    return redact_strings({  # transcripts never hold the values of secret environment variables
         **extra,
         "score": _json_safe(float(episode.score or 0.0)),
         "turns": episode.turns,
@@ -65,7 +66,7 @@ def episode_record(episode: Episode, **extra: Any) -> dict[str, Any]:
         "row": {k: _json_safe(v) for k, v in row.items()},
         "messages": [{k: v for k, v in m.items() if isinstance(v, (str, int, float, bool, type(None)))}
                      for m in episode.messages],
-    }
+    })
 
 
 # ------------------------------------------------------------------------------------ reading a run

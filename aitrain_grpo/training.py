@@ -104,6 +104,7 @@ def grpo_config(config: RunConfig, output_dir: Path):
         logging_steps=config.logging_steps,
         save_strategy="steps" if config.save_steps else "no",
         save_steps=config.save_steps or 500,
+        save_total_limit=config.save_total_limit,
         report_to=[] if config.report_to == "none" else [config.report_to],
         remove_unused_columns=False,  # episodes need every column of their row
         disable_tqdm=True,

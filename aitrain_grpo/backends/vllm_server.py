@@ -82,8 +82,9 @@ class VLLMServerClient:
             time.sleep(1.0)
 
     def served_models(self) -> list[str]:
+        """Names of the base models served (LoRA adapters loaded at run time are left out)."""
         data = self._request("GET", "/v1/models", timeout=30)
-        return [entry["id"] for entry in data.get("data", [])]
+        return [entry["id"] for entry in data.get("data", []) if not entry.get("parent")]
 
     # ------------------------------------------------------------------------------ weights
 

@@ -139,9 +139,17 @@ class SlowLetters(LetterEnv):
 
 
 class SecretLetters(LetterEnv):
-    """envs.letters that is handed credentials, as environments that call an API are."""
+    """envs.letters that is handed credentials, as environments that call an API are, and that puts
+    the `HF_TOKEN` of its environment into a row column and into its replies."""
 
     def __init__(self, api_key: str = "", hub_auth: str = "", **kwargs):
         super().__init__(**kwargs)
         self.api_key, self.hub_auth = api_key, hub_auth
-        self.env_token_seen = bool(os.environ.get("HF_TOKEN"))
+
+    def build_dataset(self, tokenizer):
+        token = os.environ.get("HF_TOKEN", "")
+        return [{**row, "auth_header": f"Bearer {token}"} for row in super().build_dataset(tokenizer)]
+
+    def step(self, episode: Episode, completion: str):
+        reply = super().step(episode, completion)
+        return None if reply is None else f"{reply} (checked with {os.environ.get('HF_TOKEN', '')})"

@@ -1,0 +1,100 @@
+"""Health warnings fire on metric histories that show each problem, stay silent on a healthy run, and are
+printed once each, with advice, during training."""
+
+from __future__ import annotations
+
+import io
+from types import SimpleNamespace
+
+from rich.console import Console
+from transformers import TrainerControl, TrainerState
+
+from aitrain_grpo.health import (
+    HealthCallback, check_health, entropy_collapse, first_warnings, low_score, no_learning_signal, rising_errors,
+    unstable_gradients,
+)
+
+
+def healthy_run(steps: int = 40) -> list[dict]:
+    """Reward climbing from 0.2 to 0.8 with spread in every batch, stable gradients, no errors."""
+    return [
+        {"step": s, "reward": 0.2 + 0.6 * s / steps, "reward_std": 0.2, "frac_reward_zero_std": 0.25,
+         "env/score_mean": 0.2 + 0.6 * s / steps, "entropy": 1.5 - s / 100, "grad_norm": 0.8,
+         "env/errors": 0.0, "env/episodes": 8.0}
+        for s in range(1, steps + 1)
+    ]
+
+
+def with_changes(records: list[dict], start: int, **changes) -> list[dict]:
+    return [dict(r, **changes) if r["step"] >= start else r for r in records]
+
+
+def test_a_healthy_run_raises_no_warning_at_any_step():
+    assert first_warnings(healthy_run()) == []
+
+
+def test_no_learning_signal_when_most_recent_steps_have_zero_reward_std():
+    records = with_changes(healthy_run(12), 8, reward_std=0.0, frac_reward_zero_std=1.0)
+    warning = no_learning_signal(records)
+    assert warning is not None and warning.step == 12
+    assert "5 of the last 5 steps" in warning.message and "graded" in warning.advice
+    # Three flat steps out of five are not "most".
+    assert no_learning_signal(with_changes(healthy_run(12), 10, reward_std=0.0, frac_reward_zero_std=1.0)) is None
+
+
+def test_no_learning_signal_when_every_group_is_flat_even_if_the_batch_varies():
+    # Different tasks score differently, but every group of attempts at one task scores the same.
+    records = with_changes(healthy_run(10), 1, reward_std=0.3, frac_reward_zero_std=1.0)
+    assert no_learning_signal(records) is not None
+
+
+def test_low_score_only_after_twenty_steps():
+    records = with_changes(healthy_run(30), 1, reward=0.05, **{"env/score_mean": 0.05})
+    assert low_score(records[:19]) is None
+    warning = low_score(records[:20])
+    assert warning is not None and "0.050 after 20 steps" in warning.message
+    assert "aitrain env check" in warning.advice
+    assert [w.step for w in first_warnings(records) if w.key == "low_score"] == [20]
+    assert low_score(with_changes(healthy_run(30), 1, **{"env/score_mean": 0.3})) is None
+
+
+def test_entropy_collapse():
+    collapsed = with_changes(healthy_run(10), 8, entropy=0.004)
+    warning = entropy_collapse(collapsed)
+    assert warning is not None and "collapsed" in warning.message
+    # One low step among normal ones is noise, not a collapse.
+    assert entropy_collapse(with_changes(healthy_run(10), 10, entropy=0.004)) is None
+
+
+def test_exploding_gradients_advise_a_lower_learning_rate():
+    warning = unstable_gradients(with_changes(healthy_run(5), 5, grad_norm=37.5))
+    assert warning is not None and "37.5" in warning.message and "--lr" in warning.advice
+    assert unstable_gradients(with_changes(healthy_run(5), 5, grad_norm=9.0)) is None
+
+
+def test_rising_environment_errors():
+    records = with_changes(healthy_run(15), 11, **{"env/errors": 4.0})
+    warning = rising_errors(records)
+    assert warning is not None and "50% of episodes in the last 5 steps (earlier 0%)" in warning.message
+    assert "episodes.jsonl" in warning.advice
+    # A steady trickle of errors (1 in 50) is not a rise.
+    assert rising_errors(with_changes(healthy_run(15), 1, **{"env/errors": 1.0, "env/episodes": 50.0})) is None
+
+
+def test_missing_metrics_are_not_warnings():
+    assert check_health([{"step": s, "reward": 0.5} for s in range(1, 30)]) == []
+
+
+def test_the_callback_prints_each_warning_once_with_its_advice():
+    buffer = io.StringIO()
+    callback = HealthCallback(Console(file=buffer, highlight=False, width=300))
+    state, control, args = TrainerState(), TrainerControl(), SimpleNamespace(output_dir="unused")
+    for record in with_changes(healthy_run(12), 1, reward_std=0.0, frac_reward_zero_std=1.0, grad_norm=50.0):
+        state.global_step = record["step"]
+        callback.on_log(args, state, control, logs={k: v for k, v in record.items() if k != "step"})
+    text = buffer.getvalue()
+    assert text.count("no learning signal") == 1 and text.count("grad_norm is 50.0") == 1, text
+    assert "warning: grad_norm is 50.0 (above 10): training is unstable. lower the learning rate" in text
+    # The end-of-run summary TRL logs has no reward; it is not a training step.
+    callback.on_log(args, state, control, logs={"train_runtime": 12.0})
+    assert len(callback.history) == 12
