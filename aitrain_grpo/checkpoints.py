@@ -153,7 +153,7 @@ def prepare_output_dir(output_dir: Path, resume: Path | None) -> None:
     if resume is None:
         for old in output_dir.iterdir():
             if old.is_dir() and checkpoint_step(old) is not None:
-                shutil.rmtree(old)
+                shutil.rmtree(old, ignore_errors=True)  # several processes may clear the same folder
 
 
 # --------------------------------------------------------------------------------------- the trainer

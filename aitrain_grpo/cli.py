@@ -211,6 +211,110 @@ def vllm_serve(
     raise typer.Exit(128 + received[0] if received else code)
 
 
+# ------------------------------------------------------------------------------ aitrain env check / eval / report
+
+env_app = typer.Typer(help="Work on an environment before training on it.", no_args_is_help=True)
+app.add_typer(env_app, name="env")
+
+_ENV_MODULE = typer.Option(..., "--rl-env-module", help="Python module of the environment, e.g. envs.hotel.")
+_ENV_CLASS = typer.Option(..., "--rl-env-class", help="Environment class in that module, e.g. HotelEnv.")
+_ENV_CONFIG = typer.Option(None, "--rl-env-config", help="JSON object of keyword arguments for the environment, or @file.json.")
+_DEBUG = typer.Option(False, "--debug", help="Show full tracebacks.")
+
+
+@env_app.command("check")
+def env_check(
+    rl_env_module: str = _ENV_MODULE,
+    rl_env_class: str = _ENV_CLASS,
+    rl_env_config: Optional[str] = _ENV_CONFIG,
+    model: str = typer.Option("tiny", "--model", help="Model whose chat template renders the prompts and that plays the 'model' policy."),
+    episodes: int = typer.Option(16, "--episodes", help="Episodes per policy."),
+    policies: str = typer.Option("oracle,empty,model", "--policies", help="Which of oracle, empty, model to play."),
+    rl_max_new_tokens: int = typer.Option(128, "--rl-max-new-tokens", help="Token limit of one model turn."),
+    rl_max_turns: Optional[int] = typer.Option(None, "--rl-max-turns", help="Cap on turns (default: the environment's max_turns)."),
+    rl_temperature: float = typer.Option(1.0, "--rl-temperature", help="Sampling temperature of the model policy."),
+    rl_env_timeout: float = typer.Option(60.0, "--rl-env-timeout", help="Seconds one environment call may take."),
+    seed: int = typer.Option(0, "--seed", help="Seed for picking rows and sampling."),
+    debug: bool = _DEBUG,
+) -> None:
+    """Check an environment: dataset, prompts, tools, and episodes under the oracle, empty and model policies.
+
+    Exits 1 when the environment breaks its contract, 0 otherwise (warnings included)."""
+    from .envcheck import run_env_check
+
+    try:
+        report = run_env_check(
+            module=rl_env_module, class_name=rl_env_class, env_config=rl_env_config, model_name=model,
+            episodes=episodes, policies=policies, seed=seed, max_new_tokens=rl_max_new_tokens, max_turns=rl_max_turns,
+            temperature=rl_temperature, timeout=rl_env_timeout, console=out,
+        )
+    except user_errors() as exc:
+        if debug:
+            raise
+        fail(str(exc))
+    for problem in report.problems:
+        err.print(f"error: {' '.join(problem.split())}", markup=False)
+    if report.problems:
+        raise typer.Exit(1)
+    out.print(f"env check passed with {len(report.warnings)} warning(s)", markup=False)
+
+
+@app.command("eval")
+def eval_command(
+    model: str = typer.Option("tiny", "--model", help="Model to evaluate: 'tiny', a model path or id, or a training output directory."),
+    rl_env_module: Optional[str] = typer.Option(None, "--rl-env-module", help="Environment module (default: the training run's)."),
+    rl_env_class: Optional[str] = typer.Option(None, "--rl-env-class", help="Environment class (default: the training run's)."),
+    rl_env_config: Optional[str] = _ENV_CONFIG,
+    episodes: int = typer.Option(32, "--episodes", help="Tasks to play: the first N rows of the dataset."),
+    rl_num_generations: int = typer.Option(1, "--rl-num-generations", help="Episodes per task (k of pass@k)."),
+    baseline: Optional[str] = typer.Option(None, "--baseline", help="A second model to compare against, on the same tasks and seed."),
+    output: Optional[str] = typer.Option(None, "--output", help="Write one JSON line per episode here (messages, score, turns, error)."),
+    use_vllm: bool = typer.Option(False, "--use-vllm", help="Generate with vLLM instead of Hugging Face generate."),
+    rl_max_new_tokens: Optional[int] = typer.Option(None, "--rl-max-new-tokens", help="Token limit of one model turn (default: the run's, else 128)."),
+    rl_max_turns: Optional[int] = typer.Option(None, "--rl-max-turns", help="Cap on turns (default: the run's, else the environment's)."),
+    rl_max_completion_length: Optional[int] = typer.Option(None, "--rl-max-completion-length", help="Token budget after the prompt (default: the run's, else 1024)."),
+    rl_temperature: Optional[float] = typer.Option(None, "--rl-temperature", help="Sampling temperature; 0 is greedy (default: the run's, else 1.0)."),
+    rl_top_k: Optional[int] = typer.Option(None, "--rl-top-k", help="Top-k sampling, 0 = off (default: the run's, else 50)."),
+    rl_top_p: Optional[float] = typer.Option(None, "--rl-top-p", help="Nucleus sampling (default: the run's, else 1.0)."),
+    rl_env_timeout: Optional[float] = typer.Option(None, "--rl-env-timeout", help="Seconds one environment call may take."),
+    batch_size: int = typer.Option(32, "--batch-size", help="Episodes generated together."),
+    seed: int = typer.Option(0, "--seed", help="Sampling seed (both models use it)."),
+    debug: bool = _DEBUG,
+) -> None:
+    """Evaluate a model (or a training run) in an environment: mean score, success rate, pass@k, turns, errors."""
+    from .evaluation import run_eval
+
+    options = dict(
+        rl_max_new_tokens=rl_max_new_tokens, rl_max_turns=rl_max_turns, rl_max_completion_length=rl_max_completion_length,
+        rl_temperature=rl_temperature, rl_top_k=rl_top_k, rl_top_p=rl_top_p, rl_env_timeout=rl_env_timeout,
+    )
+    try:
+        run_eval(model=model, baseline=baseline, module=rl_env_module, class_name=rl_env_class, env_config=rl_env_config,
+                 episodes=episodes, samples=rl_num_generations, use_vllm=use_vllm, output=output, options=options,
+                 seed=seed, batch_size=batch_size, console=out)
+    except user_errors() as exc:
+        if debug:
+            raise
+        fail(str(exc))
+
+
+@app.command("report")
+def report_command(
+    output_dir: str = typer.Argument(..., help="A training output directory (it holds metrics.jsonl)."),
+    output: Optional[str] = typer.Option(None, "--output", help="Where to write the page (default: OUTPUT_DIR/report.html)."),
+) -> None:
+    """Write report.html for a training run: reward curve, score distribution, turns, errors, transcripts."""
+    from pathlib import Path
+
+    from .report import write_report
+
+    if not Path(output_dir).is_dir():
+        fail(f"{output_dir} is not a directory; pass a training output directory (e.g. outputs/hotelenv)")
+    if not (Path(output_dir) / "metrics.jsonl").is_file():
+        fail(f"{output_dir} has no metrics.jsonl; pass the --output-dir of a training run that has logged a step")
+    out.print(f"report written to {write_report(output_dir, output)}", markup=False)
+
+
 # ------------------------------------------------------------------------------ aitrain tiny-model
 
 

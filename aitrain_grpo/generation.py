@@ -131,7 +131,7 @@ def make_backend(trainer, config: RunConfig, plan: GenerationPlan, stop_ids: lis
     if plan.backend == "vllm_colocate":
         from .backends.vllm_colocate import VLLMColocateBackend
 
-        return VLLMColocateBackend(trainer, stop_ids), None
+        return VLLMColocateBackend.for_trainer(trainer, stop_ids), None
     from .backends.vllm_server import VLLMServerBackend, VLLMServerClient
 
     client = VLLMServerClient(config.vllm_server_url)

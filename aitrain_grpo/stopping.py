@@ -6,8 +6,8 @@ stops early only when:
 - the share of failed episodes over the last `window` (4) steps is above `--rl-max-error-rate`
   (0.5; 1.0 never stops). `ErrorRateStop` counts the errors of each step's episodes (gathered across
   processes, so every process decides the same) and, from the step where the window is full, asks HF
-  Trainer to save a checkpoint and stop; the message names the three most common errors. The first few
-  distinct errors are also printed as they appear, so a user sees them long before any bound is hit;
+  Trainer to save a checkpoint and stop; the message names the three most common errors. The first
+  10 distinct errors are also printed as they appear, so a user sees them long before any bound is hit;
 - the generation backend raises `GenerationBackendError` (a server that stopped answering after its
   client's bounded retries): a checkpoint of the last finished step is saved and the message names
   the server;
@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import contextlib
 import shlex
+import signal
 import sys
 from collections import Counter, deque
 from pathlib import Path
@@ -182,8 +183,9 @@ def clean_stops(trainer) -> Iterator[None]:
     errors = _find(trainer, ErrorRateStop)
     if signals is not None:
         signals.install()
+    observers = getattr(trainer, "rollout_observers", [])
     if errors is not None:
-        trainer.rollout_observers = [*getattr(trainer, "rollout_observers", []), errors.observe]
+        trainer.rollout_observers = [*observers, errors.observe]
     try:
         yield
     except GenerationBackendError as exc:
@@ -197,10 +199,9 @@ def clean_stops(trainer) -> Iterator[None]:
     finally:
         if signals is not None:
             signals.uninstall()
+        trainer.rollout_observers = observers
     finished = trainer.state.max_steps > 0 and trainer.state.global_step >= trainer.state.max_steps
     if signals is not None and signals.received is not None and not finished:
-        import signal
-
         name = signal.Signals(signals.received).name
         raise TrainingStopped(
             f"stopped by {name} after step {trainer.state.global_step}",

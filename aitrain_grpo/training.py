@@ -238,13 +238,15 @@ def build_trainer(config: RunConfig, env: Environment | None = None, *, callback
 
 def train(config: RunConfig, env: Environment | None = None, *, callbacks: list | None = None) -> dict[str, Any]:
     """Train the model in the environment as `config` says. Returns the run summary (also written to
-    `run_summary.json`). `env` skips loading the environment from `config` (Python API use)."""
-    trainer = build_trainer(config, env, callbacks=callbacks)
-    output_dir = config.resolved_output_dir()
-    started = time.time()
+    `run_summary.json`). `env` skips loading the environment from `config` (Python API use). A run
+    that stops early (a signal, too many failed episodes, a dead generation backend) saves a checkpoint
+    and raises `stopping.TrainingStopped`."""
     from .checkpoints import resume_checkpoint
     from .stopping import clean_stops
 
+    trainer = build_trainer(config, env, callbacks=callbacks)
+    output_dir = config.resolved_output_dir()
+    started = time.time()
     try:
         with clean_stops(trainer):  # early stops (signals, error rate, backend) raise TrainingStopped
             trainer.train(resume_from_checkpoint=resume_checkpoint(config))

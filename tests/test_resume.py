@@ -183,6 +183,19 @@ def test_bad_resume_targets_are_refused_before_loading(uninterrupted, overrides,
         assert fragment in str(caught.value)
 
 
+def test_a_finished_run_can_be_resumed_for_more_steps(uninterrupted):
+    from aitrain_grpo.training import check_output_dir
+
+    out, _ = uninterrupted
+    assert (out / "run_summary.json").exists()
+    with pytest.raises(ConfigError, match="already holds a finished run"):
+        check_output_dir(letters_config(out, max_steps=8))
+    check_output_dir(letters_config(out, max_steps=8, resume_from_checkpoint="auto"))  # no complaint
+    from aitrain_grpo.checkpoints import resume_checkpoint
+
+    assert resume_checkpoint(letters_config(out, resume_from_checkpoint="auto")) == out / "checkpoint-5"
+
+
 def test_an_incomplete_checkpoint_path_is_refused(tmp_path):
     from aitrain_grpo.training import check_output_dir
 

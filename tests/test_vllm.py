@@ -40,7 +40,7 @@ def vllm_server(tiny_model_dir, tmp_path_factory):
     env = dict(os.environ, OMP_NUM_THREADS="1", VLLM_CPU_KVCACHE_SPACE="1")
     with open(log, "wb") as sink:
         process = subprocess.Popen(
-            [sys.executable, "-m", "aitrain_grpo.cli", "vllm-serve", "--model", tiny_model_dir, "--port", str(port), "--enable-lora"],
+            [sys.executable, "-m", "aitrain_grpo.cli", "vllm-serve", "--model", tiny_model_dir, "--port", str(port), "--enable-lora", "--enforce-eager"],
             stdout=sink, stderr=subprocess.STDOUT, env=env, cwd=str(REPO),
         )
     url = f"http://127.0.0.1:{port}"

@@ -20,14 +20,25 @@ from .base import Sample, SamplingParams
 
 
 class VLLMColocateBackend:
-    def __init__(self, trainer, stop_ids: list[int]):
+    """Samples from an in-process `vllm.LLM`: TRL's (`for_trainer`) or one built by the caller (evaluation,
+    benchmarks), optionally through a LoRA adapter (`lora_request`)."""
+
+    def __init__(self, llm, stop_ids: list[int], *, tp_group=None, tp_size: int = 1, lora_request=None):
+        self.llm = llm
+        self.stop_ids = stop_ids
+        self.tp_group = tp_group
+        self.tp_size = tp_size
+        self.lora_request = lora_request
+
+    @classmethod
+    def for_trainer(cls, trainer, stop_ids: list[int]) -> "VLLMColocateBackend":
         generation = getattr(trainer, "vllm_generation", None)
         if generation is None or getattr(generation, "llm", None) is None:
             raise RuntimeError("the trainer has no colocated vLLM engine; set use_vllm=True and vllm_mode='colocate'")
-        self.llm = generation.llm
-        self.tp_group = getattr(generation, "tp_group", None)
-        self.tp_size = getattr(generation, "tensor_parallel_size", 1)
-        self.stop_ids = stop_ids
+        return cls(
+            generation.llm, stop_ids,
+            tp_group=getattr(generation, "tp_group", None), tp_size=getattr(generation, "tensor_parallel_size", 1),
+        )
 
     def _sampling_params(self, max_tokens: int, sampling: SamplingParams):
         from vllm import SamplingParams as VLLMSampling
@@ -59,6 +70,7 @@ class VLLMColocateBackend:
             [{"prompt_token_ids": ids} for ids in prompts],
             sampling_params=self._sampling_params(max_tokens, sampling),
             use_tqdm=False,
+            lora_request=self.lora_request,
         )
         samples = [sample_from_vllm_output(out.outputs[0], self.stop_ids) for out in outputs]
         if self.tp_size > 1:
