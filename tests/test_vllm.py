@@ -184,6 +184,31 @@ def test_colocate_training_keeps_importance_sampling_ratio_near_one(tiny_model_d
         assert record["env/episodes"] == 8
 
 
+def test_two_training_processes_share_one_server(vllm_server, tiny_model_dir, tmp_path):
+    from test_scaleout import accelerate_launch
+
+    result = accelerate_launch(
+        "grpo", "--model", tiny_model_dir, *LETTERS, "--max-steps", "3", "--output-dir", str(tmp_path),
+        "--use-vllm", "--vllm-mode", "server", "--vllm-server-url", vllm_server["url"], "--vllm-sync", "lora",
+    )
+    assert result.returncode == 0, result.stderr[-3000:]
+    records = metrics(tmp_path)
+    assert [r["step"] for r in records] == [1, 2, 3]
+    assert all(r["env/episodes"] == 16 for r in records)
+    assert len(list((tmp_path / "vllm-sync").iterdir())) == 1  # only the main process wrote versions
+
+
+def test_eval_with_vllm_applies_a_lora_adapter(tiny_model_dir, tmp_path):
+    trained = tmp_path / "trained"
+    result = run_cli("grpo", "--model", tiny_model_dir, *LETTERS, "--max-steps", "2", "--output-dir", str(trained))
+    assert result.returncode == 0, result.stderr[-3000:]
+    results = tmp_path / "results.jsonl"
+    result = run_cli("eval", "--model", str(trained), "--episodes", "4", "--use-vllm", "--output", str(results))
+    assert result.returncode == 0, result.stderr[-3000:]
+    records = [json.loads(line) for line in results.read_text().splitlines()]
+    assert len(records) >= 4 and all(0.0 <= r["score"] <= 1.0 for r in records)
+
+
 def test_server_stopping_mid_run_saves_a_checkpoint_and_names_the_server(vllm_server, tiny_model_dir, tmp_path):
     """Last in the module: it stops the shared server."""
     out = tmp_path / "run"
