@@ -12,7 +12,10 @@ from __future__ import annotations
 
 import inspect
 import os
+import signal
+import subprocess
 import sys
+import time
 from typing import Any, Optional
 
 import typer
@@ -183,18 +186,13 @@ def vllm_serve(
         max_lora_rank=max_lora_rank, sync_dir=sync_dir, enforce_eager=enforce_eager,
     )
     process, url = start_server(options)
-    received: list[int] = []
+    received: list[tuple[int, float]] = []
 
     def forward(signum, frame):
         # The server runs in its own session; pass the signal on and let the wait below return.
         # Waiting here would deadlock with that wait; a second signal kills the server outright.
-        received.append(signum)
-        try:
-            os.killpg(process.pid, signal.SIGTERM if len(received) == 1 else signal.SIGKILL)
-        except ProcessLookupError:
-            pass
-
-    import signal
+        received.append((signum, time.monotonic()))
+        kill_server_group(process, signal.SIGTERM if len(received) == 1 else signal.SIGKILL)
 
     signal.signal(signal.SIGTERM, forward)
     signal.signal(signal.SIGINT, forward)
@@ -203,12 +201,28 @@ def vllm_serve(
     except RuntimeError as exc:
         stop_server(process)
         if received:
-            raise typer.Exit(128 + received[0])
+            raise typer.Exit(128 + received[0][0])
         fail(str(exc), code=1)
     out.print(f"vLLM server ready at {url}", markup=False)
     out.print(f"train against it with: aitrain grpo --model {model} ... {trainer_flags(options, url)}", markup=False)
-    code = process.wait()
-    raise typer.Exit(128 + received[0] if received else code)
+    while True:
+        try:
+            code = process.wait(timeout=1.0)
+            break
+        except subprocess.TimeoutExpired:
+            if received and time.monotonic() - received[0][1] > SERVER_STOP_GRACE:
+                kill_server_group(process, signal.SIGKILL)  # a graceful shutdown that hangs
+    raise typer.Exit(128 + received[0][0] if received else code)
+
+
+SERVER_STOP_GRACE = 30.0
+
+
+def kill_server_group(process, signum) -> None:
+    try:
+        os.killpg(process.pid, signum)
+    except ProcessLookupError:
+        pass
 
 
 # ------------------------------------------------------------------------------ aitrain env check / eval / report

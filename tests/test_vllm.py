@@ -54,7 +54,7 @@ def vllm_server(tiny_model_dir, tmp_path_factory):
     yield {"url": url, "process": process, "log": log, "port": port}
     if process.poll() is None:
         process.send_signal(signal.SIGTERM)
-        process.wait(timeout=60)
+        process.wait(timeout=120)
 
 
 def server_logprobs(url: str, model: str, prompt_ids: list[int], tokens: int = 12) -> tuple[list[int], list[float]]:
@@ -223,7 +223,7 @@ def test_server_stopping_mid_run_saves_a_checkpoint_and_names_the_server(vllm_se
         assert training.poll() is None and time.monotonic() < deadline, "training did not start"
         time.sleep(0.5)
     vllm_server["process"].send_signal(signal.SIGTERM)
-    vllm_server["process"].wait(timeout=60)
+    vllm_server["process"].wait(timeout=120)
     stdout, stderr = training.communicate(timeout=180)
     assert training.returncode not in (0, None)
     assert f"vLLM server at {vllm_server['url']}" in stderr
