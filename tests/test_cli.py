@@ -4,7 +4,6 @@ usable output directory."""
 from __future__ import annotations
 
 import json
-from pathlib import Path
 
 import pytest
 

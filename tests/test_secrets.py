@@ -5,7 +5,6 @@ neither in `run_config.json` nor in the transcripts, checkpoints or logs."""
 from __future__ import annotations
 
 import json
-import os
 
 from conftest import REPO, run_cli
 

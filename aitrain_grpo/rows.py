@@ -1,0 +1,125 @@
+"""Checking the rows an environment's `build_dataset` returns: every row a dict with a usable `prompt`.
+
+`build_rows(env, tokenizer)` calls `build_dataset` and `validate_dataset` converts what it returned (a
+`datasets.Dataset`, a list of dicts, any iterable of mappings) into a list of plain dicts, raising
+`EnvLoadError` with one line naming the row and the fix. The valid case is checked with exact types
+first so that 100k rows stay cheap; only a row that fails it goes through the slow, explaining path.
+
+Left out: columns other than `prompt` (they are the environment's own business).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import inspect
+import sys
+from collections.abc import Iterable, Mapping
+from typing import Any
+
+from .loading import MESSAGE_ROLES, _ROLE_LIST, EnvLoadError, _describe_exception, _one_line, _user_location
+
+
+def _is_plain_prompt(prompt: Any) -> bool:
+    """The common, valid case, checked with exact types only (no ABC isinstance) so 100k rows stay cheap."""
+    if type(prompt) is str:
+        return bool(prompt) and not prompt.isspace()
+    if type(prompt) is not list or not prompt:
+        return False
+    for message in prompt:
+        if type(message) is not dict or type(message.get("content")) is not str:
+            return False
+        role = message.get("role")
+        if type(role) is not str or role not in MESSAGE_ROLES:
+            return False
+    return True
+
+
+def _check_prompt(prompt: Any, index: int, source: str) -> None:
+    """The slow path: find what is wrong with a prompt (or accept an unusual but valid one)."""
+    where = f"row {index} from {source}"
+    if isinstance(prompt, str):
+        if not prompt.strip():
+            raise EnvLoadError(f"{where} has an empty 'prompt' string; give it the task text")
+        return
+    if not isinstance(prompt, list):
+        raise EnvLoadError(f"{where} has a 'prompt' of type {type(prompt).__name__}; it must be a string or "
+                           f"a list of {{'role', 'content'}} messages")
+    if not prompt:
+        raise EnvLoadError(f"{where} has an empty 'prompt' list; add at least one message such as "
+                           f"{{'role': 'user', 'content': '...'}}")
+    for j, message in enumerate(prompt):
+        if not isinstance(message, Mapping):
+            raise EnvLoadError(f"{where}: prompt message {j} is a {type(message).__name__}, not a dict; "
+                               f"write {{'role': 'user', 'content': '...'}}")
+        role = message.get("role")
+        if not isinstance(role, str) or role not in MESSAGE_ROLES:
+            problem = "has no 'role'" if role is None else f"has role {_one_line(repr(role), 40)}"
+            raise EnvLoadError(f"{where}: prompt message {j} {problem}; roles must be one of "
+                               f"{_ROLE_LIST}")
+        content = message.get("content")
+        if isinstance(content, str):
+            continue
+        # An assistant message that only calls tools legitimately has no text.
+        if content is None and role == "assistant" and message.get("tool_calls"):
+            continue
+        problem = "has no 'content'" if content is None else f"has 'content' of type {type(content).__name__}"
+        raise EnvLoadError(f"{where}: prompt message {j} ({role}) {problem}; content must be a string")
+
+
+def validate_dataset(rows: Any, source: str = "build_dataset") -> list[dict[str, Any]]:
+    """Check the rows an environment built and return them as a list of plain dicts.
+
+    Accepts a `datasets.Dataset`, a list of dicts, or any iterable of mappings. `source` names where the
+    rows came from in error messages (e.g. 'HotelEnv.build_dataset').
+    """
+    returned = f"{source} returned {type(rows).__name__}"
+    datasets = sys.modules.get("datasets")  # a Dataset can only exist if datasets is imported
+    if datasets is not None and isinstance(rows, getattr(datasets, "Dataset", ())):
+        if "prompt" not in rows.column_names:
+            raise EnvLoadError(f"{source} returned a Dataset without a 'prompt' column (columns: "
+                               f"{', '.join(rows.column_names) or 'none'}); add a 'prompt' column")
+        converted = rows.to_list()  # Arrow -> fresh Python dicts in one pass
+    elif rows is None:
+        raise EnvLoadError(f"{returned}; return a list of dicts or a datasets.Dataset (is a `return` "
+                           f"statement missing?)")
+    elif isinstance(rows, Mapping):
+        splits = ", ".join(map(str, rows)) if type(rows).__name__ == "DatasetDict" else ""
+        hint = f"pick one split, e.g. ds[{next(iter(rows))!r}] (splits: {splits})" if splits else \
+            "return a list of row dicts, or datasets.Dataset.from_dict(columns) for a dict of columns"
+        raise EnvLoadError(f"{returned}, a mapping, not a list of rows; {hint}")
+    elif type(rows).__name__ == "DataFrame":
+        raise EnvLoadError(f"{returned}; return df.to_dict('records') or datasets.Dataset.from_pandas(df)")
+    elif isinstance(rows, (str, bytes)) or not isinstance(rows, Iterable):
+        raise EnvLoadError(f"{returned}; return a list of dicts (each with a 'prompt') or a datasets.Dataset")
+    else:
+        converted = []
+        for index, row in enumerate(rows):
+            if type(row) is not dict and not isinstance(row, Mapping):
+                raise EnvLoadError(f"row {index} from {source} is a {type(row).__name__}, not a dict; each "
+                                   f"row must be a dict with a 'prompt'")
+            converted.append(dict(row))  # shallow: the caller's row objects are never mutated
+    if not converted:
+        raise EnvLoadError(f"{source} returned no rows; return at least one row with a 'prompt'")
+    for index, row in enumerate(converted):
+        if "prompt" not in row:
+            columns = ", ".join(map(str, row)) or "none"
+            raise EnvLoadError(f"row {index} from {source} has no 'prompt' (columns: {_one_line(columns, 120)})"
+                               f"; add 'prompt': a string or a list of {{'role', 'content'}} messages")
+        if not _is_plain_prompt(row["prompt"]):
+            _check_prompt(row["prompt"], index, source)
+    return converted
+
+
+def build_rows(env: Any, tokenizer: Any) -> list[dict[str, Any]]:
+    """Call `env.build_dataset(tokenizer)` and validate what it returns."""
+    name = type(env).__name__
+    try:
+        rows = env.build_dataset(tokenizer)
+        if inspect.isawaitable(rows):  # an `async def build_dataset` is accepted
+            rows = asyncio.run(rows)
+    except Exception as exc:
+        location = _user_location(exc)
+        at = f" (at {location})" if location else ""
+        raise EnvLoadError(f"build_dataset of {name} raised {_describe_exception(exc)}{at}; fix "
+                           f"{name}.build_dataset") from exc
+    return validate_dataset(rows, source=f"{name}.build_dataset")
