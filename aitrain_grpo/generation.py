@@ -142,3 +142,37 @@ def make_backend(trainer, config: RunConfig, plan: GenerationPlan, stop_ids: lis
 
     sync_dir = Path(config.vllm_sync_dir) if config.vllm_sync_dir else config.resolved_output_dir() / "vllm-sync"
     return backend, FolderWeightSync(plan.sync, client, backend, sync_dir, base_model=served_name(config.model))
+
+
+def training_devices(visible: list[str], server_gpus: int) -> list[str]:
+    """The GPUs training keeps when a local vLLM server took the first `server_gpus` of `visible`
+    (the recipe `aitrain vllm-serve` on GPUs 0..N-1, training on the rest). Never leaves training none."""
+    if server_gpus <= 0 or len(visible) <= server_gpus:
+        return visible
+    return visible[server_gpus:]
+
+
+def reserve_server_gpus(config: RunConfig, environ: dict[str, str] | None = None) -> str | None:
+    """For a server on this machine, hide its GPUs from training by setting CUDA_VISIBLE_DEVICES (before
+    CUDA starts). Skipped when the user set CUDA_VISIBLE_DEVICES or the server is on another machine.
+    Under `accelerate launch` each process then counts its device from the first kept GPU. Returns the
+    new value, or None when nothing changed."""
+    import os
+    import shutil
+    import subprocess
+    from urllib.parse import urlparse
+
+    environ = os.environ if environ is None else environ
+    if not (config.use_vllm and config.vllm_mode == "server" and config.vllm_server_url):
+        return None
+    if "CUDA_VISIBLE_DEVICES" in environ or urlparse(config.vllm_server_url).hostname not in ("127.0.0.1", "localhost", "::1"):
+        return None
+    if shutil.which("nvidia-smi") is None:
+        return None
+    listed = subprocess.run(["nvidia-smi", "--query-gpu=index", "--format=csv,noheader"], capture_output=True, text=True)
+    visible = [line.strip() for line in listed.stdout.splitlines() if line.strip()]
+    kept = training_devices(visible, config.vllm_server_gpus)
+    if kept == visible:
+        return None
+    environ["CUDA_VISIBLE_DEVICES"] = ",".join(kept)
+    return environ["CUDA_VISIBLE_DEVICES"]

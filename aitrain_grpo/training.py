@@ -27,7 +27,7 @@ from .config import ConfigError, RunConfig
 from .env import Environment
 from .generation import check_server as check_vllm_server
 from .generation import grpo_kwargs as generation_grpo_kwargs
-from .generation import plan_generation, sampling_warning
+from .generation import plan_generation, reserve_server_gpus, sampling_warning
 
 TRAINING_OUTPUT_FILES = ("run_config.json", "metrics.jsonl")
 
@@ -205,6 +205,7 @@ def build_trainer(config: RunConfig, env: Environment | None = None, *, callback
     from .stopping import stop_callbacks
 
     config.validate()
+    reserve_server_gpus(config)  # before anything starts CUDA
     plan = plan_generation(config)
     check_vllm_server(config, plan)
     warning = sampling_warning(config, plan)

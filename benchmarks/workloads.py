@@ -54,7 +54,7 @@ def task_rows(num_tasks: int, seed: int = 0) -> list[dict]:
 def reply_text(task: int, turn: int) -> str:
     """About 20 tokens with the tiny tokenizer, different for every task and turn (no cache hits)."""
     rng = random.Random(task * 100 + turn)
-    return f"Noted {task}.{turn}: {_words(rng, 9)}."
+    return f"Noted {task}.{turn}: {_words(rng, 7)}."
 
 
 class ChatterEnv(Environment):
@@ -89,13 +89,6 @@ class AsyncChatterEnv(ChatterEnv):
         return reply_text(episode.row["task"], episode.turns)
 
 
-LOOKUP_DOC = """Look up a key in the knowledge base.
-
-        Args:
-            key: The key to look up.
-        """
-
-
 def lookup_result(key: str, calls: int) -> str:
     rng = random.Random(f"{key}:{calls}")
     return f"Entry {calls} for {key[:12]}: {_words(rng, 8)}."
@@ -117,10 +110,13 @@ class LookupToolEnv(ToolEnvironment):
 
     @tool
     def lookup(self, key: str, episode: Episode) -> str:
+        """Look up a key in the knowledge base.
+
+        Args:
+            key: The key to look up.
+        """
         episode.state["calls"] += 1
         return lookup_result(key, episode.state["calls"])
-
-    lookup.__doc__ = LOOKUP_DOC
 
     def score_episode(self, episode: Episode) -> float:
         return min(episode.state["calls"], 3) / 3
@@ -133,10 +129,13 @@ class TRLLookupEnv:
         self.calls = 0
 
     def lookup(self, key: str) -> str:
+        """Look up a key in the knowledge base.
+
+        Args:
+            key: The key to look up.
+        """
         self.calls += 1
         return lookup_result(key, self.calls)
-
-    lookup.__doc__ = LOOKUP_DOC
 
     def get_reward(self) -> float:
         return min(self.calls, 3) / 3

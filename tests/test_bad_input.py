@@ -156,3 +156,24 @@ def test_run_config_json_round_trips_through_config(tmp_path):
     path.write_text(json.dumps(written))
     again = RunConfig(**RunConfig.from_file(path)).validate()
     assert again.to_dict() == written
+
+
+def test_local_vllm_server_gpus_are_hidden_from_training(monkeypatch, tmp_path):
+    """`--vllm-server-gpus N`: training keeps the GPUs after the server's first N (no GPU here, so the
+    GPU listing is faked; the environment variable it sets is what CUDA reads)."""
+    import subprocess as sp
+
+    from aitrain_grpo import RunConfig
+    from aitrain_grpo import generation
+
+    monkeypatch.setattr("shutil.which", lambda name: "/usr/bin/nvidia-smi")
+    monkeypatch.setattr(sp, "run", lambda *a, **k: sp.CompletedProcess(a, 0, stdout="0\n1\n2\n3\n", stderr=""))
+    config = RunConfig(rl_env_module="envs.hotel", rl_env_class="HotelEnv", use_vllm=True, vllm_mode="server",
+                       vllm_server_url="http://127.0.0.1:8000", vllm_server_gpus=1)
+    environ: dict[str, str] = {}
+    assert generation.reserve_server_gpus(config, environ) == "1,2,3"
+    assert environ["CUDA_VISIBLE_DEVICES"] == "1,2,3"
+    assert generation.reserve_server_gpus(config, {"CUDA_VISIBLE_DEVICES": "5"}) is None  # the user's choice wins
+    remote = RunConfig(**{**config.to_dict(), "vllm_server_url": "http://gpu-node-2:8000"})
+    assert generation.reserve_server_gpus(remote, {}) is None
+    assert generation.training_devices(["0"], 1) == ["0"]  # never leaves training without a GPU
