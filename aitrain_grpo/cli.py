@@ -205,6 +205,7 @@ def vllm_serve(
         fail(str(exc), code=1)
     out.print(f"vLLM server ready at {url}", markup=False)
     out.print(f"train against it with: aitrain grpo --model {model} ... {trainer_flags(options, url)}", markup=False)
+    sys.stdout.flush()  # someone may be waiting for these lines in a log file
     while True:
         try:
             code = process.wait(timeout=1.0)

@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import itertools
 import random
 import time
 
@@ -51,10 +52,14 @@ def task_rows(num_tasks: int, seed: int = 0) -> list[dict]:
     ]
 
 
+# Real replies rarely repeat, so neither must these (a repeated reply would hit the renderer's cache).
+_serials = itertools.count()
+
+
 def reply_text(task: int, turn: int) -> str:
-    """About 20 tokens with the tiny tokenizer, different for every task and turn (no cache hits)."""
+    """About 20 tokens with the tiny tokenizer, different on every call."""
     rng = random.Random(task * 100 + turn)
-    return f"Noted {task}.{turn}: {_words(rng, 7)}."
+    return f"Noted {next(_serials)}: {_words(rng, 7)}."
 
 
 class ChatterEnv(Environment):
@@ -91,7 +96,7 @@ class AsyncChatterEnv(ChatterEnv):
 
 def lookup_result(key: str, calls: int) -> str:
     rng = random.Random(f"{key}:{calls}")
-    return f"Entry {calls} for {key[:12]}: {_words(rng, 8)}."
+    return f"Entry {next(_serials)}: {_words(rng, 7)}."
 
 
 class LookupToolEnv(ToolEnvironment):
@@ -104,6 +109,11 @@ class LookupToolEnv(ToolEnvironment):
 
     def build_dataset(self, tokenizer):
         return task_rows(self.num_tasks, self.seed)
+
+    @property
+    def tools(self):
+        # TRL renders transformers' schema, which adds the return type: render the same prompt.
+        return [{**s, "function": {**s["function"], "return": {"type": "string"}}} for s in super().tools]
 
     def reset(self, episode: Episode) -> None:
         episode.state["calls"] = 0

@@ -78,6 +78,9 @@ def metrics(out: Path) -> list[dict]:
 
 
 def test_vllm_serve_prints_the_url_and_trainer_flags(vllm_server):
+    deadline = time.monotonic() + 30  # the server answers /health a moment before the lines are printed
+    while "vLLM server ready" not in vllm_server["log"].read_text() and time.monotonic() < deadline:
+        time.sleep(0.5)
     text = vllm_server["log"].read_text()
     assert f"vLLM server ready at {vllm_server['url']}" in text
     assert f"--use-vllm --vllm-mode server --vllm-server-url {vllm_server['url']} --vllm-sync lora" in text
