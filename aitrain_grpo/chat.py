@@ -142,9 +142,16 @@ class ChatRenderer:
     def encode(self, text: str) -> list[int]:
         return self.tokenizer(text, add_special_tokens=False)["input_ids"]
 
+    def encode_many(self, texts: list[str]) -> list[list[int]]:
+        """One tokenizer call for a batch: a call costs far more than the few short texts in it."""
+        return self.tokenizer(texts, add_special_tokens=False)["input_ids"] if texts else []
+
     def prompt_ids(self, messages: list[Message]) -> list[int]:
         """Token ids of the prompt messages followed by the generation prompt."""
         return self.encode(self.render(messages, add_generation_prompt=True))
+
+    def prompt_ids_many(self, prompts: list[list[Message]]) -> list[list[int]]:
+        return self.encode_many([self.render(messages, add_generation_prompt=True) for messages in prompts])
 
     def _suffix_text(self, reply_key: str) -> str:
         reply = json.loads(reply_key)
@@ -159,11 +166,14 @@ class ChatRenderer:
             return self._close_after_eos
         return self._close_without_eos
 
-    def reply_ids(self, reply: list[Message], ended_with_eos: bool) -> list[int]:
-        """Token ids that follow a model turn: the end of that turn as the template writes it, the
+    def reply_text(self, reply: list[Message], ended_with_eos: bool) -> str:
+        """The text that follows a model turn: the end of that turn as the template writes it, the
         environment's reply messages, and the next generation prompt."""
-        text = self._suffix_cache(json.dumps(reply, sort_keys=True, ensure_ascii=False))
-        return self.encode(self.closing_text(ended_with_eos) + text)
+        return self.closing_text(ended_with_eos) + self._suffix_cache(json.dumps(reply, sort_keys=True, ensure_ascii=False))
+
+    def reply_ids(self, reply: list[Message], ended_with_eos: bool) -> list[int]:
+        """`reply_text` as token ids."""
+        return self.encode(self.reply_text(reply, ended_with_eos))
 
     def check_append_only(self, prompt: list[Message]) -> str | None:
         """Render a short multi-turn episode both ways (suffixes vs the whole conversation) and return a

@@ -111,7 +111,8 @@ class RolloutEngine:
         started = time.perf_counter()
         runner = self.runner
         episodes = [runner.new_episode(row) for row in rows]
-        traces = [TokenTrace(prompt_ids=self.renderer.prompt_ids(ep.messages)) for ep in episodes]
+        # Tokenizer and template calls are batched per phase: each call costs more than the texts in it.
+        traces = [TokenTrace(prompt_ids=ids) for ids in self.renderer.prompt_ids_many([ep.messages for ep in episodes])]
         batch = RolloutBatch(episodes=episodes, traces=traces)
 
         t0 = time.perf_counter()
@@ -137,7 +138,7 @@ class RolloutEngine:
             batch.generate_calls += 1
 
             turn_ends: dict[int, bool] = {}
-            pending = []
+            cut_offs, text_ids = [], []
             for i, sample in zip(running, samples):
                 ids, logprobs = sample.token_ids, sample.logprobs
                 cut_off = sample.finish_reason != "stop"
@@ -146,18 +147,20 @@ class RolloutEngine:
                 traces[i].add_model_tokens(ids, logprobs)
                 ended_with_eos = bool(ids) and ids[-1] in self.stop_ids
                 turn_ends[i] = ended_with_eos
-                text_ids = ids[:-1] if ended_with_eos else ids
-                text = self.tokenizer.decode(text_ids, skip_special_tokens=False, clean_up_tokenization_spaces=False)
-                pending.append((i, runner.respond(episodes[i], text, cut_off=cut_off)))
+                cut_offs.append(cut_off)
+                text_ids.append(ids[:-1] if ended_with_eos else ids)
+            texts = self.tokenizer.batch_decode(text_ids, skip_special_tokens=False, clean_up_tokenization_spaces=False)
+            pending = [
+                (i, runner.respond(episodes[i], text, cut_off=cut_off)) for i, text, cut_off in zip(running, texts, cut_offs)
+            ]
 
             t0 = time.perf_counter()
             replies = runner.gather(coro for _, coro in pending)
             batch.env_seconds += time.perf_counter() - t0
 
-            for (i, _), reply in zip(pending, replies):
-                if reply is None:
-                    continue
-                suffix = self.renderer.reply_ids(reply, ended_with_eos=turn_ends[i])
+            answered = [(i, reply) for (i, _), reply in zip(pending, replies) if reply is not None]
+            suffixes = self.renderer.encode_many([self.renderer.reply_text(reply, turn_ends[i]) for i, reply in answered])
+            for (i, reply), suffix in zip(answered, suffixes):
                 if len(traces[i].completion_ids) + len(suffix) >= self.max_completion_length:
                     # No room for the reply and a next turn: stop here, scored as it stands.
                     episodes[i].truncated = episodes[i].done = True
