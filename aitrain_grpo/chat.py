@@ -92,6 +92,13 @@ def prompt_messages(prompt: str | list[Message]) -> list[Message]:
     return [dict(m) for m in prompt]
 
 
+def _prompt_key(messages: list[Message]) -> str:
+    try:
+        return json.dumps(messages, sort_keys=True, ensure_ascii=False)
+    except (TypeError, ValueError):  # content that is not JSON (an image object): never shared
+        return f"object:{id(messages)}"
+
+
 class TemplateError(ValueError):
     """The chat template cannot be used for token-in/token-out episodes."""
 
@@ -151,7 +158,14 @@ class ChatRenderer:
         return self.encode(self.render(messages, add_generation_prompt=True))
 
     def prompt_ids_many(self, prompts: list[list[Message]]) -> list[list[int]]:
-        return self.encode_many([self.render(messages, add_generation_prompt=True) for messages in prompts])
+        """`prompt_ids` of each prompt; a prompt repeated in the batch (a GRPO group) is rendered once."""
+        keys = [_prompt_key(messages) for messages in prompts]
+        first: dict[str, list[Message]] = {}
+        for key, messages in zip(keys, prompts):
+            first.setdefault(key, messages)
+        texts = [self.render(messages, add_generation_prompt=True) for messages in first.values()]
+        encoded = dict(zip(first, self.encode_many(texts)))
+        return [list(encoded[key]) for key in keys]
 
     def _suffix_text(self, reply_key: str) -> str:
         reply = json.loads(reply_key)

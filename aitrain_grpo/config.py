@@ -55,6 +55,7 @@ class RunConfig:
     # GRPO
     rl_kl_coef: float = _opt(0.1, "KL penalty against the reference model (TRL's beta).")
     rl_clip_range: float = _opt(0.2, "PPO-style clip range (TRL's epsilon).")
+    rl_entropy_coef: float = _opt(0.0, "Entropy bonus in the loss (TRL's entropy_coef): keeps exploring instead of collapsing onto one answer.")
     rl_loss_type: str | None = _opt(None, f"TRL loss type: {', '.join(LOSS_TYPES)} (default: TRL's).")
     lr: float = _opt(1e-5, "Learning rate.")
     max_steps: int | None = _opt(None, "Optimizer steps to run (default: --epochs over the dataset).")
@@ -194,6 +195,8 @@ class RunConfig:
             raise ConfigError(f"--rl-top-p must be in (0, 1], got {self.rl_top_p}")
         if self.rl_top_k < 0:
             raise ConfigError(f"--rl-top-k must be >= 0 (0 turns it off), got {self.rl_top_k}")
+        if self.rl_entropy_coef < 0:
+            raise ConfigError(f"--rl-entropy-coef must be >= 0, got {self.rl_entropy_coef}")
         if self.rl_kl_coef < 0 or self.rl_clip_range <= 0:
             raise ConfigError("--rl-kl-coef must be >= 0 and --rl-clip-range > 0")
         if self.rl_env_timeout <= 0:

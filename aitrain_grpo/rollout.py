@@ -15,6 +15,7 @@ Left out: the trainer (see training.py) and anything backend-specific (see backe
 
 from __future__ import annotations
 
+import contextlib
 import time
 from dataclasses import dataclass, field
 from typing import Any
@@ -108,6 +109,13 @@ class RolloutEngine:
         self.runner.close()
 
     def run(self, rows: list[dict[str, Any]]) -> RolloutBatch:
+        # A backend may carry state from one turn of this rollout to the next (the hf backend: its
+        # key-value cache), which holds only while the weights stay as they are, i.e. for one rollout.
+        session = getattr(self.backend, "rollout_session", None)
+        with session() if session is not None else contextlib.nullcontext():
+            return self._run(rows)
+
+    def _run(self, rows: list[dict[str, Any]]) -> RolloutBatch:
         started = time.perf_counter()
         runner = self.runner
         episodes = [runner.new_episode(row) for row in rows]

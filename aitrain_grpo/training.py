@@ -98,6 +98,7 @@ def grpo_config(config: RunConfig, output_dir: Path):
         top_p=config.rl_top_p,
         beta=config.rl_kl_coef,
         epsilon=config.rl_clip_range,
+        entropy_coef=config.rl_entropy_coef,
         num_train_epochs=config.epochs,
         max_steps=config.max_steps or -1,
         seed=config.seed,

@@ -127,11 +127,12 @@ def render(results: dict, *, label: str, command: str) -> str:
     if "trl" in results:
         trl = results["trl"]
         lines += ["", "Workload C, one training step (medians): step s, of it the rollout s, tokens per episode", "",
-                  "| trainer | step s | rollout s | model tokens / episode | all tokens after the prompt / episode |",
-                  "| --- | --- | --- | --- | --- |"]
+                  "| trainer | step s | rollout s | rest of the step s | model tokens / episode | all tokens after the prompt / episode |",
+                  "| --- | --- | --- | --- | --- | --- |"]
         for name in ("aitrain", "trl"):
             t = trl[name]
-            lines.append(f"| {name} | {median(t['step_seconds']):.3f} | {median(t['rollout_seconds']):.3f} | "
+            rest = median(a - b for a, b in zip(t["step_seconds"], t["rollout_seconds"]))
+            lines.append(f"| {name} | {median(t['step_seconds']):.3f} | {median(t['rollout_seconds']):.3f} | {rest:.3f} | "
                          f"{t['model_tokens_per_episode']:.0f} | {t['completion_tokens_per_episode']:.1f} |")
         lines.append(f"\naitrain-grpo on C: {trl['aitrain']['turns_per_episode']:.1f} turns and "
                      f"{trl['aitrain']['tool_calls_per_episode']:.1f} tool calls per episode, engine overhead "

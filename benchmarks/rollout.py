@@ -87,13 +87,33 @@ def make_engine(env, tokenizer, backend) -> RolloutEngine:
                          sampling=SAMPLING, env_timeout=60.0)
 
 
+def timed_env_phases(engine: RolloutEngine) -> list[float]:
+    """Record the wall time of each environment phase of the engine (reset, each turn, score)."""
+    phases: list[float] = []
+    gather = engine.runner.gather
+
+    def timed(coroutines):
+        started = time.perf_counter()
+        try:
+            return gather(coroutines)
+        finally:
+            phases.append(time.perf_counter() - started)
+
+    engine.runner.gather = timed
+    return phases
+
+
 def batched_run(engine: RolloutEngine, backend: W.FullLengthTurns) -> Callable[[list], dict]:
+    phases = timed_env_phases(engine)
+
     def run(rows: list) -> dict:
         before = backend.sampled_tokens
+        phases.clear()
         batch = engine.run(rows)
         check_work(batch)
+        turn_phases = phases[1:-1]  # the first is reset, the last score_episode
         return {"wall": batch.wall_seconds, "generate": batch.generate_seconds, "env": batch.env_seconds,
-                "turns": batch.generate_calls, "tokens": backend.sampled_tokens - before}
+                "env_per_turn": sum(turn_phases) / len(turn_phases), "tokens": backend.sampled_tokens - before}
     return run
 
 
@@ -149,7 +169,7 @@ def measure_rollouts(model, tokenizer, episodes: int, reps: int) -> dict:
         "overhead": [overhead(r) for r in ab["batched"]],
         "speedup": [s["wall"] / r["wall"] for r, s in zip(ab["batched"], ab["sequential"])],
         "B": b,
-        "hiding": {name: [r["env"] / r["turns"] / LATENCY for r in runs] for name, runs in b.items()},
+        "hiding": {name: [r["env_per_turn"] / LATENCY for r in runs] for name, runs in b.items()},
     }
 
 

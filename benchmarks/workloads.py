@@ -194,6 +194,10 @@ class FullLengthTurns:
         self.stop_ids = [stop_id]
         self.sampled_tokens = 0
 
+    def rollout_session(self):
+        session = getattr(self.backend, "rollout_session", None)
+        return session() if session is not None else contextlib.nullcontext()
+
     def generate(self, prompts: list[list[int]], max_tokens: int, sampling: SamplingParams) -> list[Sample]:
         samples = self.backend.generate(prompts, max_tokens - 1, sampling)
         out = []

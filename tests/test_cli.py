@@ -51,6 +51,7 @@ def test_environment_load_errors(args, fragments):
         (["--use-vllm", "--vllm-mode", "server"], ["--vllm-mode server needs --vllm-server-url"]),
         (["--rl-max-new-tokens", "0"], ["--rl-max-new-tokens must be a positive integer"]),
         (["--lr", "-1"], ["--lr must be positive"]),
+        (["--rl-entropy-coef", "-0.1"], ["--rl-entropy-coef must be >= 0"]),
     ],
 )
 def test_bad_options(extra, fragments):

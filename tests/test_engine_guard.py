@@ -3,6 +3,8 @@ the speed itself):
 
 - text the model generated is never encoded again, and the chat-template and tokenizer work of a turn
   does not grow with the conversation (no re-rendering of the whole episode each turn);
+- after the first turn, the model continues its key-value cache instead of encoding the conversation
+  again, and the log-probabilities it reports are still exactly the model's own;
 - the environment calls of a batch overlap: sync methods run in threads, async ones on the event loop,
   and every call here waits at a barrier that only opens once all the batch's episodes are inside it,
   so an engine that called them one after another would fail these tests (after the barrier's timeout).
@@ -14,6 +16,7 @@ option) so that every turn ends by itself and every episode plays all its turns.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import threading
 
 import pytest
@@ -35,6 +38,12 @@ class TurnEndingHF(HFBackend):
         config = super()._generation_config(max_tokens, sampling)
         config.forced_eos_token_id = self.stop_ids[0]
         return config
+
+    @contextlib.contextmanager
+    def rollout_session(self):
+        with super().rollout_session():
+            self.last_turn_cache = self.turn_cache  # kept for the assertions after the rollout
+            yield
 
 
 class CountingTokenizer:
@@ -99,7 +108,9 @@ def play(env, tokenizer, model, episodes: list[dict], env_timeout: float = 60.0)
     engine = RolloutEngine(env, tokenizer, backend, max_new_tokens=NEW_TOKENS, env_timeout=env_timeout,
                            sampling=SamplingParams(temperature=1.0, top_k=0, top_p=1.0))
     try:
-        return engine.run(episodes)
+        batch = engine.run(episodes)
+        batch.backend = backend
+        return batch
     finally:
         engine.close()
 
@@ -134,6 +145,25 @@ def test_generated_text_is_never_encoded_or_rendered_again(talk):
     assert counting.decoded_tokens <= model_tokens  # only each new turn is decoded, once
 
 
+def test_each_turn_after_the_first_continues_the_models_cache(talk):
+    batch, _ = talk
+    assert batch.backend.last_turn_cache.continued_calls == TURNS - 1
+
+
+def test_logprobs_with_the_continued_cache_are_the_models_own(talk, tiny_model_and_tokenizer):
+    import torch
+
+    model, _ = tiny_model_and_tokenizer
+    batch, _ = talk
+    for trace in batch.traces:
+        ids = torch.tensor([trace.prompt_ids + trace.completion_ids])
+        with torch.no_grad():
+            logits = model(ids).logits[0, len(trace.prompt_ids) - 1:-1].float()
+        own = torch.log_softmax(logits, -1).gather(-1, torch.tensor(trace.completion_ids)[:, None])[:, 0]
+        mask = torch.tensor(trace.env_mask, dtype=torch.bool)
+        assert torch.allclose(own[mask], torch.tensor(trace.logprobs)[mask], atol=1e-4)
+
+
 def test_template_work_per_turn_does_not_grow_with_the_conversation(talk):
     batch, counting = talk
     replies = [m for ep in batch.episodes for m in ep.messages[2:] if m["role"] != "assistant"]
@@ -154,7 +184,7 @@ class RendezvousEnv(Environment):
     max_turns = 3
 
     def __init__(self):
-        self.barrier = threading.Barrier(EPISODES, timeout=10)
+        self.barrier = threading.Barrier(EPISODES, timeout=5)
         self.lock = threading.Lock()
         self.inside = self.most_inside = 0
         self.calls = 0
@@ -195,7 +225,7 @@ class AsyncRendezvousEnv(RendezvousEnv):
         self.inside += 1
         self.most_inside = max(self.most_inside, self.inside)
         try:
-            await asyncio.wait_for(self.async_barrier.wait(), timeout=10)
+            await asyncio.wait_for(self.async_barrier.wait(), timeout=5)
         finally:
             self.inside -= 1
 
@@ -215,7 +245,7 @@ class AsyncRendezvousEnv(RendezvousEnv):
 def test_environment_calls_of_a_batch_overlap(tiny_model_and_tokenizer, env_class):
     model, tokenizer = tiny_model_and_tokenizer
     env = env_class()
-    batch = play(env, tokenizer, model, rows(), env_timeout=30)
+    batch = play(env, tokenizer, model, rows(), env_timeout=20)
     assert [ep.error for ep in batch.episodes] == [None] * EPISODES
     assert [ep.turns for ep in batch.episodes] == [env.max_turns] * EPISODES
     # reset, each turn's step, and score_episode: every round had all episodes inside at once.

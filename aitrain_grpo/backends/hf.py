@@ -4,8 +4,10 @@ Prompts are left-padded into one batch per call. The log-probability of each sam
 from the raw logits divided by the temperature, which is how TRL computes the policy's own
 log-probabilities, so the two agree when the weights are the same.
 
-Left out: continuous batching and KV-cache reuse across turns (each turn re-encodes its prompt;
-vLLM's prefix cache is the answer to that), and returning top-k alternatives.
+Inside `rollout_session()` (the engine opens one around each rollout) each turn continues the previous
+turn's key-value cache instead of encoding the whole conversation again (turn_cache.py).
+
+Left out: continuous batching, and returning top-k alternatives.
 """
 
 from __future__ import annotations
@@ -17,6 +19,7 @@ import torch
 from transformers import GenerationConfig
 
 from .base import Sample, SamplingParams
+from .turn_cache import TurnCache
 
 
 def stop_token_ids(model, tokenizer) -> list[int]:
@@ -39,6 +42,16 @@ class HFBackend:
         self.stop_ids = stop_ids
         self.pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else stop_ids[0]
         self.device = device
+        self.turn_cache: TurnCache | None = None
+
+    @contextlib.contextmanager
+    def rollout_session(self):
+        """Within it, calls may continue the previous call's cache: the weights must not change."""
+        self.turn_cache = TurnCache(self.pad_id)
+        try:
+            yield
+        finally:
+            self.turn_cache = None
 
     @classmethod
     def for_model(cls, model, tokenizer) -> "HFBackend":
@@ -75,35 +88,43 @@ class HFBackend:
     def generate(self, prompts: list[list[int]], max_tokens: int, sampling: SamplingParams) -> list[Sample]:
         if not prompts:
             return []
-        width = max(len(p) for p in prompts)
-        input_ids = torch.full((len(prompts), width), self.pad_id, dtype=torch.long)
-        attention_mask = torch.zeros((len(prompts), width), dtype=torch.long)
-        for row, ids in enumerate(prompts):
-            input_ids[row, width - len(ids):] = torch.tensor(ids, dtype=torch.long)
-            attention_mask[row, width - len(ids):] = 1
+        turn_cache = self.turn_cache
+        continued = turn_cache.continue_batch(prompts) if turn_cache is not None else None
+        if continued is None:
+            width = max(len(p) for p in prompts)
+            input_ids = torch.tensor([[self.pad_id] * (width - len(ids)) + list(ids) for ids in prompts], dtype=torch.long)
+            attention_mask = torch.tensor([[0] * (width - len(ids)) + [1] * len(ids) for ids in prompts], dtype=torch.long)
+            cached = {}
+        else:
+            input_ids, attention_mask = continued.input_ids, continued.attention_mask
+            cached = {"past_key_values": continued.past_key_values}
         with self.open_model() as model:
             device = self.device or next(model.parameters()).device
+            input_ids, attention_mask = input_ids.to(device), attention_mask.to(device)
             was_training = model.training
             model.eval()  # no dropout while sampling: the sampled log-probs must be the policy's
             try:
                 out = model.generate(
-                    input_ids=input_ids.to(device),
-                    attention_mask=attention_mask.to(device),
+                    input_ids=input_ids,
+                    attention_mask=attention_mask,
                     generation_config=self._generation_config(max_tokens, sampling),
+                    **cached,
                 )
             finally:
                 if was_training:
                     model.train()
-        sampled = out.sequences[:, width:]
+        sampled = out.sequences[:, input_ids.size(1):]
         logits = torch.stack(out.logits, dim=1).float()  # (batch, steps, vocab)
         if sampling.temperature > 0:
             logits = logits / sampling.temperature
-        logprobs = torch.log_softmax(logits, dim=-1).gather(-1, sampled.unsqueeze(-1)).squeeze(-1)
+        # x - logsumexp(x) at the sampled token only: the same value as log_softmax, without writing
+        # a (batch, steps, vocab) result.
+        logprobs = logits.gather(-1, sampled.unsqueeze(-1)).squeeze(-1) - torch.logsumexp(logits, dim=-1)
         is_stop = torch.isin(sampled, torch.tensor(self.stop_ids, device=sampled.device))
         any_stop = is_stop.any(dim=1)
         lengths = torch.where(any_stop, is_stop.int().argmax(dim=1) + 1, torch.full_like(any_stop, sampled.size(1), dtype=torch.long))
         sampled_rows, logprob_rows = sampled.cpu().tolist(), logprobs.cpu().tolist()
-        return [
+        samples = [
             Sample(
                 token_ids=sampled_rows[i][:n],
                 logprobs=logprob_rows[i][:n],
@@ -111,3 +132,6 @@ class HFBackend:
             )
             for i, (n, stopped) in enumerate(zip(lengths.tolist(), any_stop.tolist()))
         ]
+        if turn_cache is not None:
+            turn_cache.keep(prompts, input_ids, attention_mask, out, [sample.token_ids for sample in samples])
+        return samples
