@@ -15,8 +15,9 @@ Figures:
 2. speed-up of the batched engine over playing the same episodes one at a time, same backend (A);
 3. one full training step of aitrain-grpo / one of TRL's environment_factory (C);
 4. latency hiding = environment wall time per turn / 50 ms (B, sync and async);
-5. sampled tokens per second of the hf, vLLM colocate and vLLM server backends (A), where vLLM is
-   installed (`--skip-vllm` leaves them out);
+5. sampled tokens per second of the hf backend, of hf without its key-value cache carried across
+   turns, and of the vLLM colocate and vLLM server backends where vLLM is installed (`--skip-vllm`
+   leaves them out), on A;
 and the peak resident memory of `aitrain grpo` on HotelEnv with the tiny model, 5 steps.
 
 Left out: GPUs (the figures are for this CPU machine and the tiny model) and any pass/fail exit
@@ -195,7 +196,11 @@ def build_colocated_llm(model_path: str):
 def measure_backends(model, tokenizer, model_path: str, episodes: int, reps: int, use_vllm: bool, log_dir: Path) -> dict:
     """Figure 5: the same batched workload A on every backend, in turn."""
     eos = tokenizer.eos_token_id
-    backends: dict[str, Any] = {"hf": W.FullLengthTurns(W.HFNoStop.for_model(model, tokenizer), eos)}
+    backends: dict[str, Any] = {
+        "hf": W.FullLengthTurns(W.HFNoStop.for_model(model, tokenizer), eos),
+        # The same backend without its key-value cache carried across turns: what that reuse buys.
+        "hf, fresh prefill each turn": W.FullLengthTurns(W.HFNoStop.for_model(model, tokenizer), eos, sessions=False),
+    }
     server = None
     notes = []
     if use_vllm:

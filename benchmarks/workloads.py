@@ -188,15 +188,16 @@ def server_no_stop_client(url: str):
 class FullLengthTurns:
     """Every turn exactly `max_tokens` tokens, the last one the stop token (log-prob 0, not sampled)."""
 
-    def __init__(self, backend, stop_id: int):
+    def __init__(self, backend, stop_id: int, *, sessions: bool = True):
         self.backend = backend
         self.stop_id = stop_id
+        self.sessions = sessions  # False: no rollout_session, so the hf backend prefills every turn afresh
         self.stop_ids = [stop_id]
         self.sampled_tokens = 0
 
     def rollout_session(self):
         session = getattr(self.backend, "rollout_session", None)
-        return session() if session is not None else contextlib.nullcontext()
+        return session() if session is not None and self.sessions else contextlib.nullcontext()
 
     def generate(self, prompts: list[list[int]], max_tokens: int, sampling: SamplingParams) -> list[Sample]:
         samples = self.backend.generate(prompts, max_tokens - 1, sampling)
