@@ -35,8 +35,6 @@ os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")
 
 import argparse
 import importlib.util
-import resource
-import statistics
 import subprocess
 import sys
 import tempfile
@@ -59,10 +57,6 @@ from aitrain_grpo.rollout import RolloutEngine  # noqa: E402
 
 LATENCY = 0.05
 SAMPLING = SamplingParams(temperature=1.0, top_k=0, top_p=1.0)
-
-
-def median(values: list[float]) -> float:
-    return statistics.median(values) if values else float("nan")
 
 
 def interleaved(variants: dict[str, Callable[[list], dict]], rows: list, reps: int, warmup_rows: int) -> dict[str, list[dict]]:

@@ -18,7 +18,8 @@ the cache. Masked columns are never removed: they cost attention time, not corre
 Anything unexpected (a prompt that extends no previous row, a cache type other than plain full
 attention, a cache length `generate` did not leave as expected) falls back to a fresh prefill for the
 whole call. The cache lives only inside `HFBackend.rollout_session()`, which the engine opens around one
-rollout: weights change between rollouts, so nothing is kept across them.
+rollout: weights change between rollouts, so nothing is kept across them. Within a rollout it stays in
+memory while the environments answer (on a GPU, memory `generate` would otherwise have freed).
 
 Left out: sharing the prompt prefix between the episodes of a group, and compacting masked columns.
 """
