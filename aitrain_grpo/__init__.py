@@ -5,9 +5,9 @@ Public API: `Environment`, `ToolEnvironment`, `tool`, `Episode` (the environment
 `RunConfig` and `train` (a training run, as `aitrain grpo` does it).
 """
 
-from .config import RunConfig
-from .env import Environment, Episode, ToolEnvironment, tool
-from .loading import EnvLoadError, load_environment
+from aitrain_grpo.config import RunConfig
+from aitrain_grpo.env.base import Environment, Episode, ToolEnvironment, tool
+from aitrain_grpo.env.loading import EnvLoadError, load_environment
 
 __version__ = "0.1.0"
 
@@ -27,7 +27,7 @@ def __getattr__(name: str):
     # `train` pulls in torch and TRL; importing it lazily keeps `import aitrain_grpo` and the CLI's
     # error paths fast.
     if name == "train":
-        from .training import train
+        from aitrain_grpo.training.trainer import train
 
         return train
     raise AttributeError(f"module 'aitrain_grpo' has no attribute {name!r}")

@@ -17,9 +17,8 @@ from dataclasses import dataclass, field, fields
 from pathlib import Path
 from typing import Any
 
-
-class ConfigError(ValueError):
-    """A run option is invalid. The message is one line with the fix."""
+from aitrain_grpo.errors import ConfigError, one_line
+from aitrain_grpo.models import local_model_problem
 
 
 def _opt(default: Any, help: str, **kw) -> Any:
@@ -125,7 +124,7 @@ class RunConfig:
         except RecursionError:
             raise ConfigError(f"config file {path} is nested too deeply; options are a flat mapping") from None
         except Exception as exc:  # yaml.YAMLError and friends
-            detail = " ".join(str(exc).split())
+            detail = one_line(exc)
             raise ConfigError(f"config file {path} is not valid YAML: {detail}") from None
         if data is None:
             data = {}
@@ -262,39 +261,9 @@ class RunConfig:
         if self.model == "tiny":
             return
         try:
-            problem = _local_model_problem(self.model)
+            problem = local_model_problem(self.model)
         except (OSError, ValueError, RuntimeError) as exc:  # NUL bytes, names too long, no such home directory
-            detail = " ".join(str(exc).split())[:120]
+            detail = one_line(exc, 120)
             problem = f"{self.model[:80]!r} is not a usable name or path ({detail}); pass a model folder or id"
         if problem:
             raise ConfigError(f"--model {problem}")
-
-
-def _local_model_problem(model: str) -> str | None:
-    """What is wrong with `model` as a local model folder, or None (fine, or a hub id)."""
-    path = Path(model).expanduser()
-    looks_local = (
-        model.startswith((".", "/", "~")) or model.count("/") > 1 or path.exists()
-        or (len(path.parts) > 1 and Path(path.parts[0]).is_dir())
-    )
-    if not looks_local:
-        return None
-    if not path.exists():
-        hint = ""
-        if path.parent.is_dir():
-            import difflib
-
-            close = difflib.get_close_matches(path.name, [p.name for p in path.parent.iterdir()], n=1)
-            hint = f" (did you mean {path.parent / close[0]}?)" if close else ""
-        return (
-            f"{model} does not exist{hint}; pass a model folder (with config.json) or a Hugging Face "
-            f"model id such as Qwen/Qwen2.5-0.5B-Instruct"
-        )
-    if not path.is_dir():
-        return f"{model} is a file, not a model folder; pass the folder that holds config.json"
-    if not (path / "config.json").is_file() and not (path / "adapter_config.json").is_file():
-        return (
-            f"{model} is not a model: the folder has no config.json; pass a folder written by "
-            f"save_pretrained (or by `aitrain tiny-model DIR`)"
-        )
-    return None

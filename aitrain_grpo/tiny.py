@@ -4,9 +4,11 @@
 words, a hotel-booking vocabulary, dates, numbers, JSON tool calls), attaches a ChatML-style chat
 template with tool support, creates a two-layer Llama-architecture model and warms it up for a few
 hundred steps on synthetic conversations, so that sampled assistant turns usually end with
-`<|im_end|>` while the output distribution stays broad enough for RL to move it. `tiny_model_path`
-caches one build per recipe version; `resolve_model("tiny")` is how the CLI turns `--model tiny` into
-a path that `from_pretrained` accepts.
+`<|im_end|>` while the output distribution stays broad enough for RL to move it. The warm-up's prose
+follows Zipf's law (common words like " a" are frequent, as in real text) and its tool calls mostly
+come with a visible tools block; both decide what a short GRPO run converges to (measurements in
+tests/test_learning.py). `tiny_model_path` caches one build per recipe version;
+`models.resolve_model("tiny")` is how the commands turn `--model tiny` into a path.
 
 Deliberately left out: any notion of quality (the model answers with word salad), multimodal or
 list-of-parts message content, reasoning blocks, parallel-call formatting beyond simple
@@ -19,6 +21,7 @@ generator and the chat template), which reads best next to the build that uses i
 
 from __future__ import annotations
 
+import itertools
 import json
 import logging
 import os
@@ -30,7 +33,7 @@ from pathlib import Path
 logger = logging.getLogger(__name__)
 
 TINY_MODEL_ID = "tiny"
-TINY_VERSION = 2
+TINY_VERSION = 3
 
 PAD_TOKEN = "<|endoftext|>"
 IM_START = "<|im_start|>"
@@ -39,14 +42,14 @@ IM_END = "<|im_end|>"
 TOOL_MARKERS = ("<tool_call>", "</tool_call>", "<tool_response>", "</tool_response>")
 
 VOCAB_SIZE = 1536
-# About 300k training tokens: ~20 s on one CPU thread, the bulk of the build.
+# About 300k training tokens: ~20 s on one CPU thread, the bulk of the build. Windows of 512 tokens
+# rather than 256: a tools block is ~280 tokens, and a call should be seen with the block before it.
 WARMUP_STEPS = 300
-WARMUP_BATCH = 4
-WARMUP_SEQ_LEN = 256
+WARMUP_BATCH = 2
+WARMUP_SEQ_LEN = 512
 WARMUP_LR = 3e-3
-# Share of warm-up conversations whose assistant answers are strings of random letters (see
-# `_letter_noise`); the tokenizer's corpus has none.
-WARMUP_NOISE_SHARE = 0.0
+# Share of tool-calling conversations the warm-up keeps (see `_warmup_conversation`).
+WARMUP_TOOL_CALL_KEEP = 0.5
 
 # Written with whitespace control on every tag and newlines only inside string literals, so the
 # trim_blocks/lstrip_blocks settings transformers uses cannot change the output. Earlier messages
@@ -234,28 +237,36 @@ def synthetic_conversation(rng: random.Random) -> tuple[list[dict], list[dict] |
     return messages, (tools if use_tools else None)
 
 
-def _letter_noise(rng: random.Random) -> str:
-    """A short answer of made-up lowercase words, some of them one letter repeated."""
-    letters = "abcdefghijklmnopqrstuvwxyz"
-    words = []
-    for _ in range(rng.randint(1, 4)):
-        size = rng.randint(1, 5)
-        if rng.random() < 0.3:
-            words.append(rng.choice(letters) * size)
-        else:
-            words.append("".join(rng.choice(letters) for _ in range(size)))
-    return " ".join(words)
+# Warm-up prose draws words with Zipf's law over _WORDS, which starts with the most common English
+# words, instead of uniformly: like real text, " a", " an", " and" are frequent. The tokenizer's
+# corpus keeps uniform words, so the vocabulary does not depend on this.
+_ZIPF_CUMULATIVE = list(itertools.accumulate(1.0 / rank for rank in range(1, len(_WORDS) + 1)))
+
+
+def _zipf_words(rng: random.Random, low: int, high: int) -> str:
+    count = low + int((high - low + 1) * rng.random() ** 2)
+    words = rng.choices(_WORDS, cum_weights=_ZIPF_CUMULATIVE, k=count)
+    if rng.random() < 0.2:
+        words.insert(rng.randrange(len(words) + 1), str(rng.randint(0, 500)))
+    text = " ".join(words)
+    return text[0].upper() + text[1:] + rng.choice([".", ".", ".", "!", "?"])
 
 
 def _warmup_conversation(rng: random.Random) -> tuple[list[dict], list[dict] | None]:
-    messages, tools = synthetic_conversation(rng)
-    # Answers made of single letters give every letter token a real chance of being sampled, so an
-    # RL task that rewards characters (like envs.letters) has a gradual path to climb instead of
-    # only whole words like " a" or " are" to lock onto.
-    if WARMUP_NOISE_SHARE and rng.random() < WARMUP_NOISE_SHARE:
-        for m in messages:
-            if m["role"] == "assistant" and m.get("content") and not m.get("tool_calls"):
-                m["content"] = _letter_noise(rng)
+    """A synthetic conversation as the warm-up sees it, with Zipf-weighted prose.
+
+    A conversation with tool calls renders to ~400 tokens (the tools block alone ~280), a plain one to
+    ~50, so tool JSON would fill most of the warm-up; keeping only half of the tool-calling ones leaves
+    the model's plain answers less drawn to JSON keys like "name", while the 512-token windows show a
+    call together with the tools block that licenses it."""
+    while True:
+        messages, tools = synthetic_conversation(rng)
+        calls_tools = any(m.get("tool_calls") for m in messages)
+        if not calls_tools or rng.random() < WARMUP_TOOL_CALL_KEEP:
+            break
+    for m in messages:
+        if m["role"] == "assistant" and m.get("content"):
+            m["content"] = _zipf_words(rng, 2, 6) if m.get("tool_calls") else _zipf_words(rng, 3, 30)
     return messages, tools
 
 
@@ -423,8 +434,3 @@ def tiny_model_path(cache_dir=None) -> Path:
     if not (target / "config.json").exists():
         raise RuntimeError(f"{target} exists but holds no model; delete it and try again")
     return target
-
-
-def resolve_model(name_or_path: str) -> str:
-    """Maps the model name "tiny" to the cached tiny model's path; anything else passes through."""
-    return str(tiny_model_path()) if name_or_path == TINY_MODEL_ID else name_or_path

@@ -52,8 +52,8 @@ torch.set_num_threads(1)
 
 import results_table  # noqa: E402
 import workloads as W  # noqa: E402
-from aitrain_grpo.backends.base import SamplingParams  # noqa: E402
-from aitrain_grpo.rollout import RolloutEngine  # noqa: E402
+from aitrain_grpo.engine.backends.base import SamplingParams  # noqa: E402
+from aitrain_grpo.engine.rollout import RolloutEngine  # noqa: E402
 
 LATENCY = 0.05
 SAMPLING = SamplingParams(temperature=1.0, top_k=0, top_p=1.0)
@@ -134,7 +134,7 @@ def measure_memory(steps: int = 5) -> dict:
     """Peak RSS of `aitrain grpo` on HotelEnv (tiny model), read from the kernel's child accounting in a
     wrapper process, so nothing else this benchmark runs is counted."""
     with tempfile.TemporaryDirectory(prefix="aitrain-bench-") as out:
-        command = [sys.executable, "-m", "aitrain_grpo.cli", "grpo", "--rl-env-module", "envs.hotel",
+        command = [sys.executable, "-m", "aitrain_grpo", "grpo", "--rl-env-module", "envs.hotel",
                    "--rl-env-class", "HotelEnv", "--max-steps", str(steps), "--output-dir", out, "--overwrite"]
         wrapper = ("import resource, subprocess, sys; r = subprocess.run(sys.argv[1:], stdout=subprocess.DEVNULL); "
                    "print(r.returncode, resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss)")
@@ -198,8 +198,8 @@ def measure_backends(model, tokenizer, model_path: str, episodes: int, reps: int
     server = None
     notes = []
     if use_vllm:
-        from aitrain_grpo.backends.vllm_server import VLLMServerBackend
-        from aitrain_grpo.vllm_serve import ServeOptions, start_server, stop_server, wait_for_server
+        from aitrain_grpo.engine.backends.vllm_server import VLLMServerBackend
+        from aitrain_grpo.commands.vllm_serve import ServeOptions, start_server, stop_server, wait_for_server
 
         # The server starts in its own process while the colocated engine is built here.
         server, url = start_server(ServeOptions(model=model_path, port=free_port(), enforce_eager=True),

@@ -75,7 +75,7 @@ def _run_config(model_path: str, output_dir: Path, episodes: int, generations: i
 
 
 def build_ours(model_path: str, output_dir: Path, episodes: int, generations: int):
-    from aitrain_grpo.training import build_trainer
+    from aitrain_grpo.training.trainer import build_trainer
 
     config = _run_config(model_path, output_dir, episodes, generations)
     env = LookupToolEnv(num_tasks=episodes // generations)
@@ -88,7 +88,8 @@ def build_trl(model_path: str, output_dir: Path, episodes: int, generations: int
     from trl import GRPOTrainer
     from trl.chat_template_utils import qwen3_template
 
-    from aitrain_grpo.training import _peft_config, grpo_config, load_model_and_tokenizer
+    from aitrain_grpo.models import load_model_and_tokenizer
+    from aitrain_grpo.training.trainer import _peft_config, grpo_config
 
     config = _run_config(model_path, output_dir, episodes, generations)
     model, tokenizer = load_model_and_tokenizer(model_path)

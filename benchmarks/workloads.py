@@ -28,8 +28,8 @@ import time
 import torch
 
 from aitrain_grpo import Environment, Episode, ToolEnvironment, tool
-from aitrain_grpo.backends.base import Sample, SamplingParams
-from aitrain_grpo.backends.hf import HFBackend
+from aitrain_grpo.engine.backends.base import Sample, SamplingParams
+from aitrain_grpo.engine.backends.hf import HFBackend
 
 WORDS = (
     "hotel room guest night booking city rating price search check available date lisbon porto madrid "
@@ -162,7 +162,7 @@ class HFNoStop(HFBackend):
 
 
 def colocate_no_stop_class():
-    from aitrain_grpo.backends.vllm_colocate import VLLMColocateBackend
+    from aitrain_grpo.engine.backends.vllm_colocate import VLLMColocateBackend
 
     class ColocateNoStop(VLLMColocateBackend):
         def _sampling_params(self, max_tokens: int, sampling: SamplingParams):
@@ -174,7 +174,7 @@ def colocate_no_stop_class():
 
 
 def server_no_stop_client(url: str):
-    from aitrain_grpo.backends.vllm_server import VLLMServerClient
+    from aitrain_grpo.engine.backends.vllm_server import VLLMServerClient
 
     class ServerNoStop(VLLMServerClient):
         def _request(self, method, path, body=None, **kwargs):

@@ -39,7 +39,7 @@ With `partial_credit=False` an episode scores 1.0 for exactly one booking, the r
 
 Test an environment before training on it: `aitrain env check --rl-env-module envs.hotel
 --rl-env-class HotelEnv` plays the `solve` oracle (it should score 1.0) and an empty model (it should
-score 0.0); tests/test_hotel.py drives scripted turns through `aitrain_grpo.episodes.play`.
+score 0.0); tests/test_hotel.py drives scripted turns through `aitrain_grpo.engine.runner.play`.
 """
 
 from __future__ import annotations

@@ -42,7 +42,7 @@ def run_cli(*args: str, cwd: str | Path | None = None, timeout: float = 600) -> 
     """Run `aitrain ARGS` in a subprocess (the installed entry point's module), capturing output."""
     env = dict(os.environ, OMP_NUM_THREADS="1", PYTHONUNBUFFERED="1")
     return subprocess.run(
-        [sys.executable, "-m", "aitrain_grpo.cli", *args],
+        [sys.executable, "-m", "aitrain_grpo", *args],
         cwd=str(cwd or REPO),
         env=env,
         capture_output=True,

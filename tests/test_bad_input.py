@@ -16,7 +16,7 @@ from typer.testing import CliRunner
 
 from conftest import run_cli
 
-from aitrain_grpo.cli import app
+from aitrain_grpo.commands.cli import app
 
 LETTERS = ["--rl-env-module", "envs.letters", "--rl-env-class", "LetterEnv"]
 
@@ -164,7 +164,7 @@ def test_local_vllm_server_gpus_are_hidden_from_training(monkeypatch, tmp_path):
     import subprocess as sp
 
     from aitrain_grpo import RunConfig
-    from aitrain_grpo import generation
+    from aitrain_grpo.training import generation
 
     monkeypatch.setattr("shutil.which", lambda name: "/usr/bin/nvidia-smi")
     monkeypatch.setattr(sp, "run", lambda *a, **k: sp.CompletedProcess(a, 0, stdout="0\n1\n2\n3\n", stderr=""))

@@ -9,8 +9,8 @@ import time
 import pytest
 
 from aitrain_grpo import Environment, Episode, ToolEnvironment, tool
-from aitrain_grpo.chat import parse_tool_calls
-from aitrain_grpo.episodes import play
+from aitrain_grpo.engine.chat import parse_tool_calls
+from aitrain_grpo.engine.runner import play
 
 ROWS = [{"prompt": "Guess my number between 1 and 9.", "secret": s} for s in (3, 7)]
 

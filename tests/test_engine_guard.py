@@ -22,9 +22,9 @@ import threading
 import pytest
 
 from aitrain_grpo import Environment
-from aitrain_grpo.backends.base import SamplingParams
-from aitrain_grpo.backends.hf import HFBackend
-from aitrain_grpo.rollout import RolloutEngine
+from aitrain_grpo.engine.backends.base import SamplingParams
+from aitrain_grpo.engine.backends.hf import HFBackend
+from aitrain_grpo.engine.rollout import RolloutEngine
 
 EPISODES = 8
 TURNS = 5

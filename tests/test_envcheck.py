@@ -12,7 +12,7 @@ import shutil
 import pytest
 from typer.testing import CliRunner
 
-from aitrain_grpo.cli import app
+from aitrain_grpo.commands.cli import app
 from conftest import REPO, run_cli
 
 FIXTURES = REPO / "tests"

@@ -11,7 +11,7 @@ import pytest
 from typer.testing import CliRunner
 
 from aitrain_grpo import RunConfig, train
-from aitrain_grpo.cli import app
+from aitrain_grpo.commands.cli import app
 from conftest import run_cli
 
 LETTERS = ["--rl-env-module", "envs.letters", "--rl-env-class", "LetterEnv"]
@@ -58,8 +58,8 @@ def test_the_trained_model_beats_its_base(trained_letters, tiny_model_dir, tmp_p
 
 
 def test_pass_at_k_counts_tasks_with_any_success():
-    from aitrain_grpo.env import Episode
-    from aitrain_grpo.evaluation import EvalResult
+    from aitrain_grpo.env.base import Episode
+    from aitrain_grpo.commands.evaluation import EvalResult
 
     def episode(score):
         return Episode(row={"prompt": "x"}, messages=[], score=score, turns=1)

@@ -9,7 +9,7 @@ from types import SimpleNamespace
 from rich.console import Console
 from transformers import TrainerControl, TrainerState
 
-from aitrain_grpo.health import (
+from aitrain_grpo.runlog.health import (
     HealthCallback, check_health, entropy_collapse, first_warnings, low_score, no_learning_signal, rising_errors,
     unstable_gradients,
 )

@@ -7,8 +7,8 @@ import statistics
 import datasets
 import pytest
 
-from aitrain_grpo.env import Episode
-from aitrain_grpo.episodes import play
+from aitrain_grpo.env.base import Episode
+from aitrain_grpo.engine.runner import play
 from envs.hotel import HotelEnv, tool_call_text
 
 

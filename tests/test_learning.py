@@ -1,11 +1,25 @@
 """Training through `train()` makes the tiny model better at a multi-turn task.
 
-GRPO on a 300k-parameter model at a high learning rate converges within a few dozen steps onto
-whichever 'a'-rich token it reinforces first: " a" (half the characters are 'a') or a weaker
-attractor such as " are" (a quarter). Which one depends on the seed (measured: about two seeds in
-three reach +0.3). So the test asks every seed to improve and at least one of up to three seeds to
-rise by the full 0.3 that the requirement sets; a broken trainer (no update, wrong sign, masked
-model tokens) fails every seed.
+On a 300k-parameter model GRPO does not improve gradually: within a few dozen steps it converges onto
+one 'a'-rich token repeated to the end of the turn, and the score plateaus at that token's share of
+'a's: " a" gives 0.5, while " are", "name" (from tool-call JSON) or " assistant" give 0.2-0.25, too
+little for the +0.3 the requirement sets. Which token wins depends on how often the model samples it
+at the start and on the step size, so both the tiny model and this test's learning rate were tuned,
+measured with 60 steps, batch 8, group 4, 16 new tokens, top-k 0 (rise = mean score of the last 10
+steps minus the first 10):
+
+- tiny model v2 (uniform word salad; conversations with tools, ~400 tokens each against ~50, filled
+  ~80% of the warm-up): 0 of 5 seeds reach +0.3 at lr 1e-2, 5e-3 or 3e-3 (3 of 5 at 1e-2 with 32
+  tokens); the runs lock onto the weaker tokens, or the first large steps scramble the model into
+  near-uniform output before it finds any;
+- tiny model v3 (Zipf-weighted words, so " a" is ~6% of sampled tokens; half the tool-calling
+  conversations; 512-token warm-up windows): lr 3e-3 10 of 10 seeds (rises +0.34 to +0.42), 2e-3 9 of
+  10, 5e-3 4 of 5; two more builds with other warm-up seeds (as another torch or CPU might give):
+  9 of 10 at 3e-3, 9 of 10 at 2e-3.
+
+The failures left (about one seed in twenty) converge in under ten steps, so the first ten steps'
+mean is already high, or still drift onto "name". A second seed is tried before the test fails; every
+seed tried must improve, so a broken trainer (no update, wrong sign, masked model tokens) fails.
 """
 
 from __future__ import annotations
@@ -16,14 +30,14 @@ import pytest
 
 from aitrain_grpo import RunConfig, train
 
-SEEDS = (0, 1, 2)
+SEEDS = (0, 1)
 
 
 def letter_run(model: str, output_dir, seed: int) -> list[dict]:
     config = RunConfig(
         model=model, output_dir=str(output_dir), rl_env_module="envs.letters", rl_env_class="LetterEnv",
-        rl_env_config={"letter": "a", "turns": 3}, max_steps=60, batch_size=8, rl_max_new_tokens=32,
-        lr=1e-2, rl_kl_coef=0.0, rl_top_k=0, seed=seed,
+        rl_env_config={"letter": "a", "turns": 3}, max_steps=60, batch_size=8, rl_num_generations=4,
+        rl_max_new_tokens=16, lr=3e-3, rl_kl_coef=0.0, rl_top_k=0, rl_temperature=1.0, seed=seed,
     )
     summary = train(config)
     assert summary["global_step"] == 60

@@ -10,8 +10,10 @@ from pathlib import Path
 import datasets
 import pytest
 
-from aitrain_grpo.env import Environment
-from aitrain_grpo.loading import EnvLoadError, build_rows, load_environment, parse_config_json, validate_dataset
+from aitrain_grpo.env.base import Environment
+from aitrain_grpo.env.dataset import build_rows, validate_dataset
+from aitrain_grpo.env.loading import load_environment, parse_config_json
+from aitrain_grpo.errors import EnvLoadError
 
 TESTS_DIR = Path(__file__).resolve().parent
 FIXTURES_DIR = TESTS_DIR / "envs_fixtures"
@@ -169,7 +171,7 @@ def test_import_of_missing_name_is_reported_with_file():
 def test_syntax_error_reports_file_and_line(tmp_path, monkeypatch):
     # Written at test time: a broken .py file in the repository would trip linters and compileall.
     write_package(tmp_path, "proj_envs", {"syntax_error.py": """
-        from aitrain_grpo.env import Environment
+        from aitrain_grpo.env.base import Environment
 
         class Env(Environment)
             pass

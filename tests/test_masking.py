@@ -5,7 +5,7 @@ from __future__ import annotations
 import torch
 
 from aitrain_grpo import RunConfig
-from aitrain_grpo.training import build_trainer
+from aitrain_grpo.training.trainer import build_trainer
 from envs.letters import LetterEnv
 
 

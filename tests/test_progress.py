@@ -10,7 +10,7 @@ from types import SimpleNamespace
 from rich.console import Console
 from transformers import TrainerControl, TrainerState
 
-from aitrain_grpo.progress import TrainingProgress, metrics_line
+from aitrain_grpo.runlog.progress import TrainingProgress, metrics_line
 
 LOGS = {"reward": 0.412, "reward_std": 0.18, "env/turns_mean": 2.5, "env/errors": 1.0, "env/tool_errors": 2.0,
         "kl": 0.01, "entropy": 1.2345, "grad_norm": 0.5}

@@ -18,10 +18,10 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from aitrain_grpo import ToolEnvironment, tool
-from aitrain_grpo.chat import parse_tool_calls
+from aitrain_grpo.engine.chat import parse_tool_calls
 from aitrain_grpo.config import ConfigError, RunConfig
-from aitrain_grpo.env import tool_spec, validate_arguments
-from aitrain_grpo.loading import EnvLoadError, parse_config_json
+from aitrain_grpo.env.base import tool_spec, validate_arguments
+from aitrain_grpo.env.loading import EnvLoadError, parse_config_json
 
 SETTINGS = settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
 
@@ -103,7 +103,7 @@ def test_argument_validation_never_raises(arguments):
 @SETTINGS
 @given(st.one_of(st.text(max_size=10), json_values), json_values)
 def test_running_any_call_gives_the_model_a_message(name, arguments):
-    from aitrain_grpo.env import Episode
+    from aitrain_grpo.env.base import Episode
 
     episode = Episode(row={}, messages=[])
     message = asyncio.run(Lookup().run_tool_call(episode, {"name": name, "arguments": arguments}))

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import re
 
-from aitrain_grpo.episodes import play
+from aitrain_grpo.engine.runner import play
 from conftest import REPO
 
 

@@ -15,9 +15,9 @@ from pathlib import Path
 import pytest
 from typer.testing import CliRunner
 
-from aitrain_grpo.cli import app
-from aitrain_grpo.episodes import play
-from aitrain_grpo.report import episode_record, write_report
+from aitrain_grpo.commands.cli import app
+from aitrain_grpo.engine.runner import play
+from aitrain_grpo.runlog.report import episode_record, write_report
 from conftest import run_cli
 
 STEPS = 3

@@ -16,7 +16,7 @@ import pytest
 
 from conftest import REPO, run_cli
 
-from aitrain_grpo.checkpoints import checkpoint_step, complete_checkpoints, is_complete
+from aitrain_grpo.training.checkpoints import checkpoint_step, complete_checkpoints, is_complete
 from aitrain_grpo.config import ConfigError, RunConfig
 from envs.letters import LetterEnv
 
@@ -37,7 +37,7 @@ def test_sigkill_after_a_checkpoint_then_resume_auto_continues_the_run(tmp_path,
     args = [*SLOW_RUN, "--model", tiny_model_dir, "--output-dir", str(out)]
     log = (tmp_path / "killed.log").open("w")
     process = subprocess.Popen(
-        [sys.executable, "-m", "aitrain_grpo.cli", "grpo", *args], cwd=FAULTS_DIR, stdout=log, stderr=log,
+        [sys.executable, "-m", "aitrain_grpo", "grpo", *args], cwd=FAULTS_DIR, stdout=log, stderr=log,
         env=dict(os.environ, OMP_NUM_THREADS="1"),
     )
     deadline = time.monotonic() + 300
@@ -100,7 +100,7 @@ def letters_config(output_dir: Path, **overrides) -> RunConfig:
 @pytest.fixture(scope="module")
 def uninterrupted(tmp_path_factory):
     """Five steps over four tasks (two per step, so a new shuffle every two steps), checkpoint at 3."""
-    from aitrain_grpo.training import train
+    from aitrain_grpo.training.trainer import train
 
     out = tmp_path_factory.mktemp("uninterrupted")
     env = RecordingLetters(turns=1, num_tasks=4)
@@ -109,7 +109,7 @@ def uninterrupted(tmp_path_factory):
 
 
 def test_resuming_mid_epoch_replays_the_same_prompts_and_numbers(uninterrupted, tmp_path):
-    from aitrain_grpo.training import train
+    from aitrain_grpo.training.trainer import train
 
     first_out, first_env = uninterrupted
     out = tmp_path / "resumed"
@@ -130,8 +130,8 @@ def test_resuming_mid_epoch_replays_the_same_prompts_and_numbers(uninterrupted, 
 def test_a_save_that_fails_midway_leaves_no_checkpoint_behind(tmp_path):
     """A save cut short (here: the disk fills up after the weights are written) leaves only the
     staging folder; `auto` goes on taking the last complete checkpoint."""
-    from aitrain_grpo.checkpoints import resume_checkpoint
-    from aitrain_grpo.training import build_trainer
+    from aitrain_grpo.training.checkpoints import resume_checkpoint
+    from aitrain_grpo.training.trainer import build_trainer
 
     out = tmp_path / "run"
     config = letters_config(out, max_steps=4, save_steps=2)
@@ -172,7 +172,7 @@ def test_run_state_is_saved_with_the_checkpoint(uninterrupted):
     ],
 )
 def test_bad_resume_targets_are_refused_before_loading(uninterrupted, overrides, fragments):
-    from aitrain_grpo.training import check_output_dir
+    from aitrain_grpo.training.trainer import check_output_dir
 
     out, _ = uninterrupted
     overrides = {k: v.format(out=out) if isinstance(v, str) else v for k, v in overrides.items()}
@@ -184,20 +184,20 @@ def test_bad_resume_targets_are_refused_before_loading(uninterrupted, overrides,
 
 
 def test_a_finished_run_can_be_resumed_for_more_steps(uninterrupted):
-    from aitrain_grpo.training import check_output_dir
+    from aitrain_grpo.training.trainer import check_output_dir
 
     out, _ = uninterrupted
     assert (out / "run_summary.json").exists()
     with pytest.raises(ConfigError, match="already holds a finished run"):
         check_output_dir(letters_config(out, max_steps=8))
     check_output_dir(letters_config(out, max_steps=8, resume_from_checkpoint="auto"))  # no complaint
-    from aitrain_grpo.checkpoints import resume_checkpoint
+    from aitrain_grpo.training.checkpoints import resume_checkpoint
 
     assert resume_checkpoint(letters_config(out, resume_from_checkpoint="auto")) == out / "checkpoint-5"
 
 
 def test_an_incomplete_checkpoint_path_is_refused(tmp_path):
-    from aitrain_grpo.training import check_output_dir
+    from aitrain_grpo.training.trainer import check_output_dir
 
     broken = tmp_path / "checkpoint-9"
     broken.mkdir()
@@ -207,7 +207,7 @@ def test_an_incomplete_checkpoint_path_is_refused(tmp_path):
 
 
 def test_a_fresh_start_over_an_unfinished_run_needs_overwrite(tmp_path):
-    from aitrain_grpo.training import check_output_dir, train
+    from aitrain_grpo.training.trainer import check_output_dir, train
 
     out = tmp_path / "run"
     checkpoint = out / "checkpoint-2"

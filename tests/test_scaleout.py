@@ -17,7 +17,7 @@ def accelerate_launch(*args: str, timeout: float = 600) -> subprocess.CompletedP
     env = dict(os.environ, OMP_NUM_THREADS="1", PYTHONUNBUFFERED="1")
     command = [
         sys.executable, "-m", "accelerate.commands.launch", "--config_file", str(REPO / "examples/accelerate/cpu2.yaml"),
-        "-m", "aitrain_grpo.cli", *args,
+        "-m", "aitrain_grpo", *args,
     ]
     return subprocess.run(command, cwd=str(REPO), env=env, capture_output=True, text=True, timeout=timeout)
 

@@ -8,7 +8,7 @@ import json
 
 from conftest import REPO, run_cli
 
-from aitrain_grpo.redaction import REDACTED, redact, secret_values
+from aitrain_grpo.runlog.redaction import REDACTED, redact, secret_values
 
 HF_TOKEN = "hf_QzT8secretTOKENvalue123"
 WANDB_API_KEY = "wandb-0123456789abcdef-secret"

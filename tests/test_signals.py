@@ -17,7 +17,7 @@ import pytest
 
 from conftest import REPO
 
-from aitrain_grpo.checkpoints import is_complete
+from aitrain_grpo.training.checkpoints import is_complete
 
 FAULTS_DIR = REPO / "tests" / "faults"
 
@@ -32,7 +32,7 @@ def slow_run(delay: float, max_steps: int) -> list[str]:
 
 def start(args: list[str], log: Path) -> subprocess.Popen:
     return subprocess.Popen(
-        [sys.executable, "-m", "aitrain_grpo.cli", *args], cwd=FAULTS_DIR, stdout=log.open("w"),
+        [sys.executable, "-m", "aitrain_grpo", *args], cwd=FAULTS_DIR, stdout=log.open("w"),
         stderr=subprocess.STDOUT, env=dict(os.environ, OMP_NUM_THREADS="1", PYTHONUNBUFFERED="1"),
     )
 
@@ -74,7 +74,7 @@ def test_a_signal_finishes_the_step_saves_and_says_how_to_resume(sig, code, tmp_
     resume_args = shlex.split(command[len("resume with: "):])
     assert resume_args[0] == "aitrain"
     resumed = subprocess.run(
-        [sys.executable, "-m", "aitrain_grpo.cli", *resume_args[1:]], cwd=FAULTS_DIR, capture_output=True,
+        [sys.executable, "-m", "aitrain_grpo", *resume_args[1:]], cwd=FAULTS_DIR, capture_output=True,
         text=True, env=dict(os.environ, OMP_NUM_THREADS="1"), timeout=300,
     )
     assert resumed.returncode == 0, resumed.stderr[-3000:]

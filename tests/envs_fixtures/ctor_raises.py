@@ -1,6 +1,6 @@
 """An environment whose constructor rejects its arguments with a multi-line message."""
 
-from aitrain_grpo.env import Environment
+from aitrain_grpo.env.base import Environment
 
 
 class CtorRaisesEnv(Environment):

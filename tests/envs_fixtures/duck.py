@@ -2,7 +2,7 @@
 
 import abc
 
-from aitrain_grpo.env import Environment
+from aitrain_grpo.env.base import Environment
 
 
 class DuckEnv:

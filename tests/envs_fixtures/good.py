@@ -1,6 +1,6 @@
 """A tiny valid environment with one required constructor argument."""
 
-from aitrain_grpo.env import Environment, Episode
+from aitrain_grpo.env.base import Environment, Episode
 
 
 class GoodEnv(Environment):

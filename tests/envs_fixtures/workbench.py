@@ -3,7 +3,7 @@
 All are "say the number" tasks: the model should answer with the row's number; `solve` does that.
 """
 
-from aitrain_grpo.env import Environment, Episode
+from aitrain_grpo.env.base import Environment, Episode
 
 
 class NumberEnv(Environment):

@@ -13,7 +13,7 @@ import pytest
 
 from conftest import REPO, run_cli
 
-from aitrain_grpo.checkpoints import complete_checkpoints, is_complete
+from aitrain_grpo.training.checkpoints import complete_checkpoints, is_complete
 
 FAULTS_DIR = REPO / "tests" / "faults"
 TINY_RUN = ["--rl-env-module", "fault_envs", "--rl-num-generations", "2", "--batch-size", "8"]
@@ -126,12 +126,12 @@ def test_a_generation_server_that_dies_mid_run_stops_with_a_checkpoint(tmp_path)
     """The server answers two steps, then is gone (nothing listens on its port any more): the real
     server client gives up after its bounded retries, the last finished step is saved, and the
     message names the server."""
-    from aitrain_grpo.backends.hf import HFBackend
-    from aitrain_grpo.backends.vllm_server import VLLMServerBackend, VLLMServerClient
+    from aitrain_grpo.engine.backends.hf import HFBackend
+    from aitrain_grpo.engine.backends.vllm_server import VLLMServerBackend, VLLMServerClient
     from aitrain_grpo.config import RunConfig
-    from aitrain_grpo.rollout import RolloutEngine
-    from aitrain_grpo.stopping import TrainingStopped, clean_stops
-    from aitrain_grpo.training import build_trainer
+    from aitrain_grpo.engine.rollout import RolloutEngine
+    from aitrain_grpo.training.stopping import TrainingStopped, clean_stops
+    from aitrain_grpo.training.trainer import build_trainer
     from envs.letters import LetterEnv
 
     with socket.socket() as probe:  # a port that was free a moment ago: connection refused

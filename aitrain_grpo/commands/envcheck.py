@@ -28,8 +28,8 @@ from typing import Any, Callable, Iterator
 
 from rich.markup import escape
 
-from .backends.base import SamplingParams
-from .env import Environment, Episode
+from aitrain_grpo.engine.backends.base import SamplingParams
+from aitrain_grpo.env.base import Environment, Episode
 
 POLICIES = ("oracle", "empty", "model")
 PROMPTS_MEASURED = 2000  # rows rendered to find the longest prompt
@@ -139,7 +139,7 @@ def _oracle(env: Environment) -> Callable[[Episode], str]:
 
 
 def play_text_policy(env: Environment, name: str, rows: list[dict[str, Any]], policy, *, max_turns, timeout) -> PolicyResult:
-    from .episodes import play
+    from aitrain_grpo.engine.runner import play
 
     started = time.perf_counter()
     with timed_steps(env) as durations:
@@ -152,8 +152,8 @@ def play_text_policy(env: Environment, name: str, rows: list[dict[str, Any]], po
 
 def play_model(env: Environment, rows, model, tokenizer, *, max_new_tokens: int, max_turns, timeout,
                sampling: SamplingParams, max_completion_length: int = 4096) -> PolicyResult:
-    from .backends.hf import HFBackend
-    from .rollout import RolloutEngine
+    from aitrain_grpo.engine.backends.hf import HFBackend
+    from aitrain_grpo.engine.rollout import RolloutEngine
 
     engine = RolloutEngine(env, tokenizer, HFBackend.for_model(model, tokenizer), max_new_tokens=max_new_tokens,
                            max_turns=max_turns, max_completion_length=max_completion_length, sampling=sampling,
@@ -170,8 +170,9 @@ def play_model(env: Environment, rows, model, tokenizer, *, max_new_tokens: int,
 
 def inspect_dataset(env: Environment, tokenizer, report: EnvCheckReport) -> list[dict[str, Any]] | None:
     """Rows, columns, prompt token counts and tools into `report`; the rows, or None on a problem."""
-    from .chat import ChatRenderer, TemplateError, prompt_messages
-    from .loading import EnvLoadError, build_rows
+    from aitrain_grpo.engine.chat import ChatRenderer, TemplateError, prompt_messages
+    from aitrain_grpo.env.dataset import build_rows
+    from aitrain_grpo.errors import EnvLoadError
 
     try:
         rows = build_rows(env, tokenizer)
@@ -358,9 +359,9 @@ def run_env_check(
 ) -> EnvCheckReport:
     """What the CLI command does: validate the options, load, check, print. Option and loading
     mistakes raise ConfigError/EnvLoadError (exit 2); a broken contract is in the report's problems."""
-    from .config import ConfigError
-    from .evaluation import load_for_generation, load_tokenizer, resolve_source
-    from .loading import load_environment
+    from aitrain_grpo.errors import ConfigError
+    from aitrain_grpo.models import load_for_generation, load_tokenizer, resolve_source
+    from aitrain_grpo.env.loading import load_environment
 
     chosen = tuple(p.strip() for p in policies.split(",") if p.strip())
     unknown = [p for p in chosen if p not in POLICIES]

@@ -92,7 +92,7 @@ def trainer_flags(options: ServeOptions, url: str) -> str:
 
 def start_server(options: ServeOptions, log_path: str | Path | None = None) -> tuple[subprocess.Popen, str]:
     """Start the server as a child process (its own process group); returns it and its base URL."""
-    from .tiny import resolve_model
+    from aitrain_grpo.models import resolve_model
 
     model_path = resolve_model(options.model)
     stdout = open(log_path, "ab") if log_path else None
@@ -109,7 +109,7 @@ def start_server(options: ServeOptions, log_path: str | Path | None = None) -> t
 
 def wait_for_server(process: subprocess.Popen, url: str, timeout: float) -> None:
     """Wait until the server answers /health; raise RuntimeError if it exits or times out first."""
-    from .backends.vllm_server import VLLMServerClient
+    from aitrain_grpo.engine.backends.vllm_server import VLLMServerClient
 
     client = VLLMServerClient(url)
     deadline = time.monotonic() + timeout

@@ -20,10 +20,10 @@ import time
 from dataclasses import dataclass, field
 from typing import Any
 
-from .backends.base import GenerationBackend, SamplingParams
-from .chat import ChatRenderer
-from .env import Environment, Episode
-from .episodes import EpisodeRunner, episode_summary
+from aitrain_grpo.engine.backends.base import GenerationBackend, SamplingParams
+from aitrain_grpo.engine.chat import ChatRenderer
+from aitrain_grpo.env.base import Environment, Episode
+from aitrain_grpo.engine.runner import EpisodeRunner, episode_summary
 
 
 @dataclass

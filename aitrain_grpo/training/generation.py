@@ -21,7 +21,8 @@ from typing import Any
 
 import torch
 
-from .config import ConfigError, RunConfig
+from aitrain_grpo.config import RunConfig
+from aitrain_grpo.errors import ConfigError
 
 
 @dataclass(frozen=True)
@@ -36,7 +37,7 @@ class GenerationPlan:
 
 
 def plan_generation(config: RunConfig) -> GenerationPlan:
-    from .weight_sync import choose_sync_method
+    from aitrain_grpo.training.weight_sync import choose_sync_method
 
     if not config.use_vllm:
         return GenerationPlan("hf", None)
@@ -98,7 +99,7 @@ def check_server(config: RunConfig, plan: GenerationPlan) -> None:
         require_vllm()
     if plan.backend != "vllm_server":
         return
-    from .backends.vllm_server import GenerationServerError, VLLMServerClient
+    from aitrain_grpo.engine.backends.vllm_server import GenerationServerError, VLLMServerClient
 
     client = VLLMServerClient(config.vllm_server_url, retries=0)
     try:
@@ -117,28 +118,28 @@ def check_server(config: RunConfig, plan: GenerationPlan) -> None:
 
 def served_name(model: str) -> str:
     """The name `aitrain vllm-serve --model M` serves M under (its resolved path or hub id)."""
-    from .tiny import resolve_model
+    from aitrain_grpo.models import resolve_model
 
     return resolve_model(model)
 
 
 def make_backend(trainer, config: RunConfig, plan: GenerationPlan, stop_ids: list[int]):
     """Build the backend for a trainer; returns (backend, weight_sync or None)."""
-    from .backends.hf import HFBackend
+    from aitrain_grpo.engine.backends.hf import HFBackend
 
     if plan.backend == "hf":
         return HFBackend.for_trainer(trainer), None
     if plan.backend == "vllm_colocate":
-        from .backends.vllm_colocate import VLLMColocateBackend
+        from aitrain_grpo.engine.backends.vllm_colocate import VLLMColocateBackend
 
         return VLLMColocateBackend.for_trainer(trainer, stop_ids), None
-    from .backends.vllm_server import VLLMServerBackend, VLLMServerClient
+    from aitrain_grpo.engine.backends.vllm_server import VLLMServerBackend, VLLMServerClient
 
     client = VLLMServerClient(config.vllm_server_url)
     backend = VLLMServerBackend(client, served_name(config.model), stop_ids)
     if plan.sync == "nccl":
         return backend, None  # TRL pushes the weights before each rollout
-    from .weight_sync import FolderWeightSync
+    from aitrain_grpo.training.weight_sync import FolderWeightSync
 
     sync_dir = Path(config.vllm_sync_dir) if config.vllm_sync_dir else config.resolved_output_dir() / "vllm-sync"
     return backend, FolderWeightSync(plan.sync, client, backend, sync_dir, base_model=served_name(config.model))

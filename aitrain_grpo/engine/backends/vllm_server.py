@@ -20,7 +20,7 @@ import urllib.error
 import urllib.request
 from typing import Any
 
-from .base import GenerationBackendError, Sample, SamplingParams
+from aitrain_grpo.engine.backends.base import GenerationBackendError, Sample, SamplingParams
 
 
 class GenerationServerError(GenerationBackendError):

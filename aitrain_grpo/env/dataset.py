@@ -16,7 +16,10 @@ import sys
 from collections.abc import Iterable, Mapping
 from typing import Any
 
-from .loading import MESSAGE_ROLES, _ROLE_LIST, EnvLoadError, _describe_exception, _one_line, _user_location
+from aitrain_grpo.env.base import MESSAGE_ROLES
+from aitrain_grpo.errors import EnvLoadError, describe_exception, one_line, user_location
+
+_ROLE_LIST = ", ".join(MESSAGE_ROLES)
 
 
 def _is_plain_prompt(prompt: Any) -> bool:
@@ -53,7 +56,7 @@ def _check_prompt(prompt: Any, index: int, source: str) -> None:
                                f"write {{'role': 'user', 'content': '...'}}")
         role = message.get("role")
         if not isinstance(role, str) or role not in MESSAGE_ROLES:
-            problem = "has no 'role'" if role is None else f"has role {_one_line(repr(role), 40)}"
+            problem = "has no 'role'" if role is None else f"has role {one_line(repr(role), 40)}"
             raise EnvLoadError(f"{where}: prompt message {j} {problem}; roles must be one of "
                                f"{_ROLE_LIST}")
         content = message.get("content")
@@ -103,7 +106,7 @@ def validate_dataset(rows: Any, source: str = "build_dataset") -> list[dict[str,
     for index, row in enumerate(converted):
         if "prompt" not in row:
             columns = ", ".join(map(str, row)) or "none"
-            raise EnvLoadError(f"row {index} from {source} has no 'prompt' (columns: {_one_line(columns, 120)})"
+            raise EnvLoadError(f"row {index} from {source} has no 'prompt' (columns: {one_line(columns, 120)})"
                                f"; add 'prompt': a string or a list of {{'role', 'content'}} messages")
         if not _is_plain_prompt(row["prompt"]):
             _check_prompt(row["prompt"], index, source)
@@ -118,8 +121,8 @@ def build_rows(env: Any, tokenizer: Any) -> list[dict[str, Any]]:
         if inspect.isawaitable(rows):  # an `async def build_dataset` is accepted
             rows = asyncio.run(rows)
     except Exception as exc:
-        location = _user_location(exc)
+        location = user_location(exc)
         at = f" (at {location})" if location else ""
-        raise EnvLoadError(f"build_dataset of {name} raised {_describe_exception(exc)}{at}; fix "
+        raise EnvLoadError(f"build_dataset of {name} raised {describe_exception(exc)}{at}; fix "
                            f"{name}.build_dataset") from exc
     return validate_dataset(rows, source=f"{name}.build_dataset")

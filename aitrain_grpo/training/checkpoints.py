@@ -32,7 +32,8 @@ import shutil
 from pathlib import Path
 from typing import Any
 
-from .config import ConfigError, RunConfig
+from aitrain_grpo.config import RunConfig
+from aitrain_grpo.errors import ConfigError
 
 RUN_STATE_FILE = "aitrain_state.json"
 PARTIAL_PREFIX = ".partial-"

@@ -27,7 +27,8 @@ from typing import Any
 from rich.console import Console
 from transformers import TrainerCallback
 
-from .config import ConfigError, RunConfig
+from aitrain_grpo.config import RunConfig
+from aitrain_grpo.errors import ConfigError
 
 # The packages transformers' integrations import for each --report-to value (any one of them will do),
 # and the install command to suggest.
@@ -123,7 +124,7 @@ class EpisodeLogCallback(TrainerCallback):
         if batch is None or batch is self._last_batch:  # no new rollout this step
             return
         self._last_batch = batch
-        from .report import episode_record
+        from aitrain_grpo.runlog.report import episode_record
 
         step = state.global_step
         scores = batch.scores
@@ -146,7 +147,7 @@ class ReportCallback(TrainerCallback):
         self.failed = False
 
     def _write(self) -> None:
-        from .report import write_report
+        from aitrain_grpo.runlog.report import write_report
 
         try:
             write_report(self.output_dir)
@@ -178,8 +179,8 @@ def check_tracker_installed(report_to: str) -> None:
 def training_callbacks(config: RunConfig, output_dir: str | Path) -> list[TrainerCallback]:
     """The callbacks of a training run, in the order they must run: files first, then the console
     (progress and health share one console so warnings print above the progress bar), then the report."""
-    from .health import HealthCallback
-    from .progress import TrainingProgress
+    from aitrain_grpo.runlog.health import HealthCallback
+    from aitrain_grpo.runlog.progress import TrainingProgress
 
     check_tracker_installed(config.report_to)
     console = Console(highlight=False, soft_wrap=True)

@@ -24,8 +24,8 @@ import time
 from pathlib import Path
 from typing import Any
 
-from .env import Episode
-from .redaction import redact_strings
+from aitrain_grpo.env.base import Episode
+from aitrain_grpo.runlog.redaction import redact_strings
 
 TEMPLATE = Path(__file__).with_name("report_template.html")
 DATA_MARK = "__AITRAIN_REPORT_DATA__"
@@ -114,7 +114,7 @@ def _read_json(path: Path) -> dict[str, Any]:
 
 def report_data(output_dir: str | Path) -> dict[str, Any]:
     """Everything the page shows, as one JSON-ready dict."""
-    from .health import first_warnings
+    from aitrain_grpo.runlog.health import first_warnings
 
     output_dir = Path(output_dir)
     config = _read_json(output_dir / "run_config.json")

@@ -21,6 +21,7 @@ from dataclasses import dataclass, field
 from typing import Any, Callable
 
 Message = dict[str, Any]
+MESSAGE_ROLES = ("system", "user", "assistant", "tool")
 ToolCall = dict[str, Any]  # {"name": str, "arguments": dict}
 EnvReply = str | list[Message] | None
 

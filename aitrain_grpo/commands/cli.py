@@ -21,7 +21,8 @@ from typing import Any, Optional
 import typer
 from rich.console import Console
 
-from .config import ConfigError, RunConfig
+from aitrain_grpo.config import RunConfig
+from aitrain_grpo.errors import EXIT_USAGE, ConfigError, UserError, one_line
 
 app = typer.Typer(
     help="Train language-model agents with GRPO in environments you write.",
@@ -32,26 +33,22 @@ app = typer.Typer(
 err = Console(stderr=True, highlight=False, soft_wrap=True)
 out = Console(highlight=False, soft_wrap=True)
 
-EXIT_USAGE = 2
 
 
 def user_errors() -> tuple[type[BaseException], ...]:
     """Exceptions whose message is meant for the user as it stands."""
-    from .chat import TemplateError
-    from .loading import EnvLoadError
-
-    return (ConfigError, EnvLoadError, TemplateError)
+    return (UserError,)
 
 
 def early_stops() -> tuple[type[BaseException], ...]:
     """Ends of training before its last step, with a checkpoint (imported only when one happens)."""
-    from .stopping import TrainingStopped
+    from aitrain_grpo.training.stopping import TrainingStopped
 
     return (TrainingStopped,)
 
 
 def fail(message: str, code: int = EXIT_USAGE) -> None:
-    err.print(f"error: {' '.join(str(message).split())}", markup=False)
+    err.print(f"error: {one_line(message, limit=10_000)}", markup=False)
     raise typer.Exit(code)
 
 
@@ -104,8 +101,8 @@ def grpo(**kwargs) -> None:
                 "pass --model Qwen/Qwen2.5-0.5B-Instruct (or a local path) to train a real one.",
                 markup=False,
             )
-        from .training import check_output_dir, train
-        from .loading import load_environment
+        from aitrain_grpo.training.trainer import check_output_dir, train
+        from aitrain_grpo.env.loading import load_environment
 
         check_output_dir(config)
         env = load_environment(config.rl_env_module, config.rl_env_class, config.rl_env_config)
@@ -171,7 +168,7 @@ def vllm_serve(
     timeout: float = typer.Option(600.0, help="Seconds to wait for the server to be ready."),
 ) -> None:
     """Start a vLLM server set up for RL training (token-id prompts, log-probabilities, weight sync)."""
-    from .vllm_serve import ServeOptions, start_server, stop_server, trainer_flags, wait_for_server
+    from aitrain_grpo.commands.vllm_serve import ServeOptions, start_server, stop_server, trainer_flags, wait_for_server
 
     import importlib.util
 
@@ -255,7 +252,7 @@ def env_check(
     """Check an environment: dataset, prompts, tools, and episodes under the oracle, empty and model policies.
 
     Exits 1 when the environment breaks its contract, 0 otherwise (warnings included)."""
-    from .envcheck import run_env_check
+    from aitrain_grpo.commands.envcheck import run_env_check
 
     try:
         report = run_env_check(
@@ -268,7 +265,7 @@ def env_check(
             raise
         fail(str(exc))
     for problem in report.problems:
-        err.print(f"error: {' '.join(problem.split())}", markup=False)
+        err.print(f"error: {one_line(problem, limit=10_000)}", markup=False)
     if report.problems:
         raise typer.Exit(1)
     out.print(f"env check passed with {len(report.warnings)} warning(s)", markup=False)
@@ -297,7 +294,7 @@ def eval_command(
     debug: bool = _DEBUG,
 ) -> None:
     """Evaluate a model (or a training run) in an environment: mean score, success rate, pass@k, turns, errors."""
-    from .evaluation import run_eval
+    from aitrain_grpo.commands.evaluation import run_eval
 
     options = dict(
         rl_max_new_tokens=rl_max_new_tokens, rl_max_turns=rl_max_turns, rl_max_completion_length=rl_max_completion_length,
@@ -321,7 +318,7 @@ def report_command(
     """Write report.html for a training run: reward curve, score distribution, turns, errors, transcripts."""
     from pathlib import Path
 
-    from .report import write_report
+    from aitrain_grpo.runlog.report import write_report
 
     if not Path(output_dir).is_dir():
         fail(f"{output_dir} is not a directory; pass a training output directory (e.g. outputs/hotelenv)")
@@ -339,7 +336,7 @@ def tiny_model(
     seed: int = typer.Option(0, help="Seed of the build (same seed, same weights)."),
 ) -> None:
     """Build the tiny local model (Llama architecture, byte-level BPE, ChatML template with tools)."""
-    from .tiny import build_tiny_model
+    from aitrain_grpo.tiny import build_tiny_model
 
     path = build_tiny_model(output_dir, seed=seed)
     out.print(f"tiny model written to {path}; train it with: aitrain grpo --model {path} --rl-env-module envs.hotel --rl-env-class HotelEnv")

@@ -18,19 +18,9 @@ from typing import Callable, ContextManager
 import torch
 from transformers import GenerationConfig
 
-from .base import Sample, SamplingParams
-from .turn_cache import TurnCache
-
-
-def stop_token_ids(model, tokenizer) -> list[int]:
-    """Every id that ends a model turn: the tokenizer's EOS and the model's generation EOS ids."""
-    ids: list[int] = []
-    configured = getattr(getattr(model, "generation_config", None), "eos_token_id", None)
-    for value in (tokenizer.eos_token_id, configured):
-        for token in value if isinstance(value, (list, tuple)) else [value]:
-            if token is not None and token not in ids:
-                ids.append(int(token))
-    return ids
+from aitrain_grpo.models import stop_token_ids
+from aitrain_grpo.engine.backends.base import Sample, SamplingParams
+from aitrain_grpo.engine.backends.turn_cache import TurnCache
 
 
 class HFBackend:

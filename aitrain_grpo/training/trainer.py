@@ -23,11 +23,12 @@ from typing import Any
 
 import torch
 
-from .config import ConfigError, RunConfig
-from .env import Environment
-from .generation import check_server as check_vllm_server
-from .generation import grpo_kwargs as generation_grpo_kwargs
-from .generation import plan_generation, reserve_server_gpus, sampling_warning
+from aitrain_grpo.config import RunConfig
+from aitrain_grpo.errors import ConfigError
+from aitrain_grpo.env.base import Environment
+from aitrain_grpo.training.generation import check_server as check_vllm_server
+from aitrain_grpo.training.generation import grpo_kwargs as generation_grpo_kwargs
+from aitrain_grpo.training.generation import plan_generation, reserve_server_gpus, sampling_warning
 
 TRAINING_OUTPUT_FILES = ("run_config.json", "metrics.jsonl")
 
@@ -42,7 +43,7 @@ def episode_score(prompts=None, completions=None, episode_score=None, **kwargs) 
 def _trainer_class():
     from trl import GRPOTrainer
 
-    from .checkpoints import AtomicCheckpoints
+    from aitrain_grpo.training.checkpoints import AtomicCheckpoints
 
     class EpisodeGRPOTrainer(AtomicCheckpoints, GRPOTrainer):
         """GRPOTrainer that remembers the dataset rows of the batch being rolled out (checkpointing:
@@ -56,29 +57,6 @@ def _trainer_class():
             return super()._generate_and_score_completions(inputs)
 
     return EpisodeGRPOTrainer
-
-
-def load_model_and_tokenizer(name_or_path: str):
-    """Load a causal LM and its tokenizer for training (float32 on CPU, bfloat16 on CUDA)."""
-    from transformers import AutoModelForCausalLM, AutoTokenizer
-
-    from .tiny import resolve_model
-
-    from transformers.utils import logging as hf_logging
-
-    hf_logging.disable_progress_bar()
-    path = resolve_model(name_or_path)
-    try:
-        tokenizer = AutoTokenizer.from_pretrained(path)
-        tokenizer.padding_side = "left"
-        if tokenizer.pad_token is None:
-            tokenizer.pad_token = tokenizer.eos_token
-        dtype = torch.bfloat16 if torch.cuda.is_available() else torch.float32
-        model = AutoModelForCausalLM.from_pretrained(path, dtype=dtype)
-    except (OSError, ValueError, KeyError) as exc:  # what transformers raises for a missing or broken model
-        detail = " ".join(str(exc).split())[:300]
-        raise ConfigError(f"--model {name_or_path} could not be loaded: {detail}; pass a causal LM folder or model id") from exc
-    return model, tokenizer
 
 
 def grpo_config(config: RunConfig, output_dir: Path):
@@ -123,10 +101,10 @@ def grpo_config(config: RunConfig, output_dir: Path):
 
 def make_rollout_func(env: Environment, config: RunConfig):
     """The `rollout_func` TRL calls each generation step: play the batch's episodes, log `env/*`."""
-    from .backends.base import SamplingParams
-    from .backends.hf import stop_token_ids
-    from .generation import make_backend, plan_generation
-    from .rollout import RolloutEngine, batch_metrics
+    from aitrain_grpo.engine.backends.base import SamplingParams
+    from aitrain_grpo.models import stop_token_ids
+    from aitrain_grpo.training.generation import make_backend, plan_generation
+    from aitrain_grpo.engine.rollout import RolloutEngine, batch_metrics
 
     holder: dict[str, Any] = {}
 
@@ -187,7 +165,7 @@ def _peft_config(config: RunConfig):
 
 def check_output_dir(config: RunConfig) -> Path:
     """Refuse to overwrite a finished run, or one with checkpoints, unless asked to (checkpoints.py)."""
-    from .checkpoints import check_output_dir_for_run
+    from aitrain_grpo.training.checkpoints import check_output_dir_for_run
 
     check_output_dir_for_run(config)
     return config.resolved_output_dir()
@@ -199,11 +177,12 @@ def build_trainer(config: RunConfig, env: Environment | None = None, *, callback
     `rollout_func.holder["engine"]` is the rollout engine once the first batch has been played."""
     from datasets import Dataset
 
-    from .callbacks import bind_trainer, training_callbacks
-    from .checkpoints import prepare_output_dir, resume_checkpoint
-    from .loading import build_rows, load_environment
-    from .redaction import redact
-    from .stopping import stop_callbacks
+    from aitrain_grpo.runlog.files import bind_trainer, training_callbacks
+    from aitrain_grpo.training.checkpoints import prepare_output_dir, resume_checkpoint
+    from aitrain_grpo.env.dataset import build_rows
+    from aitrain_grpo.env.loading import load_environment
+    from aitrain_grpo.runlog.redaction import redact
+    from aitrain_grpo.training.stopping import stop_callbacks
 
     config.validate()
     reserve_server_gpus(config)  # before anything starts CUDA
@@ -216,6 +195,8 @@ def build_trainer(config: RunConfig, env: Environment | None = None, *, callback
     if env is None:
         env = load_environment(config.rl_env_module, config.rl_env_class, config.rl_env_config)
     os.environ.setdefault("TRL_EXPERIMENTAL_SILENCE", "1")
+
+    from aitrain_grpo.models import load_model_and_tokenizer
 
     model, tokenizer = load_model_and_tokenizer(config.model)
     dataset = Dataset.from_list(build_rows(env, tokenizer))
@@ -243,8 +224,8 @@ def train(config: RunConfig, env: Environment | None = None, *, callbacks: list 
     `run_summary.json`). `env` skips loading the environment from `config` (Python API use). A run
     that stops early (a signal, too many failed episodes, a dead generation backend) saves a checkpoint
     and raises `stopping.TrainingStopped`."""
-    from .checkpoints import resume_checkpoint
-    from .stopping import clean_stops
+    from aitrain_grpo.training.checkpoints import resume_checkpoint
+    from aitrain_grpo.training.stopping import clean_stops
 
     trainer = build_trainer(config, env, callbacks=callbacks)
     output_dir = config.resolved_output_dir()

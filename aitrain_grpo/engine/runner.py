@@ -17,8 +17,8 @@ import math
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any, Awaitable, Callable, Iterable
 
-from .chat import parse_tool_calls, prompt_messages
-from .env import Environment, Episode, Message
+from aitrain_grpo.engine.chat import parse_tool_calls, prompt_messages
+from aitrain_grpo.env.base import Environment, Episode, Message
 
 VALID_REPLY_ROLES = ("user", "tool", "system")
 

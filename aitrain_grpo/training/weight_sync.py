@@ -25,7 +25,7 @@ from pathlib import Path
 
 import torch
 
-from .backends.vllm_server import VLLMServerBackend, VLLMServerClient
+from aitrain_grpo.engine.backends.vllm_server import VLLMServerBackend, VLLMServerClient
 
 
 def choose_sync_method(requested: str, *, peft: bool, cuda: bool) -> str:

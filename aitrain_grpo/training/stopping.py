@@ -32,8 +32,8 @@ from typing import Any, Iterator
 
 from transformers import TrainerCallback
 
-from .backends.base import GenerationBackendError
-from .signals import SignalStop
+from aitrain_grpo.engine.backends.base import GenerationBackendError
+from aitrain_grpo.training.signals import SignalStop
 
 EXIT_FAULT = 1
 ANNOUNCED_ERRORS = 10  # distinct episode errors printed as they first appear

@@ -21,7 +21,8 @@ import re
 from functools import lru_cache
 from typing import Any, Callable
 
-from .env import Message, ToolCall
+from aitrain_grpo.env.base import Message, ToolCall
+from aitrain_grpo.errors import TemplateError
 
 # ------------------------------------------------------------------------------------- tool calls
 
@@ -97,10 +98,6 @@ def _prompt_key(messages: list[Message]) -> str:
         return json.dumps(messages, sort_keys=True, ensure_ascii=False)
     except (TypeError, ValueError):  # content that is not JSON (an image object): never shared
         return f"object:{id(messages)}"
-
-
-class TemplateError(ValueError):
-    """The chat template cannot be used for token-in/token-out episodes."""
 
 
 # Placeholders unlikely to be rewritten by any template, used to locate where content sits.

@@ -1,0 +1,9 @@
+"""The environment author's contract: what a user writes, with no notion of tokens or TRL.
+
+`base` holds `Environment` and `Episode`; `tools` the `@tool` decorator, tool schemas and
+`ToolEnvironment`; `loading` imports a user's class; `dataset` checks the rows it builds.
+"""
+
+from aitrain_grpo.env.base import Environment, Episode, Message, ToolCall, ToolEnvironment, tool
+
+__all__ = ["Environment", "Episode", "Message", "ToolCall", "ToolEnvironment", "tool"]

@@ -1,0 +1,188 @@
+"""Model names -> folders, and loading a model, its tokenizer and the ids that end its turns.
+
+Every command that takes `--model` (grpo, eval, env check, vllm-serve) goes through here, so a name
+means the same everywhere: `tiny` is the locally built demo model (tiny.py); a folder is a model (or
+a training output with a LoRA adapter, merged on load for generation); anything else that does not look
+like a local path is a hub id that transformers resolves from its cache.
+
+Left out: building the tiny model (tiny.py) and choosing a generation backend (train/generation.py,
+commands/evaluation.py).
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from aitrain_grpo.errors import ConfigError, one_line
+from aitrain_grpo.tiny import TINY_MODEL_ID, tiny_model_path
+
+
+def resolve_model(name_or_path: str) -> str:
+    """Maps the model name "tiny" to the cached tiny model's path; anything else passes through."""
+    return str(tiny_model_path()) if name_or_path == TINY_MODEL_ID else name_or_path
+
+
+def looks_local(spec: str) -> bool:
+    """Whether `spec` names a local path rather than a hub id ("org/name"): it starts like a path, has
+    more than one slash, exists, or its first part is a folder here (outputs/run)."""
+    path = Path(spec).expanduser()
+    return (
+        spec.startswith((".", "/", "~")) or spec.count("/") > 1 or path.exists()
+        or (len(path.parts) > 1 and Path(path.parts[0]).is_dir())
+    )
+
+
+def local_model_problem(model: str) -> str | None:
+    """What is wrong with `model` as a local model folder, or None (fine, or a hub id)."""
+    path = Path(model).expanduser()
+    if not looks_local(model):
+        return None
+    if not path.exists():
+        hint = ""
+        if path.parent.is_dir():
+            import difflib
+
+            close = difflib.get_close_matches(path.name, [p.name for p in path.parent.iterdir()], n=1)
+            hint = f" (did you mean {path.parent / close[0]}?)" if close else ""
+        return (
+            f"{model} does not exist{hint}; pass a model folder (with config.json) or a Hugging Face "
+            f"model id such as Qwen/Qwen2.5-0.5B-Instruct"
+        )
+    if not path.is_dir():
+        return f"{model} is a file, not a model folder; pass the folder that holds config.json"
+    if not (path / "config.json").is_file() and not (path / "adapter_config.json").is_file():
+        return (
+            f"{model} is not a model: the folder has no config.json; pass a folder written by "
+            f"save_pretrained (or by `aitrain tiny-model DIR`)"
+        )
+    return None
+
+
+@dataclass(frozen=True)
+class ModelSource:
+    """Where a model's weights, adapter and tokenizer are, worked out from what the user typed."""
+
+    spec: str                 # as given: "tiny", a path, a hub id
+    weights: str              # full weights (a directory or a hub id); the base model under an adapter
+    adapter: str | None       # LoRA adapter directory, merged into `weights` on load
+    tokenizer: str
+    run_config: dict[str, Any] = field(default_factory=dict)  # the training run's options, if any
+
+
+def _checkpoint_step(path: Path) -> int:
+    tail = path.name.rsplit("-", 1)[-1]
+    return int(tail) if tail.isdigit() else -1
+
+
+def resolve_source(spec: str) -> ModelSource:
+    """Classify `spec`; raise ConfigError with the fix when it cannot be a model."""
+    path = Path(resolve_model(spec)).expanduser()
+    if path.is_dir():
+        run_config: dict[str, Any] = {}
+        if (path / "run_config.json").is_file():
+            try:
+                run_config = json.loads((path / "run_config.json").read_text())
+            except json.JSONDecodeError:
+                run_config = {}
+        has_tokenizer = (path / "tokenizer_config.json").is_file()
+        if (path / "adapter_config.json").is_file():
+            try:
+                base = json.loads((path / "adapter_config.json").read_text()).get("base_model_name_or_path")
+            except json.JSONDecodeError as exc:
+                raise ConfigError(f"{path}/adapter_config.json is not valid JSON ({exc.msg}); re-save the adapter") from None
+            if not base:
+                raise ConfigError(f"the LoRA adapter in {path} does not name its base model (base_model_name_or_path)")
+            base = resolve_model(base)
+            return ModelSource(spec, base, str(path), str(path) if has_tokenizer else base, run_config)
+        if (path / "config.json").is_file():
+            return ModelSource(spec, str(path), None, str(path), run_config)
+        checkpoints = sorted(path.glob("checkpoint-*"), key=_checkpoint_step)
+        if checkpoints:
+            raise ConfigError(f"{spec} holds no final model (is its training unfinished?); evaluate a checkpoint "
+                              f"instead, e.g. --model {checkpoints[-1]}")
+        raise ConfigError(f"{spec} is a directory without a model (no config.json or adapter_config.json); pass a "
+                          f"model directory, a training output directory, or 'tiny'")
+    if path.exists():
+        raise ConfigError(f"{spec} is a file; pass a model directory, a training output directory, or 'tiny'")
+    # "org/name" (or "gpt2") may be a hub id, unless "org" is a folder here (outputs/run): a missing path.
+    if looks_local(spec):
+        raise ConfigError(f"model {spec!r} does not exist; pass a model directory, a training output directory, "
+                          f"a hub id such as Qwen/Qwen2.5-0.5B-Instruct, or 'tiny'")
+    return ModelSource(spec, spec, None, spec)  # a hub id: transformers finds it in its cache or downloads it
+
+
+def stop_token_ids(model, tokenizer) -> list[int]:
+    """Every id that ends a model turn: the tokenizer's EOS and the model's generation EOS ids."""
+    ids: list[int] = []
+    configured = getattr(getattr(model, "generation_config", None), "eos_token_id", None)
+    for value in (tokenizer.eos_token_id, configured):
+        for token in value if isinstance(value, (list, tuple)) else [value]:
+            if token is not None and token not in ids:
+                ids.append(int(token))
+    return ids
+
+
+def _model_dtype():
+    import torch
+
+    return torch.bfloat16 if torch.cuda.is_available() else torch.float32
+
+
+_LOAD_ERRORS = (OSError, ValueError, KeyError)  # what transformers raises for a missing or broken model
+
+
+def _open_tokenizer(path: str):
+    """A tokenizer that pads on the left (batched generation) and has a pad token."""
+    from transformers import AutoTokenizer
+    from transformers.utils import logging as hf_logging
+
+    hf_logging.disable_progress_bar()
+    tokenizer = AutoTokenizer.from_pretrained(path)
+    tokenizer.padding_side = "left"
+    if tokenizer.pad_token is None:
+        tokenizer.pad_token = tokenizer.eos_token
+    return tokenizer
+
+
+def load_model_and_tokenizer(name_or_path: str):
+    """Load a causal LM and its tokenizer for training (float32 on CPU, bfloat16 on CUDA)."""
+    from transformers import AutoModelForCausalLM
+
+    path = resolve_model(name_or_path)
+    try:
+        tokenizer = _open_tokenizer(path)
+        model = AutoModelForCausalLM.from_pretrained(path, dtype=_model_dtype())
+    except _LOAD_ERRORS as exc:
+        raise ConfigError(f"--model {name_or_path} could not be loaded: {one_line(exc)}; pass a causal LM folder or model id") from exc
+    return model, tokenizer
+
+
+def load_tokenizer(source: ModelSource):
+    try:
+        return _open_tokenizer(source.tokenizer)
+    except _LOAD_ERRORS as exc:
+        raise ConfigError(f"could not load the tokenizer of {source.spec}: {one_line(exc)}") from None
+
+
+def load_for_generation(source: ModelSource):
+    """The Hugging Face model (with its adapter merged) and tokenizer, ready to generate."""
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    tokenizer = load_tokenizer(source)
+    try:
+        model = AutoModelForCausalLM.from_pretrained(source.weights, dtype=_model_dtype())
+        if source.adapter:
+            from peft import PeftModel
+
+            # Merging once makes every forward pass a plain one, as fast as the base model's.
+            model = PeftModel.from_pretrained(model, source.adapter).merge_and_unload()
+    except _LOAD_ERRORS as exc:
+        raise ConfigError(f"could not load model {source.spec}: {one_line(exc)}") from None
+    if torch.cuda.is_available():
+        model = model.to("cuda")
+    model.eval()
+    return model, tokenizer
