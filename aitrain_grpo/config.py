@@ -29,6 +29,8 @@ VLLM_MODES = ("colocate", "server")
 VLLM_SYNC = ("auto", "nccl", "lora", "disk")
 REPORT_TO = ("none", "tensorboard", "wandb", "trackio")
 LOSS_TYPES = ("grpo", "dr_grpo", "dapo", "bnpo", "cispo", "sapo")
+CUT_TURN = ("end", "continue")
+ZERO_STD_GROUPS = ("keep", "drop", "refill")
 
 
 @dataclass
@@ -50,6 +52,9 @@ class RunConfig:
     rl_top_k: int = _opt(0, "Top-k sampling (0 = off; with vLLM, filtering biases the importance-sampling ratio).")
     rl_top_p: float = _opt(1.0, "Nucleus sampling (1.0 = off).")
     rl_env_timeout: float = _opt(60.0, "Seconds one environment call (reset/step/score_episode) may take.")
+    rl_cut_turn: str = _opt("end", "A model turn cut off by --rl-max-new-tokens: end the episode, or continue (the environment sees the cut turn).")
+    rl_async_steps: int = _opt(0, "Play the episodes of the next N steps while a step trains, on weights at most N steps old (needs a vLLM server; 0 = on-policy).")
+    rl_zero_std_groups: str = _opt("keep", "Groups whose episodes all scored the same: keep, drop (out of the loss) or refill (play more prompts).")
     rl_max_error_rate: float = _opt(0.5, "Stop (after saving a checkpoint) when more than this share of the episodes of the last 4 steps failed; 1 never stops.")
     # GRPO
     rl_kl_coef: float = _opt(0.1, "KL penalty against the reference model (TRL's beta).")
@@ -218,6 +223,12 @@ class RunConfig:
             raise ConfigError(f"--vllm-server-gpus must be >= 0, got {self.vllm_server_gpus}")
         if not 0 <= self.lora_dropout < 1:
             raise ConfigError(f"--lora-dropout must be in [0, 1), got {self.lora_dropout}")
+        if self.rl_cut_turn not in CUT_TURN:
+            raise ConfigError(f"--rl-cut-turn {self.rl_cut_turn!r} is not one of {', '.join(CUT_TURN)}")
+        if self.rl_zero_std_groups not in ZERO_STD_GROUPS:
+            raise ConfigError(f"--rl-zero-std-groups {self.rl_zero_std_groups!r} is not one of {', '.join(ZERO_STD_GROUPS)}")
+        if isinstance(self.rl_async_steps, bool) or not isinstance(self.rl_async_steps, int) or self.rl_async_steps < 0:
+            raise ConfigError(f"--rl-async-steps must be an integer >= 0 (0 = on-policy), got {self.rl_async_steps!r}")
         if not 0 <= self.rl_max_error_rate <= 1:
             raise ConfigError(f"--rl-max-error-rate must be in [0, 1] (a share of episodes; 1 never stops), got {self.rl_max_error_rate}")
         if self.resume_from_checkpoint is not None and not self.resume_from_checkpoint.strip():
