@@ -24,6 +24,9 @@ Message = dict[str, Any]
 MESSAGE_ROLES = ("system", "user", "assistant", "tool")
 ToolCall = dict[str, Any]  # {"name": str, "arguments": dict}
 EnvReply = str | list[Message] | None
+# Why an episode ended: the environment ended it (`step` returned None, or a single-turn episode), the
+# turn cap, a model turn cut off by --rl-max-new-tokens, the completion token budget, or an error.
+STOP_REASONS = ("env", "max_turns", "turn_tokens", "completion_budget", "error")
 
 
 @dataclass
@@ -50,6 +53,10 @@ class Episode:
     max_turns: int | None = None
     num_tool_calls: int = 0
     num_tool_errors: int = 0
+    # Why the episode ended, set by the engine: one of STOP_REASONS (None while it runs).
+    stop_reason: str | None = None
+    # Model turns cut off by the per-turn token limit that the episode went on after (--rl-cut-turn continue).
+    truncated_turns: int = 0
 
     @property
     def last_completion(self) -> str:
