@@ -8,7 +8,7 @@ nothing is re-tokenized between turns.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Literal, Protocol
+from typing import Literal, Protocol, runtime_checkable
 
 FinishReason = Literal["stop", "length"]
 
@@ -41,4 +41,15 @@ class GenerationBackendError(RuntimeError):
 class GenerationBackend(Protocol):
     def generate(self, prompts: list[list[int]], max_tokens: int, sampling: SamplingParams) -> list[Sample]:
         """Sample one continuation per prompt, at most `max_tokens` tokens each."""
+        ...
+
+
+@runtime_checkable
+class RequestBackend(GenerationBackend, Protocol):
+    """A backend that also takes one episode's turn at a time, on the engine's event loop, and batches
+    concurrent requests itself (a vLLM server, a colocated vLLM engine stepped in process). The engine's
+    continuous schedule submits each episode's next turn as soon as its environment reply is ready."""
+
+    async def generate_one(self, prompt: list[int], max_tokens: int, sampling: SamplingParams) -> Sample:
+        """Sample one continuation of one prompt, at most `max_tokens` tokens."""
         ...
