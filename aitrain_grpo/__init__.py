@@ -6,8 +6,9 @@ Public API: `Environment`, `ToolEnvironment`, `tool`, `Episode` (the environment
 """
 
 from aitrain_grpo.config import RunConfig
-from aitrain_grpo.env.base import Environment, Episode, ToolEnvironment, tool
+from aitrain_grpo.env.base import Environment, Episode
 from aitrain_grpo.env.loading import EnvLoadError, load_environment
+from aitrain_grpo.env.tools import ToolEnvironment, tool
 
 __version__ = "0.1.0"
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import time
+from typing import Literal
 
 import pytest
 
@@ -155,6 +156,51 @@ def test_tool_call_parser_reads_several_calls_and_double_encoded_arguments():
     text = 'x <tool_call>{"name": "a", "arguments": {"k": 1}}</tool_call> y <tool_call>{"name": "b", "arguments": "{\\"z\\": 2}"}</tool_call>'
     calls, problems = parse_tool_calls(text)
     assert calls == [{"name": "a", "arguments": {"k": 1}}, {"name": "b", "arguments": {"z": 2}}] and problems == []
+
+
+class Booking(ToolEnvironment):
+    def build_dataset(self, tokenizer):
+        return [{"prompt": "Book a room."}]
+
+    @tool
+    def book(self, episode: Episode, room: Literal["single", "double"], nights: int, note: str | None = None) -> str:
+        """Book a room.
+
+        Args:
+            room: The kind of room.
+            nights: How many nights.
+            note: A note for the hotel.
+        """
+        episode.state["booked"] = (room, nights, note)
+        return "booked"
+
+    def score_episode(self, episode):
+        return 1.0 if "booked" in episode.state else 0.0
+
+
+def test_literal_hints_are_enums_optional_ones_accept_null_and_episode_is_hidden():
+    (schema,) = Booking().tools
+    params = schema["function"]["parameters"]
+    assert list(params["properties"]) == ["room", "nights", "note"] and params["required"] == ["room", "nights"]
+    assert params["properties"]["room"]["enum"] == ["single", "double"]
+    call = '<tool_call>{"name": "book", "arguments": {"room": "double", "nights": 2, "note": null}}</tool_call>'
+    (episode,) = play(Booking(), Booking().build_dataset(None), scripted(call, "Done."))
+    assert episode.messages[2]["content"] == "booked" and episode.state["booked"] == ("double", 2, None)
+
+
+@pytest.mark.parametrize(
+    "arguments, expected",
+    [
+        ('{"room": "suite", "nights": 2}', 'argument \'room\' of book must be one of "single", "double", got "suite"'),
+        ('{"room": "single", "nights": 2.0}', "argument 'nights' of book must be integer, got 2.0"),
+        ('{"room": "single", "nights": true}', "argument 'nights' of book must be integer, got true"),
+        ('{"room": "single", "nights": 1, "note": 5}', "argument 'note' of book must be string or null, got 5"),
+    ],
+)
+def test_arguments_outside_the_schema_are_refused_before_the_tool_runs(arguments, expected):
+    call = '<tool_call>{"name": "book", "arguments": ' + arguments + '}</tool_call>'
+    (episode,) = play(Booking(), Booking().build_dataset(None), scripted(call, "Done."))
+    assert episode.messages[2]["content"] == f"Error: {expected}" and "booked" not in episode.state
 
 
 class FaultyEnv(Environment):

@@ -293,6 +293,47 @@ def test_parse_config_json_rejects_non_string_keys_and_other_types():
         parse_config_json([("a", 1)])
 
 
+@pytest.mark.parametrize(
+    "tool_source, expected",
+    [
+        ("""
+            @tool
+            def book(self, hotel_id: str, nights: int) -> str:
+                \"\"\"Book a stay.
+
+                Args:
+                    hotel_id: The hotel.
+                \"\"\"
+         """, "tool ToolEnv.book: Cannot generate JSON schema for book because the docstring has no description "
+              "for the argument 'nights'; give it a docstring with an `Args:` section"),
+        ("""
+            @tool
+            def book(self, when: tuple[str]) -> str:
+                \"\"\"Book a stay.
+
+                Args:
+                    when: The dates.
+                \"\"\"
+         """, "tool ToolEnv.book: a type hint has no JSON schema"),
+    ],
+)
+def test_a_tool_without_a_schema_is_a_load_error_naming_the_tool(tmp_path, monkeypatch, tool_source, expected):
+    source = """
+        from aitrain_grpo import ToolEnvironment, tool
+
+        class ToolEnv(ToolEnvironment):
+            def build_dataset(self, tokenizer):
+                return [{"prompt": "hi"}]
+
+            def score_episode(self, episode):
+                return 0.0
+    """ + textwrap.indent(textwrap.dedent(tool_source), " " * 12)
+    write_package(tmp_path, "proj_envs", {"tools_env.py": source})
+    monkeypatch.chdir(tmp_path)
+    message = load_error("proj_envs.tools_env", "ToolEnv")
+    assert message.startswith(expected), message
+
+
 # ------------------------------------------------------------------------------------ datasets
 
 

@@ -4,6 +4,7 @@
 `ToolEnvironment`; `loading` imports a user's class; `dataset` checks the rows it builds.
 """
 
-from aitrain_grpo.env.base import Environment, Episode, Message, ToolCall, ToolEnvironment, tool
+from aitrain_grpo.env.base import Environment, Episode, Message, ToolCall
+from aitrain_grpo.env.tools import ToolEnvironment, tool
 
 __all__ = ["Environment", "Episode", "Message", "ToolCall", "ToolEnvironment", "tool"]

@@ -2,8 +2,9 @@
 
 `load_environment("envs.hotel", "HotelEnv", '{"num_tasks": 64}')` imports the module with the current
 directory on `sys.path` (put first when missing, so a project's own `envs/` folder resolves), finds the
-class, checks that it is an environment and that the JSON keys match its constructor, and instantiates it. `build_rows` calls
-`build_dataset(tokenizer)` and `validate_dataset` checks that every row has a usable `prompt`.
+class, checks that it is an environment and that the JSON keys match its constructor, instantiates it,
+and for a `ToolEnvironment` builds its tool schemas (so a tool the schema cannot be made from is
+reported here, not mid-run).
 
 Every failure is an `EnvLoadError` whose message is one line: what went wrong, where (module, file:line,
 row index), and how to fix it. The CLI prints it as `error: <message>` and exits 2, so nothing here
@@ -29,7 +30,8 @@ from collections.abc import Iterable, Mapping
 from pathlib import Path
 from typing import Any
 
-from aitrain_grpo.env.base import Environment, ToolEnvironment
+from aitrain_grpo.env.base import Environment
+from aitrain_grpo.env.tools import ToolEnvironment
 from aitrain_grpo.errors import EnvLoadError, describe_exception, one_line, user_location
 
 REQUIRED_METHODS = ("build_dataset", "score_episode")
@@ -282,14 +284,15 @@ def load_environment(module: str, class_name: str, config: str | Mapping | None 
     _check_is_environment(cls, mod.__name__)
     _check_arguments(cls, kwargs)
     try:
-        return cls(**kwargs)
+        env = cls(**kwargs)
     except Exception as exc:
         location = user_location(exc)
         at = f" (at {location})" if location else ""
         raise EnvLoadError(f"{cls.__name__}(**config) raised {describe_exception(exc)}{at}; fix the config "
                            f"values or the constructor") from exc
+    if isinstance(env, ToolEnvironment):
+        env.tool_specs  # builds (and caches) the schemas: a bad tool definition is an EnvLoadError now
+    return env
 
 
-# Dataset checks live in rows.py; re-exported here, where users met them first.
-
-__all__ = ["EnvLoadError", "build_rows", "load_environment", "parse_config_json", "validate_dataset"]
+__all__ = ["EnvLoadError", "load_environment", "parse_config_json"]

@@ -1,6 +1,6 @@
 """Environment subclasses that leave a required method to the base class."""
 
-from aitrain_grpo.env.base import Environment, ToolEnvironment, tool
+from aitrain_grpo.env import Environment, ToolEnvironment, tool
 
 
 class NoScoreEnv(Environment):
