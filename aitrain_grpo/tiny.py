@@ -413,10 +413,15 @@ def build_tiny_model(output_dir, *, seed: int = 0) -> Path:
     return target
 
 
+def cache_root(cache_dir=None) -> Path:
+    """The folder built and converted models are cached in: `cache_dir`, $AITRAIN_CACHE_DIR or ~/.cache/aitrain-grpo."""
+    root = cache_dir or os.environ.get("AITRAIN_CACHE_DIR") or "~/.cache/aitrain-grpo"
+    return Path(root).expanduser().absolute()
+
+
 def tiny_model_path(cache_dir=None) -> Path:
     """The cached tiny model for this recipe version, built on first use."""
-    root = cache_dir or os.environ.get("AITRAIN_CACHE_DIR") or "~/.cache/aitrain-grpo"
-    target = Path(root).expanduser().absolute() / f"tiny-v{TINY_VERSION}"
+    target = cache_root(cache_dir) / f"tiny-v{TINY_VERSION}"
     if (target / "config.json").exists():
         return target
     logger.info("building the tiny model into %s (once, about 30 s)", target)
