@@ -1,13 +1,19 @@
 """Which generation backend a run uses, and everything it needs from TRL and from a vLLM server.
 
 - `hf` (default): the training model's own `generate`.
-- `vllm colocate`: TRL builds the in-process vLLM engine and pushes weights into it before each
-  rollout (`use_vllm=True, vllm_mode="colocate"`), with its importance-sampling correction on.
+- `vllm colocate`: TRL builds the in-process vLLM engine (`use_vllm=True, vllm_mode="colocate"`). On
+  CUDA TRL pushes the weights into it before each rollout; elsewhere its push cannot work (repacked
+  CPU kernels) and `weight_sync.ColocateWeightSync` reloads them instead (sync "reload").
 - `vllm server`: a server started by `aitrain vllm-serve`, reached over HTTP. With `--vllm-sync nccl`
   TRL's client moves the weights (GPU only; TRL is told `vllm_mode="server"`); with `lora` or `disk`
   this package does it through a shared folder (`weight_sync.py`) and TRL is not told about vLLM.
 
-`check_server` runs before any model is loaded: a server that is down, or serves another model, is a
+In every vLLM mode TRL's importance-sampling correction compares the sampler's log-probabilities with
+the trainer's (`sampling/importance_sampling_ratio`). Where this package moves the weights, the
+trainer keeps TRL from pushing them itself and still turns the correction on (`external_weight_sync`).
+
+`check_server` runs before any model is loaded: a server that is down (its wait printed every few
+seconds), serves another model, or a colocated vLLM that cannot take weights on this platform is a
 one-line `ConfigError` rather than a failure minutes into the run.
 
 Left out: the backends themselves (backends/) and the sync mechanics (weight_sync.py).
@@ -15,6 +21,8 @@ Left out: the backends themselves (backends/) and the sync mechanics (weight_syn
 
 from __future__ import annotations
 
+import sys
+import time
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -28,12 +36,17 @@ from aitrain_grpo.errors import ConfigError
 @dataclass(frozen=True)
 class GenerationPlan:
     backend: str  # "hf", "vllm_colocate" or "vllm_server"
-    sync: str | None  # for vllm_server: "nccl", "lora" or "disk"
+    sync: str | None  # vllm_colocate: "trl" or "reload"; vllm_server: "nccl", "lora" or "disk"
 
     @property
     def trl_uses_vllm(self) -> bool:
-        """Whether TRL itself must own a vLLM connection (and push weights through it)."""
+        """Whether TRL itself must own a vLLM engine or connection (GRPOConfig use_vllm)."""
         return self.backend == "vllm_colocate" or (self.backend == "vllm_server" and self.sync == "nccl")
+
+    @property
+    def external_weight_sync(self) -> bool:
+        """Whether this package, not TRL, moves the weights into vLLM (TRL's push is then kept off)."""
+        return self.backend != "hf" and self.sync not in ("trl", "nccl")
 
 
 def plan_generation(config: RunConfig) -> GenerationPlan:
@@ -41,9 +54,9 @@ def plan_generation(config: RunConfig) -> GenerationPlan:
 
     if not config.use_vllm:
         return GenerationPlan("hf", None)
-    if config.vllm_mode == "colocate":
-        return GenerationPlan("vllm_colocate", None)
     cuda = torch.cuda.is_available()
+    if config.vllm_mode == "colocate":
+        return GenerationPlan("vllm_colocate", "trl" if cuda else "reload")
     sync = choose_sync_method(config.vllm_sync, peft=config.peft, cuda=cuda)
     if sync == "nccl" and not cuda:
         raise ConfigError("--vllm-sync nccl needs CUDA on the trainer; on this machine use --vllm-sync lora (with --peft) or disk")
@@ -55,7 +68,8 @@ def plan_generation(config: RunConfig) -> GenerationPlan:
 def grpo_kwargs(config: RunConfig, plan: GenerationPlan) -> dict[str, Any]:
     """The GRPOConfig options that depend on the generation backend."""
     if not plan.trl_uses_vllm:
-        return {"use_vllm": False}
+        # For lora/disk the trainer turns use_vllm on after TRL built nothing (external_weight_sync).
+        return {"use_vllm": False, "vllm_importance_sampling_correction": plan.backend == "vllm_server"}
     kwargs: dict[str, Any] = {
         "use_vllm": True,
         "vllm_mode": "colocate" if plan.backend == "vllm_colocate" else "server",
@@ -97,13 +111,19 @@ def check_server(config: RunConfig, plan: GenerationPlan) -> None:
     """Before loading anything: the server answers and serves the model being trained."""
     if plan.backend == "vllm_colocate":
         require_vllm()
+        if plan.sync == "reload":
+            from aitrain_grpo.training.weight_sync import colocate_reload_problem
+
+            problem = colocate_reload_problem()
+            if problem:
+                raise ConfigError(problem)
     if plan.backend != "vllm_server":
         return
     from aitrain_grpo.engine.backends.vllm_server import GenerationServerError, VLLMServerClient
 
     client = VLLMServerClient(config.vllm_server_url, retries=0)
+    wait_for_server(client, config.vllm_server_timeout, config.model)
     try:
-        client.wait_until_healthy(config.vllm_server_timeout)
         served = client.served_models()
     except GenerationServerError as exc:
         raise ConfigError(str(exc)) from None
@@ -114,6 +134,31 @@ def check_server(config: RunConfig, plan: GenerationPlan) -> None:
             f"the vLLM server at {config.vllm_server_url} serves {shown}, not {expected}; "
             f"start it with `aitrain vllm-serve --model {config.model}`"
         )
+
+
+SERVER_WAIT_REPORT_SECONDS = 5.0
+
+
+def wait_for_server(client, timeout: float, model: str) -> None:
+    """Wait until the server answers /health, saying every few seconds what is awaited (a server still
+    loading its model looks the same as none at all), or raise a one-line ConfigError at `timeout`."""
+    started = time.monotonic()
+    next_report = started + SERVER_WAIT_REPORT_SECONDS
+    while not client.is_healthy():
+        now = time.monotonic()
+        if now - started > timeout:
+            raise ConfigError(
+                f"vLLM server at {client.base_url} is not answering after {timeout:g}s; start it with "
+                f"`aitrain vllm-serve --model {model}` or fix --vllm-server-url"
+            )
+        if now >= next_report:
+            print(
+                f"waiting for the vLLM server at {client.base_url} to answer /health "
+                f"({now - started:.0f}s of --vllm-server-timeout {timeout:g}s)",
+                file=sys.stderr, flush=True,
+            )
+            next_report = now + SERVER_WAIT_REPORT_SECONDS
+        time.sleep(1.0)
 
 
 def served_name(model: str) -> str:
@@ -132,7 +177,12 @@ def make_backend(trainer, config: RunConfig, plan: GenerationPlan, stop_ids: lis
     if plan.backend == "vllm_colocate":
         from aitrain_grpo.engine.backends.vllm_colocate import VLLMColocateBackend
 
-        return VLLMColocateBackend.for_trainer(trainer, stop_ids), None
+        backend = VLLMColocateBackend.for_trainer(trainer, stop_ids)
+        if plan.sync == "trl":
+            return backend, None  # TRL pushes the weights before each rollout
+        from aitrain_grpo.training.weight_sync import ColocateWeightSync
+
+        return backend, ColocateWeightSync(backend.llm)
     from aitrain_grpo.engine.backends.vllm_server import VLLMServerBackend, VLLMServerClient
 
     client = VLLMServerClient(config.vllm_server_url)

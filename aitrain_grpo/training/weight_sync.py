@@ -1,6 +1,14 @@
 """Getting the trainer's new weights into a vLLM server after each optimizer step.
 
-Three ways, chosen by `--vllm-sync`:
+Colocated engine (in the trainer's process, built by TRL):
+- on CUDA, TRL pushes each parameter into vLLM's model itself (`load_weights`), which works there;
+- elsewhere (CPU), vLLM repacks linear weights into kernel-specific form after loading (oneDNN,
+  AMX and zentorch kernels replace `layer.weight` with an empty tensor), so TRL's per-parameter push
+  fails or misses the copy that generates. `ColocateWeightSync` hands all weights of a sync (LoRA
+  merged in) to vLLM's layerwise `reload_weights`, which re-runs that post-load processing. A vLLM
+  without it is refused at start (`colocate_reload_problem`).
+
+Server, chosen by `--vllm-sync`:
 - `nccl`: TRL's own weight transfer (GPU only). TRL does it; this module only chooses it.
 - `lora`: the LoRA adapter is saved to the sync folder under a new name each step and loaded into the
   server by that name; generation then asks for that adapter. Old versions are unloaded and deleted.
@@ -13,7 +21,8 @@ Only the main process writes and calls the server; every process switches to the
 which is derived from the step number so all agree without talking. Processes wait for each other
 after a sync so nobody samples from stale weights.
 
-Left out: NCCL itself (TRL's client), and weight transfer across machines without a shared folder.
+Left out: NCCL itself (TRL's client), sharded (FSDP/ZeRO-3) gathers for the colocated reload (CPU
+training does not shard), and weight transfer across machines without a shared folder.
 """
 
 from __future__ import annotations
@@ -121,6 +130,56 @@ class FolderWeightSync:
                 self.client.reload_weights(str(version))
             if previous is not None:
                 shutil.rmtree(previous, ignore_errors=True)
+
+
+def colocate_reload_problem() -> str | None:
+    """Why the installed vLLM cannot take the trainer's weights in process on this platform, or None.
+    Checked before anything loads, so a run never fails at its first sync."""
+    import inspect
+
+    from vllm.platforms import current_platform
+
+    platform = current_platform.device_name or current_platform.device_type
+    try:
+        from vllm.model_executor.model_loader.reload import initialize_layerwise_reload  # noqa: F401
+        from vllm.v1.worker.gpu_model_runner import GPUModelRunner
+    except ImportError:
+        GPUModelRunner = None
+    reload = getattr(GPUModelRunner, "reload_weights", None)
+    if reload is not None and "weights_iterator" in inspect.signature(reload).parameters:
+        return None
+    import vllm
+
+    return (
+        f"colocated vLLM on {platform} needs vLLM's layerwise reload_weights(weights_iterator=...), which vLLM "
+        f"{vllm.__version__} lacks; use --vllm-mode server (aitrain vllm-serve) or vLLM 0.31"
+    )
+
+
+class ColocateWeightSync:
+    """Trainer weights -> the colocated engine through vLLM's layerwise reload, once per optimizer step.
+
+    All weights go in one `reload_weights` call: vLLM buffers each layer's tensors until the layer is
+    complete, then loads and re-processes (repacks) it, and finally copies the result into the tensors
+    the engine already holds, so nothing the engine captured goes stale."""
+
+    def __init__(self, llm):
+        self.llm = llm
+        self.last_step: int | None = None
+
+    def maybe_sync(self, trainer) -> float | None:
+        """Sync if the optimizer has stepped since the last sync (or never synced: a resumed run starts
+        from its checkpoint, not from what the engine loaded); returns the seconds spent, or None."""
+        step = trainer.state.global_step
+        if step == self.last_step:
+            return None
+        started = time.perf_counter()
+        # Copies, not views: vLLM may hold a tensor until its layer completes, after the adapter is unmerged.
+        state = merged_state_dict(trainer.accelerator.unwrap_model(trainer.model))
+        self.llm.collective_rpc("reload_weights", kwargs={"weights_iterator": iter(state.items()), "is_checkpoint_format": True})
+        self.llm.reset_prefix_cache()  # cached prefixes hold keys and values of the old weights
+        self.last_step = step
+        return time.perf_counter() - started
         if self.method == "lora":
             self.backend.model = version.name
         self.current = version
