@@ -177,10 +177,9 @@ def server_no_stop_client(url: str):
     from aitrain_grpo.engine.backends.vllm_server import VLLMServerClient
 
     class ServerNoStop(VLLMServerClient):
-        def _request(self, method, path, body=None, **kwargs):
-            if path == "/v1/completions":
-                body = {**body, "min_tokens": body["max_tokens"]}
-            return super()._request(method, path, body, **kwargs)
+        def completion_body(self, *args, **kwargs):
+            body = super().completion_body(*args, **kwargs)
+            return {**body, "min_tokens": body["max_tokens"]}
 
     return ServerNoStop(url)
 

@@ -1,29 +1,39 @@
-"""The rollout engine: plays a batch of episodes turn by turn and returns their tokens, masks and scores.
+"""The rollout engine: plays a batch of episodes and returns their tokens, masks and scores.
 
-Every turn makes one batched `generate` call for all episodes still running, then answers all of them
-at once (environment calls overlap on the `EpisodeRunner`'s event loop). Episodes are kept as token
-ids from start to finish: the prompt rendered once, each model turn exactly as sampled (mask 1, with
-its log-probabilities), each environment reply as the chat template's suffix (mask 0, log-prob 0).
-Nothing generated is ever decoded and re-encoded into the token stream.
+Two schedules. Continuous (the default where the backend takes one request at a time: the vLLM
+backends): every episode advances on its own; as soon as its environment reply is ready its next turn
+is submitted, and a finished episode frees its slot for the next one (at most
+`max_concurrent_episodes` in play), so no episode waits for the slowest of the batch. Lockstep (the hf
+backend, whose batched turns continue one key-value cache; or on request): each turn makes one batched
+`generate` call for all episodes still running, then answers all of them at once. Environment calls
+overlap either way on the `EpisodeRunner`'s event loop, with its timeouts and fault handling.
+
+Episodes are kept as token ids from start to finish: the prompt rendered once, each model turn exactly
+as sampled (mask 1, with its log-probabilities), each environment reply as the chat template's suffix
+(mask 0, log-prob 0). Nothing generated is ever decoded and re-encoded into the token stream.
 
 Budgets: `max_new_tokens` per model turn, `max_turns`, and `max_completion_length` for everything
 after the prompt. A turn that hits its token limit, or a reply that would overflow the completion
-budget, ends the episode as truncated; it is scored as it stands.
+budget, ends the episode as truncated; it is scored as it stands. Each episode's `stop_reason` says
+which of these ended it (or the environment, or an error).
 
-Left out: the trainer (see training.py) and anything backend-specific (see backends/).
+Left out: the trainer (see training/) and anything backend-specific (see backends/).
 """
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import time
 from dataclasses import dataclass, field
 from typing import Any
 
-from aitrain_grpo.engine.backends.base import GenerationBackend, SamplingParams
+from aitrain_grpo.engine.backends.base import GenerationBackend, RequestBackend, Sample, SamplingParams
 from aitrain_grpo.engine.chat import ChatRenderer
-from aitrain_grpo.env.base import Environment, Episode
-from aitrain_grpo.engine.runner import EpisodeRunner, episode_summary
+from aitrain_grpo.engine.turn_batcher import TurnBatcher
+from aitrain_grpo.env.base import Environment, Episode, Message
+from aitrain_grpo.engine.runner import EpisodeRunner
+from aitrain_grpo.engine.stats import EpisodeSummary
 
 
 @dataclass
@@ -61,8 +71,8 @@ class RolloutBatch:
     def scores(self) -> list[float]:
         return [float(ep.score or 0.0) for ep in self.episodes]
 
-    def summaries(self) -> list[dict[str, Any]]:
-        return [episode_summary(ep) for ep in self.episodes]
+    def summaries(self) -> list[EpisodeSummary]:
+        return [EpisodeSummary.of(ep) for ep in self.episodes]
 
     def for_trl(self) -> dict[str, Any]:
         """The dict TRL's `rollout_func` must return; extra keys reach reward functions per sample."""
@@ -75,8 +85,46 @@ class RolloutBatch:
         }
 
 
+SCHEDULES = ("auto", "continuous", "lockstep")
+
+
+@dataclass
+class _Turn:
+    """One model turn as recorded: the text to decode, whether it ended with a stop token, and which
+    limit cut it off (None, "turn_tokens" or "completion_budget")."""
+
+    text_ids: list[int]
+    ended_with_eos: bool
+    cut: str | None
+
+
+class _BusyClock:
+    """Wall time during which at least one call of a kind (generation, environment) was under way."""
+
+    def __init__(self):
+        self.seconds, self._open, self._since = 0.0, 0, 0.0
+
+    @contextlib.contextmanager
+    def running(self):
+        if self._open == 0:
+            self._since = time.perf_counter()
+        self._open += 1
+        try:
+            yield
+        finally:
+            self._open -= 1
+            if self._open == 0:
+                self.seconds += time.perf_counter() - self._since
+
+
 class RolloutEngine:
-    """Runs episodes of one environment with one generation backend."""
+    """Runs episodes of one environment with one generation backend.
+
+    `schedule`: "continuous" (each episode on its own), "lockstep" (turn by turn for all), or "auto":
+    continuous where the backend takes one request at a time (`RequestBackend`: the vLLM backends),
+    lockstep otherwise (the hf backend, whose batched turns continue one key-value cache).
+    `max_concurrent_episodes` bounds the episodes in play at once: continuous, a finished episode frees
+    its slot for the next; lockstep, the rows are played in waves of that size."""
 
     def __init__(
         self,
@@ -90,7 +138,11 @@ class RolloutEngine:
         sampling: SamplingParams = SamplingParams(),
         env_timeout: float | None = 60.0,
         template_kwargs: dict | None = None,
+        schedule: str = "auto",
+        max_concurrent_episodes: int = 256,
     ):
+        if schedule not in SCHEDULES:
+            raise ValueError(f"schedule must be one of {SCHEDULES}, not {schedule!r}")
         self.env = env
         self.tokenizer = tokenizer
         self.backend = backend
@@ -99,7 +151,11 @@ class RolloutEngine:
         self.max_new_tokens = max_new_tokens
         self.max_completion_length = max_completion_length
         self.sampling = sampling
-        self.stop_ids = set(getattr(backend, "stop_ids", None) or [tokenizer.eos_token_id])
+        self.stop_ids = set(backend.stop_ids)
+        if schedule == "auto":
+            schedule = "continuous" if isinstance(backend, RequestBackend) else "lockstep"
+        self.schedule = schedule
+        self.max_concurrent_episodes = max(1, max_concurrent_episodes)
 
     @property
     def max_turns(self) -> int:
@@ -111,74 +167,20 @@ class RolloutEngine:
     def run(self, rows: list[dict[str, Any]]) -> RolloutBatch:
         # A backend may carry state from one turn of this rollout to the next (the hf backend: its
         # key-value cache), which holds only while the weights stay as they are, i.e. for one rollout.
-        session = getattr(self.backend, "rollout_session", None)
-        with session() if session is not None else contextlib.nullcontext():
+        with self.backend.rollout_session():
             return self._run(rows)
 
     def _run(self, rows: list[dict[str, Any]]) -> RolloutBatch:
         started = time.perf_counter()
-        runner = self.runner
-        episodes = [runner.new_episode(row) for row in rows]
+        episodes = [self.runner.new_episode(row) for row in rows]
         # Tokenizer and template calls are batched per phase: each call costs more than the texts in it.
         traces = [TokenTrace(prompt_ids=ids) for ids in self.renderer.prompt_ids_many([ep.messages for ep in episodes])]
         batch = RolloutBatch(episodes=episodes, traces=traces)
-
-        t0 = time.perf_counter()
-        runner.gather(runner.reset(ep) for ep in episodes)
-        batch.env_seconds += time.perf_counter() - t0
-
-        while True:
-            running = [i for i, ep in enumerate(episodes) if not ep.done]
-            if not running:
-                break
-            budgets = {i: self.max_completion_length - len(traces[i].completion_ids) for i in running}
-            for i in [i for i in running if budgets[i] <= 0]:
-                episodes[i].truncated = episodes[i].done = True
-            running = [i for i in running if budgets[i] > 0]
-            if not running:
-                break
-            max_tokens = min(self.max_new_tokens, max(budgets[i] for i in running))
-            t0 = time.perf_counter()
-            samples = self.backend.generate(
-                [traces[i].prompt_ids + traces[i].completion_ids for i in running], max_tokens, self.sampling
-            )
-            batch.generate_seconds += time.perf_counter() - t0
-            batch.generate_calls += 1
-
-            turn_ends: dict[int, bool] = {}
-            cut_offs, text_ids = [], []
-            for i, sample in zip(running, samples):
-                ids, logprobs = sample.token_ids, sample.logprobs
-                cut_off = sample.finish_reason != "stop"
-                if len(ids) > budgets[i]:  # this episode's completion budget is below the batch's limit
-                    ids, logprobs, cut_off = ids[: budgets[i]], logprobs[: budgets[i]], True
-                traces[i].add_model_tokens(ids, logprobs)
-                ended_with_eos = bool(ids) and ids[-1] in self.stop_ids
-                turn_ends[i] = ended_with_eos
-                cut_offs.append(cut_off)
-                text_ids.append(ids[:-1] if ended_with_eos else ids)
-            texts = self.tokenizer.batch_decode(text_ids, skip_special_tokens=False, clean_up_tokenization_spaces=False)
-            pending = [
-                (i, runner.respond(episodes[i], text, cut_off=cut_off)) for i, text, cut_off in zip(running, texts, cut_offs)
-            ]
-
-            t0 = time.perf_counter()
-            replies = runner.gather(coro for _, coro in pending)
-            batch.env_seconds += time.perf_counter() - t0
-
-            answered = [(i, reply) for (i, _), reply in zip(pending, replies) if reply is not None]
-            suffixes = self.renderer.encode_many([self.renderer.reply_text(reply, turn_ends[i]) for i, reply in answered])
-            for (i, reply), suffix in zip(answered, suffixes):
-                if len(traces[i].completion_ids) + len(suffix) >= self.max_completion_length:
-                    # No room for the reply and a next turn: stop here, scored as it stands.
-                    episodes[i].truncated = episodes[i].done = True
-                    continue
-                traces[i].add_env_tokens(suffix)
-                runner.accept(episodes[i], reply)
-
-        t0 = time.perf_counter()
-        runner.gather(runner.score(ep) for ep in episodes)
-        batch.env_seconds += time.perf_counter() - t0
+        if self.schedule == "continuous":
+            self.runner.run(self._continuous(batch))
+        else:
+            for start in range(0, len(episodes), self.max_concurrent_episodes):
+                self._lockstep(batch, range(start, min(start + self.max_concurrent_episodes, len(episodes))))
         for trace in traces:
             if not trace.completion_ids:
                 # An episode that failed before the model's first turn (reset raised) has nothing after
@@ -187,23 +189,126 @@ class RolloutEngine:
         batch.wall_seconds = time.perf_counter() - started
         return batch
 
+    # ------------------------------------------------------------------------ one turn, both schedules
 
-def batch_metrics(summaries: list[dict[str, Any]]) -> dict[str, float]:
-    """Per-step `env/*` metrics from episode summaries (possibly gathered from several processes)."""
-    n = max(len(summaries), 1)
-    metrics = {
-        "env/score_mean": sum(s["score"] for s in summaries) / n,
-        "env/turns_mean": sum(s["turns"] for s in summaries) / n,
-        "env/truncated_frac": sum(1 for s in summaries if s["truncated"]) / n,
-        "env/errors": float(sum(1 for s in summaries if s["error"])),
-        "env/tool_calls_mean": sum(s["tool_calls"] for s in summaries) / n,
-        "env/tool_errors": float(sum(s["tool_errors"] for s in summaries)),
-        "env/episodes": float(len(summaries)),
-    }
-    custom: dict[str, list[float]] = {}
-    for s in summaries:
-        for key, value in s["metrics"].items():
-            custom.setdefault(key, []).append(value)
-    for key, values in custom.items():
-        metrics[f"env/{key}"] = sum(values) / len(values)
-    return metrics
+    def _budget(self, episode: Episode, trace: TokenTrace) -> int:
+        """Completion tokens left; at 0 the episode stops here, scored as it stands."""
+        left = self.max_completion_length - len(trace.completion_ids)
+        if left <= 0:
+            self._stop(episode, "completion_budget")
+        return left
+
+    @staticmethod
+    def _stop(episode: Episode, reason: str) -> None:
+        episode.truncated = episode.done = True
+        episode.stop_reason = reason
+
+    def _record_turn(self, trace: TokenTrace, sample: Sample, budget: int) -> _Turn:
+        ids, logprobs = sample.token_ids, sample.logprobs
+        cut = None if sample.finish_reason == "stop" else "turn_tokens"
+        if len(ids) > budget:  # this episode's completion budget is below the call's limit
+            ids, logprobs, cut = ids[:budget], logprobs[:budget], "turn_tokens"
+        if cut and budget < self.max_new_tokens:
+            cut = "completion_budget"  # the budget, not --rl-max-new-tokens, set this turn's limit
+        trace.add_model_tokens(ids, logprobs)
+        ended_with_eos = bool(ids) and ids[-1] in self.stop_ids
+        return _Turn(ids[:-1] if ended_with_eos else ids, ended_with_eos, cut)
+
+    async def _respond(self, episode: Episode, text: str, turn: _Turn) -> list[Message] | None:
+        # A cut turn ends the episode here (runner.respond with cut_off); `--rl-cut-turn continue` is
+        # where it would instead be shown to the environment and counted in `episode.truncated_turns`.
+        reply = await self.runner.respond(episode, text, cut_off=turn.cut is not None)
+        if turn.cut is not None and episode.stop_reason == "turn_tokens":
+            episode.stop_reason = turn.cut
+        return reply
+
+    def _add_reply(self, episode: Episode, trace: TokenTrace, reply: list[Message], suffix: list[int]) -> None:
+        if len(trace.completion_ids) + len(suffix) >= self.max_completion_length:
+            # No room for the reply and a next turn: stop here, scored as it stands.
+            self._stop(episode, "completion_budget")
+            return
+        trace.add_env_tokens(suffix)
+        self.runner.accept(episode, reply)
+
+    # ------------------------------------------------------------------------ lockstep
+
+    def _lockstep(self, batch: RolloutBatch, wave: range) -> None:
+        """One batched generate call per turn for every running episode of the wave, then every reply."""
+        runner, episodes, traces = self.runner, batch.episodes, batch.traces
+        t0 = time.perf_counter()
+        runner.gather(runner.reset(episodes[i]) for i in wave)
+        batch.env_seconds += time.perf_counter() - t0
+        while True:
+            budgets = {i: self._budget(episodes[i], traces[i]) for i in wave if not episodes[i].done}
+            running = [i for i, budget in budgets.items() if budget > 0]
+            if not running:
+                break
+            max_tokens = min(self.max_new_tokens, max(budgets[i] for i in running))
+            t0 = time.perf_counter()
+            samples = self.backend.generate([traces[i].prompt_ids + traces[i].completion_ids for i in running], max_tokens, self.sampling)
+            batch.generate_seconds += time.perf_counter() - t0
+            batch.generate_calls += 1
+
+            turns = {i: self._record_turn(traces[i], sample, budgets[i]) for i, sample in zip(running, samples)}
+            texts = self.tokenizer.batch_decode([turns[i].text_ids for i in running], skip_special_tokens=False,
+                                                clean_up_tokenization_spaces=False)
+            t0 = time.perf_counter()
+            replies = runner.gather(self._respond(episodes[i], text, turns[i]) for i, text in zip(running, texts))
+            batch.env_seconds += time.perf_counter() - t0
+
+            answered = [(i, reply) for i, reply in zip(running, replies) if reply is not None]
+            suffixes = self.renderer.encode_many([self.renderer.reply_text(reply, turns[i].ended_with_eos) for i, reply in answered])
+            for (i, reply), suffix in zip(answered, suffixes):
+                self._add_reply(episodes[i], traces[i], reply, suffix)
+        t0 = time.perf_counter()
+        runner.gather(runner.score(episodes[i]) for i in wave)
+        batch.env_seconds += time.perf_counter() - t0
+
+    # ------------------------------------------------------------------------ continuous
+
+    async def _continuous(self, batch: RolloutBatch) -> None:
+        """Every episode plays on its own, up to `max_concurrent_episodes` at once."""
+        slots = asyncio.Semaphore(self.max_concurrent_episodes)
+        generating, answering = _BusyClock(), _BusyClock()
+        if isinstance(self.backend, RequestBackend):
+            backend = self.backend
+
+            async def sample(order: int, prompt: list[int], max_tokens: int) -> Sample:
+                return await backend.generate_one(prompt, max_tokens, self.sampling)
+        else:
+            sample = TurnBatcher(self.backend, self.sampling).submit
+
+        async def play(i: int) -> None:
+            episode, trace = batch.episodes[i], batch.traces[i]
+            async with slots:
+                with answering.running():
+                    await self.runner.reset(episode)
+                while not episode.done:
+                    budget = self._budget(episode, trace)
+                    if budget <= 0:
+                        break
+                    with generating.running():
+                        drawn = await sample(i, trace.prompt_ids + trace.completion_ids, min(self.max_new_tokens, budget))
+                    batch.generate_calls += 1
+                    turn = self._record_turn(trace, drawn, budget)
+                    text = self.tokenizer.decode(turn.text_ids, skip_special_tokens=False, clean_up_tokenization_spaces=False)
+                    with answering.running():
+                        reply = await self._respond(episode, text, turn)
+                    if reply is not None:
+                        (suffix,) = self.renderer.encode_many([self.renderer.reply_text(reply, turn.ended_with_eos)])
+                        self._add_reply(episode, trace, reply, suffix)
+                with answering.running():
+                    await self.runner.score(episode)
+
+        tasks = [asyncio.ensure_future(play(i)) for i in range(len(batch.episodes))]
+        try:
+            await asyncio.gather(*tasks)
+        except BaseException:
+            # One failure (the generation backend gone) ends the rollout: stop the other episodes too,
+            # or they would resume on this event loop during the next rollout.
+            for task in tasks:
+                task.cancel()
+            await asyncio.gather(*tasks, return_exceptions=True)
+            raise
+        finally:
+            batch.generate_seconds, batch.env_seconds = generating.seconds, answering.seconds

@@ -5,6 +5,8 @@ text-level players (scripted turns, an environment's `solve` oracle), so every p
 treats environments the same way: calls run concurrently on one event loop (async methods awaited,
 sync ones in a thread pool), each call has a timeout, and an exception, a timeout or a bad return value
 ends that episode with score 0 and `episode.error` naming the method, instead of stopping training.
+It records how long each `step` call took (`step_seconds`), and names a failing text-level policy by
+its label (`policy_name`, e.g. "solve" for the oracle), so callers need not wrap the environment.
 
 Left out: tokens and budgets on tokens (the engine's job), and retries (a failed call is final).
 """
@@ -14,6 +16,7 @@ from __future__ import annotations
 import asyncio
 import inspect
 import math
+import time
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any, Awaitable, Callable, Iterable
 
@@ -34,8 +37,13 @@ class EpisodeRunner:
         timeout: float | None = 60.0,
         workers: int = 64,
         tool_call_format: str = "hermes",
+        policy_name: str = "policy",
     ):
         self.env = env
+        # How `episode.error` names a text-level policy that raises ("HotelEnv.solve raised ...").
+        self.policy_name = policy_name
+        # Seconds each `step` call took, in the order they finished (timeouts and failures included).
+        self.step_seconds: list[float] = []
         env_cap = int(getattr(env, "max_turns", 10) or 10)
         self.max_turns = min(env_cap, max_turns) if max_turns else env_cap
         self.timeout = timeout
@@ -80,6 +88,8 @@ class EpisodeRunner:
         else:
             detail = f"raised {type(exc).__name__}: {exc}"
         episode.error = f"{type(self.env).__name__}.{method} {detail}".replace("\n", " ")
+        if episode.stop_reason is None:  # a score_episode failure keeps the reason the episode ended for
+            episode.stop_reason = "error"
         episode.done = True
         episode.score = 0.0
 
@@ -106,22 +116,28 @@ class EpisodeRunner:
         if cut_off:
             episode.truncated = True
             episode.done = True
+            episode.stop_reason = "turn_tokens"
             return None
         episode.tool_calls, episode.tool_call_errors = parse_tool_calls(completion, self.tool_call_format)
         episode.num_tool_calls += len(episode.tool_calls) + len(episode.tool_call_errors)
+        started = time.perf_counter()
         try:
             reply = await self._call("step", self.env.step, episode, completion)
             reply = normalize_reply(reply)
         except Exception as exc:
             self._fail(episode, "step", exc)
             return None
+        finally:
+            self.step_seconds.append(time.perf_counter() - started)
         if reply is None:
             episode.done = True
+            episode.stop_reason = "env"
             return None
         if episode.turns >= self.max_turns:
             # The environment wanted to go on; the turn cap stops it.
             episode.truncated = True
             episode.done = True
+            episode.stop_reason = "max_turns"
             return None
         return reply
 
@@ -186,17 +202,30 @@ def check_score(value: Any) -> float:
     return float(value)
 
 
-def episode_summary(episode: Episode) -> dict[str, Any]:
-    """The per-episode numbers the engine logs and reports."""
-    return {
-        "score": float(episode.score or 0.0),
-        "turns": episode.turns,
-        "truncated": episode.truncated,
-        "error": episode.error,
-        "tool_calls": episode.num_tool_calls,
-        "tool_errors": episode.num_tool_errors,
-        "metrics": {k: float(v) for k, v in episode.metrics.items() if isinstance(v, (int, float)) and not isinstance(v, bool)},
-    }
+def play_text(runner: EpisodeRunner, rows: list[dict[str, Any]], policy: Callable[[Episode], str]) -> list[Episode]:
+    """Play episodes at the text level with `policy(episode) -> next assistant message` standing in
+    for the model (scripted tests, an environment's `solve` oracle, an always-empty policy). A policy
+    that raises ends its episode like an environment fault, named `runner.policy_name`."""
+    episodes = [runner.new_episode(row) for row in rows]
+    runner.gather(runner.reset(ep) for ep in episodes)
+
+    async def one(ep: Episode) -> None:
+        while not ep.done:
+            try:
+                text = policy(ep)
+            except Exception as exc:  # a broken policy is reported like an environment fault
+                runner._fail(ep, runner.policy_name, exc)
+                return
+            reply = await runner.respond(ep, text)
+            if reply is not None:
+                runner.accept(ep, reply)
+        await runner.score(ep)
+
+    runner.gather(one(ep) for ep in episodes if not ep.done)
+    for ep in episodes:
+        if ep.score is None:
+            ep.score = 0.0
+    return episodes
 
 
 def play(
@@ -206,30 +235,11 @@ def play(
     *,
     max_turns: int | None = None,
     timeout: float | None = 60.0,
+    policy_name: str = "policy",
 ) -> list[Episode]:
-    """Play episodes at the text level with `policy(episode) -> next assistant message` standing in
-    for the model (scripted tests, an environment's `solve` oracle, an always-empty policy)."""
-    runner = EpisodeRunner(env, max_turns=max_turns, timeout=timeout)
+    """`play_text` on a runner of its own, closed afterwards."""
+    runner = EpisodeRunner(env, max_turns=max_turns, timeout=timeout, policy_name=policy_name)
     try:
-        episodes = [runner.new_episode(row) for row in rows]
-        runner.gather(runner.reset(ep) for ep in episodes)
-
-        async def one(ep: Episode) -> None:
-            while not ep.done:
-                try:
-                    text = policy(ep)
-                except Exception as exc:  # a broken policy is reported like an environment fault
-                    runner._fail(ep, "policy", exc)
-                    return
-                reply = await runner.respond(ep, text)
-                if reply is not None:
-                    runner.accept(ep, reply)
-            await runner.score(ep)
-
-        runner.gather(one(ep) for ep in episodes if not ep.done)
-        for ep in episodes:
-            if ep.score is None:
-                ep.score = 0.0
-        return episodes
+        return play_text(runner, rows, policy)
     finally:
         runner.close()

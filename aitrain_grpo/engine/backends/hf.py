@@ -5,9 +5,11 @@ from the raw logits divided by the temperature, which is how TRL computes the po
 log-probabilities, so the two agree when the weights are the same.
 
 Inside `rollout_session()` (the engine opens one around each rollout) each turn continues the previous
-turn's key-value cache instead of encoding the whole conversation again (turn_cache.py).
+turn's key-value cache instead of encoding the whole conversation again, and the first turn encodes
+each GRPO group's shared prompt once for the whole group (`share_group_prompts`; turn_cache.py).
 
-Left out: continuous batching, and returning top-k alternatives.
+Left out: continuous batching inside `generate` (the engine's continuous schedule gathers turns into
+batched calls, turn_batcher.py), and returning top-k alternatives.
 """
 
 from __future__ import annotations
@@ -19,20 +21,24 @@ import torch
 from transformers import GenerationConfig
 
 from aitrain_grpo.models import stop_token_ids
-from aitrain_grpo.engine.backends.base import Sample, SamplingParams
-from aitrain_grpo.engine.backends.turn_cache import TurnCache
+from aitrain_grpo.engine.backends.base import GenerationBackend, Sample, SamplingParams
+from aitrain_grpo.engine.backends.turn_cache import TurnCache, prefill_shared_prompts
 
 
-class HFBackend:
+class HFBackend(GenerationBackend):
     """Samples with a transformers causal LM. `open_model` yields the model to generate with (for
     training, TRL's `unwrap_model_for_generation` around the wrapped model)."""
 
-    def __init__(self, open_model: Callable[[], ContextManager], tokenizer, stop_ids: list[int], device=None):
+    def __init__(self, open_model: Callable[[], ContextManager], tokenizer, stop_ids: list[int], device=None,
+                 *, share_group_prompts: bool = True):
         self.open_model = open_model
         self.stop_ids = stop_ids
         self.pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else stop_ids[0]
         self.device = device
         self.turn_cache: TurnCache | None = None
+        # Repeated prompts (a GRPO group) are encoded once per call that starts without a cache.
+        self.share_group_prompts = share_group_prompts
+        self.shared_prefills = 0  # calls that did so (for tests and benchmarks)
 
     @contextlib.contextmanager
     def rollout_session(self):
@@ -80,20 +86,23 @@ class HFBackend:
             return []
         turn_cache = self.turn_cache
         continued = turn_cache.continue_batch(prompts) if turn_cache is not None else None
-        if continued is None:
-            width = max(len(p) for p in prompts)
-            input_ids = torch.tensor([[self.pad_id] * (width - len(ids)) + list(ids) for ids in prompts], dtype=torch.long)
-            attention_mask = torch.tensor([[0] * (width - len(ids)) + [1] * len(ids) for ids in prompts], dtype=torch.long)
-            cached = {}
-        else:
-            input_ids, attention_mask = continued.input_ids, continued.attention_mask
-            cached = {"past_key_values": continued.past_key_values}
         with self.open_model() as model:
             device = self.device or next(model.parameters()).device
-            input_ids, attention_mask = input_ids.to(device), attention_mask.to(device)
             was_training = model.training
             model.eval()  # no dropout while sampling: the sampled log-probs must be the policy's
             try:
+                if continued is None and self.share_group_prompts:
+                    continued = prefill_shared_prompts(model, prompts, self.pad_id, device)
+                    self.shared_prefills += continued is not None
+                if continued is None:
+                    width = max(len(p) for p in prompts)
+                    input_ids = torch.tensor([[self.pad_id] * (width - len(ids)) + list(ids) for ids in prompts], dtype=torch.long)
+                    attention_mask = torch.tensor([[0] * (width - len(ids)) + [1] * len(ids) for ids in prompts], dtype=torch.long)
+                    cached = {}
+                else:
+                    input_ids, attention_mask = continued.input_ids, continued.attention_mask
+                    cached = {"past_key_values": continued.past_key_values}
+                input_ids, attention_mask = input_ids.to(device), attention_mask.to(device)
                 out = model.generate(
                     input_ids=input_ids,
                     attention_mask=attention_mask,

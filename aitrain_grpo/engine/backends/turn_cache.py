@@ -21,7 +21,13 @@ whole call. The cache lives only inside `HFBackend.rollout_session()`, which the
 rollout: weights change between rollouts, so nothing is kept across them. Within a rollout it stays in
 memory while the environments answer (on a GPU, memory `generate` would otherwise have freed).
 
-Left out: sharing the prompt prefix between the episodes of a group, and compacting masked columns.
+The first call of a rollout has no cache to continue, but GRPO gives it each prompt several times
+(a group). `prefill_shared_prompts` encodes each distinct prompt once and copies its keys and values
+to the group's rows, so `generate` starts from a cache and only the last prompt column is computed per
+row: the group shares one prefill (the copies still take memory; only the compute is shared).
+
+Left out: prefixes shared by different prompts (only whole identical prompts are shared), memory
+sharing between a group's rows, and compacting masked columns.
 """
 
 from __future__ import annotations
@@ -124,3 +130,30 @@ def _plain_full_attention(cache) -> bool:
 
     layers = getattr(cache, "layers", None)
     return type(cache) is DynamicCache and bool(layers) and all(type(layer) is DynamicLayer for layer in layers)
+
+
+def prefill_shared_prompts(model, prompts: list[list[int]], pad_id: int, device) -> ContinuedBatch | None:
+    """Encode each distinct prompt once, all but its last token, and give every row a copy of its
+    prompt's cache; None when no prompt repeats (then a plain prefill costs the same).
+
+    The prompts are left-padded to one width, as a plain prefill would be, and the positions come from
+    the attention mask the way `generate` derives them, so the cache holds what a plain prefill of
+    the same columns would."""
+    distinct: dict[tuple[int, ...], int] = {}
+    rows = [distinct.setdefault(tuple(prompt), len(distinct)) for prompt in prompts]
+    width = max(len(p) for p in prompts)
+    if len(distinct) == len(prompts) or width < 2:
+        return None
+    from transformers.cache_utils import DynamicCache
+
+    unique = list(distinct)
+    ids = torch.tensor([[pad_id] * (width - len(p)) + list(p) for p in unique], dtype=torch.long, device=device)
+    mask = torch.tensor([[0] * (width - len(p)) + [1] * len(p) for p in unique], dtype=torch.long, device=device)
+    positions = (mask.cumsum(-1) - 1).masked_fill(mask == 0, 0)
+    cache = DynamicCache(config=model.config)
+    model(input_ids=ids[:, :-1], attention_mask=mask[:, :-1], position_ids=positions[:, :-1], past_key_values=cache, use_cache=True)
+    if not _plain_full_attention(cache) or cache.get_seq_length() != width - 1:
+        return None
+    index = torch.tensor(rows, dtype=torch.long, device=device)
+    cache.batch_select_indices(index)
+    return ContinuedBatch(input_ids=ids[index], attention_mask=mask[index], past_key_values=cache)

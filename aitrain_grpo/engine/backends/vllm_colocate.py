@@ -9,17 +9,27 @@ With tensor parallelism, the processes of one tensor-parallel group must pass vL
 each process gathers its group's prompts, every process generates the whole group's batch (vLLM
 shards the work), and keeps its own slice, as TRL does for its single-turn path.
 
-Left out: sleep mode (TRL's `vllm_enable_sleep_mode`) and multimodal prompts.
+`VLLMColocateRequests` (one process, no tensor parallelism) also takes one episode turn at a time
+(`generate_one`, the engine's continuous schedule): requests go into the engine's own queue
+(`LLMEngine.add_request`) and one driver task on the engine's event loop runs `LLMEngine.step()` while
+any request is unfinished, yielding to the event loop between steps so that episodes whose turn just
+finished can submit their next one; vLLM's scheduler batches whatever is in flight.
+
+Left out: sleep mode (TRL's `vllm_enable_sleep_mode`), multimodal prompts, and the continuous
+schedule with tensor parallelism (every rank would have to add the same requests in the same step
+order; those runs keep the batched, lockstep path).
 """
 
 from __future__ import annotations
 
+import asyncio
+import itertools
 import math
 
-from aitrain_grpo.engine.backends.base import Sample, SamplingParams
+from aitrain_grpo.engine.backends.base import GenerationBackend, Sample, SamplingParams
 
 
-class VLLMColocateBackend:
+class VLLMColocateBackend(GenerationBackend):
     """Samples from an in-process `vllm.LLM`: TRL's (`for_trainer`) or one built by the caller (evaluation,
     benchmarks), optionally through a LoRA adapter (`lora_request`)."""
 
@@ -35,10 +45,9 @@ class VLLMColocateBackend:
         generation = getattr(trainer, "vllm_generation", None)
         if generation is None or getattr(generation, "llm", None) is None:
             raise RuntimeError("the trainer has no colocated vLLM engine; set use_vllm=True and vllm_mode='colocate'")
-        return cls(
-            generation.llm, stop_ids,
-            tp_group=getattr(generation, "tp_group", None), tp_size=getattr(generation, "tensor_parallel_size", 1),
-        )
+        tp_size = getattr(generation, "tensor_parallel_size", 1)
+        backend_class = VLLMColocateRequests if tp_size == 1 else VLLMColocateBackend
+        return backend_class(generation.llm, stop_ids, tp_group=getattr(generation, "tp_group", None), tp_size=tp_size)
 
     def _sampling_params(self, max_tokens: int, sampling: SamplingParams):
         from vllm import SamplingParams as VLLMSampling
@@ -78,6 +87,55 @@ class VLLMColocateBackend:
             samples = samples[offsets[rank]:offsets[rank + 1]]
             assert len(samples) == len(local)
         return samples
+
+
+class VLLMColocateRequests(VLLMColocateBackend):
+    """The colocated engine, also taking one episode turn at a time (`RequestBackend`); one process only."""
+
+    def __init__(self, llm, stop_ids: list[int], **kwargs):
+        super().__init__(llm, stop_ids, **kwargs)
+        if self.tp_size > 1:
+            raise ValueError("one turn at a time needs tensor_parallel_size 1; use VLLMColocateBackend")
+        self._waiting: dict[str, asyncio.Future] = {}
+        self._request_ids = itertools.count()
+        self._driver: asyncio.Task | None = None
+
+    async def generate_one(self, prompt: list[int], max_tokens: int, sampling: SamplingParams) -> Sample:
+        from vllm.sampling_params import RequestOutputKind
+
+        params = self._sampling_params(max_tokens, sampling)
+        params.output_kind = RequestOutputKind.FINAL_ONLY  # one output per request, when it finishes
+        request_id = f"aitrain-{next(self._request_ids)}"
+        finished = asyncio.get_running_loop().create_future()
+        self._waiting[request_id] = finished
+        try:
+            self.llm.llm_engine.add_request(request_id, {"prompt_token_ids": prompt}, params, lora_request=self.lora_request)
+        except BaseException:
+            del self._waiting[request_id]
+            raise
+        if self._driver is None or self._driver.done():
+            self._driver = asyncio.get_running_loop().create_task(self._drive())
+        output = await finished
+        return sample_from_vllm_output(output.outputs[0], self.stop_ids)
+
+    async def _drive(self) -> None:
+        """Step the engine while requests are waiting; a failed step fails every waiting request."""
+        engine = self.llm.llm_engine
+        while self._waiting:
+            try:
+                outputs = engine.step()
+            except Exception as exc:
+                waiting, self._waiting = self._waiting, {}
+                for future in waiting.values():
+                    if not future.done():
+                        future.set_exception(exc)
+                return
+            for output in outputs:
+                if output.finished:
+                    future = self._waiting.pop(output.request_id, None)
+                    if future is not None and not future.done():
+                        future.set_result(output)
+            await asyncio.sleep(0)  # let episodes whose turn finished submit their next turn
 
 
 def sample_from_vllm_output(completion, stop_ids: list[int]) -> Sample:

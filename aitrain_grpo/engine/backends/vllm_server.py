@@ -1,30 +1,61 @@
 """Generation from a vLLM server over HTTP (started by `aitrain vllm-serve`, or any vLLM OpenAI server
 with dev mode on), plus the few control calls weight synchronisation needs.
 
-Prompts go out as token ids through `/v1/completions` (one request per turn carrying every running
-episode's prompt; the server batches them) and come back as token ids (`return_tokens_as_token_ids`)
-with each sampled token's log-probability. Transient failures (connection refused, 5xx) are retried a
-bounded number of times with backoff; then `GenerationServerError` names the server and what failed,
-so a run stops with a message instead of hanging.
+Prompts go out as token ids through `/v1/completions` and come back as token ids
+(`return_tokens_as_token_ids`) with each sampled token's log-probability. Two ways to ask:
+`generate` sends one request carrying a whole batch (the engine's lockstep schedule), `generate_one`
+sends one request per episode turn on an `httpx.AsyncClient`, many at once, and the server's
+continuous batching does the rest (the continuous schedule). Both have a timeout per request and retry
+transient failures (connection refused or reset, timeouts, 5xx) a bounded number of times with
+exponential backoff; then `GenerationServerError` names the server and what failed, so a run stops
+with a message instead of hanging. A 4xx answer is not retried: asking again would not help.
 
-Only the standard library is used for HTTP, so the client works in a trainer without vLLM installed.
-
-Left out: streaming, `n > 1` sampling (each episode is its own request row), multimodal prompts.
+Left out: streaming, `n > 1` sampling (each episode is its own request row), multimodal prompts, and
+the OpenAI client (its retry policy and types add nothing the token-id protocol needs).
 """
 
 from __future__ import annotations
 
+import asyncio
 import json
 import time
-import urllib.error
-import urllib.request
 from typing import Any
 
-from aitrain_grpo.engine.backends.base import GenerationBackendError, Sample, SamplingParams
+import httpx
+
+from aitrain_grpo.engine.backends.base import GenerationBackend, GenerationBackendError, Sample, SamplingParams
+
+# Enough connections for every request the engine keeps in flight; more would only queue in the server.
+MAX_CONNECTIONS = 512
 
 
 class GenerationServerError(GenerationBackendError):
     """The generation server cannot be reached or answered with an error. One line, names the server."""
+
+
+class _Failed(Exception):
+    """One attempt failed; `retry` says whether another attempt may help."""
+
+    def __init__(self, message: str, retry: bool):
+        super().__init__(message)
+        self.retry = retry
+
+
+def _answer(path: str, response: httpx.Response) -> Any:
+    """The decoded body of a response, or `_Failed` for an error status."""
+    if response.status_code >= 400:
+        detail = " ".join(response.text[:300].split())
+        raise _Failed(f"HTTP {response.status_code} from {path}: {detail}", retry=response.status_code >= 500)
+    text = response.text or "null"
+    try:
+        return json.loads(text)
+    except json.JSONDecodeError:
+        return text
+
+
+def _transport_failure(path: str, exc: httpx.HTTPError) -> _Failed:
+    reason = str(exc) or type(exc).__name__
+    return _Failed(f"{path} failed: {reason}", retry=True)
 
 
 class VLLMServerClient:
@@ -33,34 +64,55 @@ class VLLMServerClient:
         self.request_timeout = request_timeout
         self.retries = retries
         self.backoff = backoff
+        self._client: httpx.Client | None = None
+        # An AsyncClient belongs to the event loop it first ran on: one per loop, made on first use.
+        self._async_client: tuple[asyncio.AbstractEventLoop, httpx.AsyncClient] | None = None
 
     # ------------------------------------------------------------------------------ HTTP
 
+    def _timeout(self, timeout: float | None) -> httpx.Timeout:
+        # No pool timeout: a request waiting for a free connection is queued work, not a failure.
+        return httpx.Timeout(timeout or self.request_timeout, pool=None)
+
+    def _error(self, failure: _Failed) -> GenerationServerError:
+        return GenerationServerError(f"vLLM server at {self.base_url}: {failure}")
+
     def _request(self, method: str, path: str, body: Any = None, *, timeout: float | None = None, retry: bool = True) -> Any:
-        url = f"{self.base_url}{path}"
-        data = None if body is None else json.dumps(body).encode()
+        if self._client is None:
+            self._client = httpx.Client(limits=httpx.Limits(max_connections=MAX_CONNECTIONS))
         attempts = self.retries + 1 if retry else 1
-        last_error = ""
         for attempt in range(attempts):
-            request = urllib.request.Request(url, data=data, method=method, headers={"Content-Type": "application/json"})
             try:
-                with urllib.request.urlopen(request, timeout=timeout or self.request_timeout) as response:
-                    text = response.read().decode() or "null"
-                    try:
-                        return json.loads(text)
-                    except json.JSONDecodeError:
-                        return text
-            except urllib.error.HTTPError as exc:
-                detail = exc.read().decode(errors="replace")[:300]
-                last_error = f"HTTP {exc.code} from {path}: {' '.join(detail.split())}"
-                if exc.code < 500:  # the request is wrong; asking again will not help
-                    break
-            except (urllib.error.URLError, ConnectionError, TimeoutError, OSError) as exc:
-                reason = getattr(exc, "reason", exc)
-                last_error = f"{path} failed: {reason}"
-            if attempt + 1 < attempts:
-                time.sleep(self.backoff * 2**attempt)
-        raise GenerationServerError(f"vLLM server at {self.base_url}: {last_error}")
+                try:
+                    response = self._client.request(method, f"{self.base_url}{path}", json=body, timeout=self._timeout(timeout))
+                except httpx.HTTPError as exc:
+                    raise _transport_failure(path, exc) from exc
+                return _answer(path, response)
+            except _Failed as failure:
+                if not failure.retry or attempt + 1 == attempts:
+                    raise self._error(failure) from None
+            time.sleep(self.backoff * 2**attempt)
+        raise AssertionError("unreachable")
+
+    async def _request_async(self, path: str, body: Any) -> Any:
+        loop = asyncio.get_running_loop()
+        if self._async_client is None or self._async_client[0] is not loop:
+            limits = httpx.Limits(max_connections=MAX_CONNECTIONS, max_keepalive_connections=MAX_CONNECTIONS)
+            self._async_client = (loop, httpx.AsyncClient(limits=limits))
+        client = self._async_client[1]
+        attempts = self.retries + 1
+        for attempt in range(attempts):
+            try:
+                try:
+                    response = await client.post(f"{self.base_url}{path}", json=body, timeout=self._timeout(None))
+                except httpx.HTTPError as exc:
+                    raise _transport_failure(path, exc) from exc
+                return _answer(path, response)
+            except _Failed as failure:
+                if not failure.retry or attempt + 1 == attempts:
+                    raise self._error(failure) from None
+            await asyncio.sleep(self.backoff * 2**attempt)
+        raise AssertionError("unreachable")
 
     # ------------------------------------------------------------------------------ state
 
@@ -110,11 +162,12 @@ class VLLMServerClient:
 
     # ------------------------------------------------------------------------------ sampling
 
-    def complete(self, model: str, prompts: list[list[int]], max_tokens: int, sampling: SamplingParams, stop_ids: list[int]) -> list[Sample]:
+    def completion_body(self, model: str, prompt: list[int] | list[list[int]], max_tokens: int, sampling: SamplingParams,
+                        stop_ids: list[int]) -> dict[str, Any]:
         greedy = sampling.temperature <= 0
-        body = {
+        return {
             "model": model,
-            "prompt": prompts,
+            "prompt": prompt,
             "max_tokens": max_tokens,
             "temperature": 0.0 if greedy else sampling.temperature,
             "top_k": 0 if greedy or not sampling.top_k else sampling.top_k,
@@ -124,8 +177,18 @@ class VLLMServerClient:
             "skip_special_tokens": False,
             "stop_token_ids": stop_ids,
         }
+
+    def complete(self, model: str, prompts: list[list[int]], max_tokens: int, sampling: SamplingParams, stop_ids: list[int]) -> list[Sample]:
+        """One request for a batch of prompts; samples in prompt order."""
+        body = self.completion_body(model, prompts, max_tokens, sampling, stop_ids)
         choices = sorted(self._request("POST", "/v1/completions", body)["choices"], key=lambda c: c["index"])
         return [sample_from_choice(choice, stop_ids) for choice in choices]
+
+    async def complete_one(self, model: str, prompt: list[int], max_tokens: int, sampling: SamplingParams, stop_ids: list[int]) -> Sample:
+        """One request for one prompt, on the running event loop."""
+        body = self.completion_body(model, prompt, max_tokens, sampling, stop_ids)
+        (choice,) = (await self._request_async("/v1/completions", body))["choices"]
+        return sample_from_choice(choice, stop_ids)
 
 
 def sample_from_choice(choice: dict[str, Any], stop_ids: list[int]) -> Sample:
@@ -138,8 +201,8 @@ def sample_from_choice(choice: dict[str, Any], stop_ids: list[int]) -> Sample:
     return Sample(token_ids=token_ids, logprobs=values[: len(token_ids)], finish_reason="stop" if stopped else "length")
 
 
-class VLLMServerBackend:
-    """`GenerationBackend` over a `VLLMServerClient`. `model` is the served name to sample from: the
+class VLLMServerBackend(GenerationBackend):
+    """`RequestBackend` over a `VLLMServerClient`. `model` is the served name to sample from: the
     base model, or the newest LoRA adapter once weight sync has loaded one."""
 
     def __init__(self, client: VLLMServerClient, model: str, stop_ids: list[int]):
@@ -151,3 +214,6 @@ class VLLMServerBackend:
         if not prompts:
             return []
         return self.client.complete(self.model, prompts, max_tokens, sampling, self.stop_ids)
+
+    async def generate_one(self, prompt: list[int], max_tokens: int, sampling: SamplingParams) -> Sample:
+        return await self.client.complete_one(self.model, prompt, max_tokens, sampling, self.stop_ids)

@@ -1,0 +1,193 @@
+"""Continuous rollouts give what lockstep rollouts give, and every episode says why it ended.
+
+With greedy sampling and a deterministic environment the two schedules must produce the same
+conversations, the same token ids and masks, and log-probabilities that differ only by the float
+rounding that a different batch composition brings (the tolerance is stated per backend). The
+episodes here play different numbers of turns, come in GRPO groups of two identical prompts, and get
+fewer slots than there are episodes, so the continuous schedule really does refill slots and batch
+differently. The vLLM server version of the comparison is in test_continuous_vllm.py.
+
+The model is the real tiny one; its turns end with a forced EOS after `NEW_TOKENS` tokens (a
+transformers generation option), so episodes play all the turns the environment asks for.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+
+import pytest
+
+from aitrain_grpo import Environment
+from aitrain_grpo.engine.backends.base import SamplingParams
+from aitrain_grpo.engine.backends.hf import HFBackend
+from aitrain_grpo.engine.rollout import RolloutBatch, RolloutEngine
+
+GREEDY = SamplingParams(temperature=0.0)
+NEW_TOKENS = 8
+# hf, fp32 on CPU: the same rows in other batches (other padding widths and batch sizes) move the
+# log-probabilities by float rounding only; measured up to ~2e-6 here.
+HF_LOGPROB_TOLERANCE = 1e-4
+
+
+def staggered_rows(groups: int = 6, group_size: int = 2) -> list[dict]:
+    """`groups` prompts, each repeated `group_size` times as TRL hands them; task i plays 1 + i % 4 turns."""
+    return [{"prompt": [{"role": "user", "content": f"Task {task}: tell me about room {task * 7}."}], "task": task}
+            for task in range(groups) for _ in range(group_size)]
+
+
+class StaggeredEnv(Environment):
+    """Deterministic: task i wants 1 + i % 4 model turns; replies depend only on the task and the turn;
+    async `step` with a task-dependent delay, so replies come back in another order than they went out."""
+
+    max_turns = 6
+
+    def __init__(self, fail_task: int | None = None):
+        self.fail_task = fail_task
+
+    def build_dataset(self, tokenizer):
+        return staggered_rows()
+
+    async def step(self, episode, completion):
+        task = episode.row["task"]
+        await asyncio.sleep(0.002 * ((task * 5) % 7))
+        if task == self.fail_task:
+            raise RuntimeError("the booking service is down")
+        if episode.turns >= 1 + task % 4:
+            return None
+        return f"Reply {episode.turns} to task {task}: room {task * 7 + episode.turns} is free."
+
+    def score_episode(self, episode):
+        return episode.turns / self.max_turns
+
+
+class TurnEndingHF(HFBackend):
+    def _generation_config(self, max_tokens, sampling):
+        config = super()._generation_config(max_tokens, sampling)
+        config.forced_eos_token_id = self.stop_ids[0]
+        return config
+
+
+def play(model, tokenizer, schedule: str, *, env: Environment | None = None, backend=None, slots: int = 5,
+         **engine_options) -> RolloutBatch:
+    env = env or StaggeredEnv()
+    backend = backend or TurnEndingHF.for_model(model, tokenizer)
+    options = {"max_new_tokens": NEW_TOKENS, "sampling": GREEDY, **engine_options}
+    engine = RolloutEngine(env, tokenizer, backend, schedule=schedule, max_concurrent_episodes=slots, **options)
+    try:
+        return engine.run(env.build_dataset(tokenizer))
+    finally:
+        engine.close()
+
+
+def assert_same_rollouts(lockstep: RolloutBatch, continuous: RolloutBatch, logprob_tolerance: float) -> None:
+    for a, b in zip(lockstep.episodes, continuous.episodes):
+        assert a.messages == b.messages
+        assert (a.turns, a.stop_reason, a.score) == (b.turns, b.stop_reason, b.score)
+    for a, b in zip(lockstep.traces, continuous.traces):
+        assert a.prompt_ids == b.prompt_ids
+        assert a.completion_ids == b.completion_ids
+        assert a.env_mask == b.env_mask
+        assert len(a.logprobs) == len(b.logprobs)
+        assert max(abs(x - y) for x, y in zip(a.logprobs, b.logprobs)) <= logprob_tolerance
+
+
+def test_continuous_and_lockstep_rollouts_are_the_same_on_hf(tiny_model_and_tokenizer):
+    model, tokenizer = tiny_model_and_tokenizer
+    lockstep = play(model, tokenizer, "lockstep")
+    continuous = play(model, tokenizer, "continuous")
+    assert sorted({ep.turns for ep in lockstep.episodes}) == [1, 2, 3, 4]  # the episodes really differ
+    assert_same_rollouts(lockstep, continuous, HF_LOGPROB_TOLERANCE)
+    # Lockstep: one call per turn of each wave of 5 slots; continuous batches whatever is ready, so its
+    # calls differ (here more of them, smaller, as episodes finish at different times).
+    assert continuous.generate_calls != lockstep.generate_calls
+
+
+def test_the_engine_picks_continuous_only_for_backends_that_take_single_requests(tiny_model_and_tokenizer):
+    from aitrain_grpo.engine.backends.vllm_server import VLLMServerBackend, VLLMServerClient
+
+    model, tokenizer = tiny_model_and_tokenizer
+    env = StaggeredEnv()
+    hf = RolloutEngine(env, tokenizer, HFBackend.for_model(model, tokenizer))
+    server = RolloutEngine(env, tokenizer, VLLMServerBackend(VLLMServerClient("http://127.0.0.1:9"), "tiny", [2]))
+    assert (hf.schedule, server.schedule) == ("lockstep", "continuous")
+    for engine in (hf, server):
+        engine.close()
+
+
+def test_a_group_prompt_is_prefilled_once_and_gives_the_same_samples(tiny_model_and_tokenizer):
+    model, tokenizer = tiny_model_and_tokenizer
+    shared = TurnEndingHF.for_model(model, tokenizer)
+    unshared = TurnEndingHF.for_model(model, tokenizer)
+    unshared.share_group_prompts = False
+    with_sharing = play(model, tokenizer, "lockstep", backend=shared, slots=64)
+    without = play(model, tokenizer, "lockstep", backend=unshared, slots=64)
+    assert shared.shared_prefills == 1 and unshared.shared_prefills == 0  # the first turn, once
+    assert_same_rollouts(without, with_sharing, HF_LOGPROB_TOLERANCE)
+
+
+@pytest.mark.parametrize("schedule", ["lockstep", "continuous"])
+def test_every_episode_says_why_it_ended(schedule, tiny_model_and_tokenizer):
+    model, tokenizer = tiny_model_and_tokenizer
+    by_env = play(model, tokenizer, schedule)
+    assert {ep.stop_reason for ep in by_env.episodes} == {"env"}  # each ended when the environment said so
+
+    capped = play(model, tokenizer, schedule, max_turns=2)
+    assert [ep.stop_reason for ep in capped.episodes] == ["env" if 1 + ep.row["task"] % 4 <= 2 else "max_turns"
+                                                          for ep in capped.episodes]
+
+    # No forced EOS: the greedy tiny model never ends a turn by itself, so the per-turn limit cuts it.
+    cut = play(model, tokenizer, schedule, backend=HFBackend.for_model(model, tokenizer))
+    assert {ep.stop_reason for ep in cut.episodes} == {"turn_tokens"} and all(ep.turns == 1 for ep in cut.episodes)
+
+    # Three 8-token turns and two ~20-token replies do not fit in 40: the budget stops those episodes.
+    budget = play(model, tokenizer, schedule, max_completion_length=40)
+    multi_turn = [ep for ep in budget.episodes if 1 + ep.row["task"] % 4 >= 3]
+    assert multi_turn and {ep.stop_reason for ep in multi_turn} == {"completion_budget"}
+    assert all(len(t.completion_ids) <= 40 for t in budget.traces)
+
+    failing = play(model, tokenizer, schedule, env=StaggeredEnv(fail_task=3))
+    reasons = {ep.row["task"]: ep.stop_reason for ep in failing.episodes}
+    assert reasons[3] == "error" and {r for t, r in reasons.items() if t != 3} == {"env"}
+    assert all(ep.error and "booking service is down" in ep.error for ep in failing.episodes if ep.row["task"] == 3)
+
+
+def test_a_backend_failure_stops_a_continuous_rollout_and_the_engine_stays_usable(tiny_model_and_tokenizer):
+    from aitrain_grpo.engine.backends.base import GenerationBackendError
+
+    model, tokenizer = tiny_model_and_tokenizer
+
+    class DiesOnThirdCall(TurnEndingHF):
+        calls = 0
+
+        def generate(self, prompts, max_tokens, sampling):
+            self.calls += 1
+            if self.calls == 3:
+                raise GenerationBackendError("generation server at http://x: gone")
+            return super().generate(prompts, max_tokens, sampling)
+
+    env = StaggeredEnv()
+    engine = RolloutEngine(env, tokenizer, DiesOnThirdCall.for_model(model, tokenizer), schedule="continuous",
+                           max_new_tokens=NEW_TOKENS, sampling=GREEDY, max_concurrent_episodes=5)
+    try:
+        with pytest.raises(GenerationBackendError, match="gone"):
+            engine.run(env.build_dataset(tokenizer))
+        again = engine.run(env.build_dataset(tokenizer))  # no episode of the failed rollout is left running
+        assert {ep.stop_reason for ep in again.episodes} == {"env"}
+        assert not asyncio.all_tasks(engine.runner.loop)
+    finally:
+        engine.close()
+
+
+def test_lockstep_waves_respect_the_slot_bound(tiny_model_and_tokenizer):
+    model, tokenizer = tiny_model_and_tokenizer
+    sizes: list[int] = []
+
+    class Recording(TurnEndingHF):
+        def generate(self, prompts, max_tokens, sampling):
+            sizes.append(len(prompts))
+            return super().generate(prompts, max_tokens, sampling)
+
+    with contextlib.nullcontext():
+        play(model, tokenizer, "lockstep", backend=Recording.for_model(model, tokenizer), slots=5)
+    assert max(sizes) == 5
