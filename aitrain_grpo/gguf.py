@@ -111,9 +111,9 @@ def content_hash(path: Path, cache_dir: Path) -> str:
     return digest.hexdigest()
 
 
-def _folder_name(path: Path, digest: str) -> str:
-    stem = re.sub(r"[^A-Za-z0-9._-]+", "_", path.stem)[:60] or "model"
-    return f"gguf-{stem}-{digest[:16]}-v{CONVERT_VERSION}"
+def _folder_name(digest: str) -> str:
+    # The content alone names the folder: the same file under another name or path is not converted again.
+    return f"gguf-{digest[:16]}-v{CONVERT_VERSION}"
 
 
 def _load_dequantized(path: Path):
@@ -179,7 +179,7 @@ def converted_gguf_path(gguf_file: str | Path, cache_dir: str | Path | None = No
     if problem:
         raise ConfigError(f"--model {problem}")
     root = cache_root(cache_dir)
-    target = root / _folder_name(path, content_hash(path, root))
+    target = root / _folder_name(content_hash(path, root))
     if (target / "config.json").is_file():
         return target
     logger.warning("converting %s into %s (once, about a minute for 100 MB)", path.name, target)
