@@ -101,12 +101,13 @@ def grpo(**kwargs) -> None:
                 "pass --model Qwen/Qwen2.5-0.5B-Instruct (or a local path) to train a real one.",
                 markup=False,
             )
-        from aitrain_grpo.training.trainer import check_output_dir, train
+        from aitrain_grpo.training.plan import plan_run
+        from aitrain_grpo.training.trainer import train
         from aitrain_grpo.env.loading import load_environment
 
-        check_output_dir(config)
+        plan = plan_run(config)  # a bad option or a clobbered output dir fails before the environment loads
         env = load_environment(config.rl_env_module, config.rl_env_class, config.rl_env_config)
-        summary = train(config, env=env)
+        summary = train(config, env=env, plan=plan)
     except user_errors() as exc:
         if debug:
             raise
@@ -118,6 +119,10 @@ def grpo(**kwargs) -> None:
     except KeyboardInterrupt:  # outside the training steps, or a second Ctrl-C
         err.print("interrupted; nothing saved since the last checkpoint", markup=False)
         leave_past_stuck_env_calls(130)
+    if not summary["completed"]:  # e.g. the data ran out: saved, but never a "done"
+        from aitrain_grpo.training.small_dataset import steps_short
+
+        fail(str(steps_short(summary["global_step"], summary["steps_asked"])), code=1)
     if os.environ.get("RANK", "0") != "0":  # under accelerate/torchrun, one process reports
         return
     out.print(f"done: {summary['global_step']} steps in {summary['runtime_seconds']:.0f}s; model saved to {config.resolved_output_dir()}")
@@ -182,7 +187,10 @@ def vllm_serve(
         tensor_parallel_size=tensor_parallel_size, max_model_len=max_model_len, enable_lora=enable_lora,
         max_lora_rank=max_lora_rank, sync_dir=sync_dir, enforce_eager=enforce_eager,
     )
-    process, url = start_server(options)
+    try:
+        process, url = start_server(options)  # resolves --model: converts smollm2 or a .gguf on first use
+    except user_errors() as exc:
+        fail(str(exc))
     received: list[tuple[int, float]] = []
 
     def forward(signum, frame):
