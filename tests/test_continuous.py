@@ -191,3 +191,22 @@ def test_lockstep_waves_respect_the_slot_bound(tiny_model_and_tokenizer):
     with contextlib.nullcontext():
         play(model, tokenizer, "lockstep", backend=Recording.for_model(model, tokenizer), slots=5)
     assert max(sizes) == 5
+
+
+def test_a_continuous_rollout_against_a_dead_server_names_the_server_after_its_retries(tiny_model_and_tokenizer):
+    import socket
+
+    from aitrain_grpo.engine.backends.vllm_server import GenerationServerError, VLLMServerBackend, VLLMServerClient
+
+    _, tokenizer = tiny_model_and_tokenizer
+    with socket.socket() as probe:  # a port that was free a moment ago: connection refused
+        probe.bind(("127.0.0.1", 0))
+        url = f"http://127.0.0.1:{probe.getsockname()[1]}"
+    client = VLLMServerClient(url, retries=2, backoff=0.01)
+    env = StaggeredEnv()
+    engine = RolloutEngine(env, tokenizer, VLLMServerBackend(client, "tiny", [tokenizer.eos_token_id]), max_concurrent_episodes=1)
+    try:
+        with pytest.raises(GenerationServerError, match=f"vLLM server at {url}: /v1/completions failed"):
+            engine.run(env.build_dataset(tokenizer)[:1])
+    finally:
+        engine.close()

