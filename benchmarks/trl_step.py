@@ -89,6 +89,7 @@ def build_trl(model_path: str, output_dir: Path, episodes: int, generations: int
     from trl.chat_template_utils import qwen3_template
 
     from aitrain_grpo.models import load_model_and_tokenizer
+    from aitrain_grpo.training.plan import plan_run
     from aitrain_grpo.training.trainer import _peft_config, grpo_config
 
     config = _run_config(model_path, output_dir, episodes, generations)
@@ -98,7 +99,7 @@ def build_trl(model_path: str, output_dir: Path, episodes: int, generations: int
     tokenizer.response_template = qwen3_template
     rows = LookupToolEnv(num_tasks=episodes // generations).build_dataset(tokenizer)
     trainer = GRPOTrainer(
-        model=model, args=grpo_config(config, output_dir), train_dataset=Dataset.from_list(rows),
+        model=model, args=grpo_config(config, plan_run(config)), train_dataset=Dataset.from_list(rows),
         processing_class=tokenizer, environment_factory=TRLLookupEnv, peft_config=_peft_config(config),
     )
     trainer.remove_callback(PrinterCallback)
@@ -130,7 +131,7 @@ def compare(model_path: str, *, episodes: int = 64, generations: int = 4, reps: 
                 with contextlib.redirect_stdout(io.StringIO()):
                     trainer.train()
                 if name == "aitrain":
-                    batch = trainer.last_rollout
+                    batch = trainer.rollout.last_batch
                     overheads.append((batch.wall_seconds - batch.generate_seconds) / batch.wall_seconds)
         result = {
             name: {

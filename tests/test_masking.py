@@ -28,7 +28,7 @@ def test_environment_tokens_receive_no_gradient(tiny_model_dir, tmp_path):
     trainer.model.register_forward_hook(capture, with_kwargs=True)
     trainer.train()
 
-    batch = trainer.last_rollout
+    batch = trainer.rollout.last_batch
     assert captured, "no training forward pass was seen"
     env_positions = model_positions = 0
     for input_ids, grad in captured:

@@ -17,7 +17,8 @@ from typer.testing import CliRunner
 
 from aitrain_grpo.commands.cli import app
 from aitrain_grpo.engine.runner import play
-from aitrain_grpo.runlog.report import episode_record, write_report
+from aitrain_grpo.runlog.records import episode_record
+from aitrain_grpo.runlog.report import write_report
 from conftest import run_cli
 
 STEPS = 3

@@ -21,6 +21,11 @@ from typing import Any, Optional
 import typer
 from rich.console import Console
 
+from aitrain_grpo.commands.envcheck import POLICIES, run_env_check
+from aitrain_grpo.commands.evaluation import run_eval
+from aitrain_grpo.commands.options import (
+    as_in_grpo, command_option, field_option, from_training_run, grpo_parameters, with_default,
+)
 from aitrain_grpo.config import RunConfig
 from aitrain_grpo.errors import EXIT_USAGE, ConfigError, UserError, one_line
 
@@ -53,35 +58,6 @@ def fail(message: str, code: int = EXIT_USAGE) -> None:
 
 
 # ------------------------------------------------------------------------------ aitrain grpo
-
-_FLAG_TYPES = {"rl_env_config": str, "epochs": float, "lr": float}
-_BOOL_FLAGS = {"peft": "--peft/--no-peft", "use_vllm": "--use-vllm/--no-use-vllm", "overwrite": "--overwrite", "debug": "--debug"}
-
-
-def _flag_type(name: str, default: Any) -> type:
-    if name in _FLAG_TYPES:
-        return _FLAG_TYPES[name]
-    hints = {"rl_max_turns": int, "max_steps": int, "save_steps": int, "save_total_limit": int}
-    if name in hints:
-        return hints[name]
-    return type(default) if default is not None else str
-
-
-def _grpo_parameters() -> list[inspect.Parameter]:
-    params = []
-    for f in RunConfig.__dataclass_fields__.values():
-        help_text = RunConfig.help_for(f.name)
-        if f.name in _BOOL_FLAGS:
-            option = typer.Option(None, *_BOOL_FLAGS[f.name].split(" "), help=help_text, show_default=False)
-            annotation = Optional[bool]
-        else:
-            option = typer.Option(None, f"--{f.name.replace('_', '-')}", help=help_text, show_default=False)
-            annotation = Optional[_flag_type(f.name, f.default)]
-        params.append(inspect.Parameter(f.name, inspect.Parameter.KEYWORD_ONLY, default=option, annotation=annotation))
-    config_option = typer.Option(None, "--config", help="YAML or JSON file of these options; flags override it.")
-    params.append(inspect.Parameter("config", inspect.Parameter.KEYWORD_ONLY, default=config_option, annotation=Optional[str]))
-    return params
-
 
 def build_run_config(config_file: str | None, flags: dict[str, Any]) -> RunConfig:
     """Options from `--config`, then the flags that were given, into a validated RunConfig."""
@@ -151,7 +127,7 @@ def leave_past_stuck_env_calls(code: int) -> None:
         raise typer.Exit(code)
 
 
-grpo.__signature__ = inspect.Signature(_grpo_parameters())
+grpo.__signature__ = inspect.Signature(grpo_parameters())
 app.command("grpo")(grpo)
 
 
@@ -236,37 +212,17 @@ def kill_server_group(process, signum) -> None:
 env_app = typer.Typer(help="Work on an environment before training on it.", no_args_is_help=True)
 app.add_typer(env_app, name="env")
 
-_ENV_MODULE = typer.Option(..., "--rl-env-module", help="Python module of the environment, e.g. envs.hotel.")
-_ENV_CLASS = typer.Option(..., "--rl-env-class", help="Environment class in that module, e.g. HotelEnv.")
-_ENV_CONFIG = typer.Option(None, "--rl-env-config", help="JSON object of keyword arguments for the environment, or @file.json.")
-_DEBUG = typer.Option(False, "--debug", help="Show full tracebacks.")
-
-
-@env_app.command("check")
-def env_check(
-    rl_env_module: str = _ENV_MODULE,
-    rl_env_class: str = _ENV_CLASS,
-    rl_env_config: Optional[str] = _ENV_CONFIG,
-    model: str = typer.Option("tiny", "--model", help="Model whose chat template renders the prompts and that plays the 'model' policy."),
-    episodes: int = typer.Option(16, "--episodes", help="Episodes per policy."),
-    policies: str = typer.Option("oracle,empty,model", "--policies", help="Which of oracle, empty, model to play."),
-    rl_max_new_tokens: int = typer.Option(128, "--rl-max-new-tokens", help="Token limit of one model turn."),
-    rl_max_turns: Optional[int] = typer.Option(None, "--rl-max-turns", help="Cap on turns (default: the environment's max_turns)."),
-    rl_temperature: float = typer.Option(1.0, "--rl-temperature", help="Sampling temperature of the model policy."),
-    rl_env_timeout: float = typer.Option(60.0, "--rl-env-timeout", help="Seconds one environment call may take."),
-    seed: int = typer.Option(0, "--seed", help="Seed for picking rows and sampling."),
-    debug: bool = _DEBUG,
-) -> None:
+def env_check(**options) -> None:
     """Check an environment: dataset, prompts, tools, and episodes under the oracle, empty and model policies.
 
     Exits 1 when the environment breaks its contract, 0 otherwise (warnings included)."""
-    from aitrain_grpo.commands.envcheck import run_env_check
-
+    debug = options.pop("debug")
     try:
         report = run_env_check(
-            module=rl_env_module, class_name=rl_env_class, env_config=rl_env_config, model_name=model,
-            episodes=episodes, policies=policies, seed=seed, max_new_tokens=rl_max_new_tokens, max_turns=rl_max_turns,
-            temperature=rl_temperature, timeout=rl_env_timeout, console=out,
+            module=options["rl_env_module"], class_name=options["rl_env_class"], env_config=options["rl_env_config"],
+            model_name=options["model"], episodes=options["episodes"], policies=options["policies"],
+            seed=options["seed"], max_new_tokens=options["rl_max_new_tokens"], max_turns=options["rl_max_turns"],
+            temperature=options["rl_temperature"], timeout=options["rl_env_timeout"], console=out,
         )
     except user_errors() as exc:
         if debug:
@@ -279,43 +235,59 @@ def env_check(
     out.print(f"env check passed with {len(report.warnings)} warning(s)", markup=False)
 
 
-@app.command("eval")
-def eval_command(
-    model: str = typer.Option("tiny", "--model", help="Model to evaluate: 'tiny', a model path or id, or a training output directory."),
-    rl_env_module: Optional[str] = typer.Option(None, "--rl-env-module", help="Environment module (default: the training run's)."),
-    rl_env_class: Optional[str] = typer.Option(None, "--rl-env-class", help="Environment class (default: the training run's)."),
-    rl_env_config: Optional[str] = _ENV_CONFIG,
-    episodes: int = typer.Option(32, "--episodes", help="Tasks to play: the first N rows of the dataset."),
-    rl_num_generations: int = typer.Option(1, "--rl-num-generations", help="Episodes per task (k of pass@k)."),
-    baseline: Optional[str] = typer.Option(None, "--baseline", help="A second model to compare against, on the same tasks and seed."),
-    output: Optional[str] = typer.Option(None, "--output", help="Write one JSON line per episode here (messages, score, turns, error)."),
-    use_vllm: bool = typer.Option(False, "--use-vllm", help="Generate with vLLM instead of Hugging Face generate."),
-    rl_max_new_tokens: Optional[int] = typer.Option(None, "--rl-max-new-tokens", help="Token limit of one model turn (default: the run's, else 128)."),
-    rl_max_turns: Optional[int] = typer.Option(None, "--rl-max-turns", help="Cap on turns (default: the run's, else the environment's)."),
-    rl_max_completion_length: Optional[int] = typer.Option(None, "--rl-max-completion-length", help="Token budget after the prompt (default: the run's, else 1024)."),
-    rl_temperature: Optional[float] = typer.Option(None, "--rl-temperature", help="Sampling temperature; 0 is greedy (default: the run's, else 1.0)."),
-    rl_top_k: Optional[int] = typer.Option(None, "--rl-top-k", help="Top-k sampling, 0 = off (default: the run's, else 50)."),
-    rl_top_p: Optional[float] = typer.Option(None, "--rl-top-p", help="Nucleus sampling (default: the run's, else 1.0)."),
-    rl_env_timeout: Optional[float] = typer.Option(None, "--rl-env-timeout", help="Seconds one environment call may take."),
-    batch_size: int = typer.Option(32, "--batch-size", help="Episodes generated together."),
-    seed: int = typer.Option(0, "--seed", help="Sampling seed (both models use it)."),
-    debug: bool = _DEBUG,
-) -> None:
-    """Evaluate a model (or a training run) in an environment: mean score, success rate, pass@k, turns, errors."""
-    from aitrain_grpo.commands.evaluation import run_eval
+env_check.__signature__ = inspect.Signature([
+    as_in_grpo("rl_env_module", required=True),
+    as_in_grpo("rl_env_class", required=True),
+    as_in_grpo("rl_env_config"),
+    as_in_grpo("model", help_text="Model whose chat template renders the prompts and that plays the 'model' policy."),
+    command_option("episodes", 16, "Episodes per policy.", int),
+    command_option("policies", ",".join(POLICIES), f"Which of {', '.join(POLICIES)} to play.", str),
+    as_in_grpo("rl_max_new_tokens"),
+    as_in_grpo("rl_max_turns"),
+    as_in_grpo("rl_temperature"),
+    as_in_grpo("rl_env_timeout"),
+    field_option("seed", 0, with_default("Seed for picking rows and sampling.", 0)),
+    as_in_grpo("debug"),
+])
+env_app.command("check")(env_check)
 
-    options = dict(
-        rl_max_new_tokens=rl_max_new_tokens, rl_max_turns=rl_max_turns, rl_max_completion_length=rl_max_completion_length,
-        rl_temperature=rl_temperature, rl_top_k=rl_top_k, rl_top_p=rl_top_p, rl_env_timeout=rl_env_timeout,
-    )
+
+# The sampling and budget options a training run fixes; eval takes the run's unless a flag overrides it.
+EVAL_RUN_OPTIONS = ("rl_max_new_tokens", "rl_max_turns", "rl_max_completion_length", "rl_temperature", "rl_top_k",
+                    "rl_top_p", "rl_env_timeout")
+
+
+def eval_command(**options) -> None:
+    """Evaluate a model (or a training run) in an environment: mean score, success rate, pass@k, turns, errors."""
+    debug = options.pop("debug")
     try:
-        run_eval(model=model, baseline=baseline, module=rl_env_module, class_name=rl_env_class, env_config=rl_env_config,
-                 episodes=episodes, samples=rl_num_generations, use_vllm=use_vllm, output=output, options=options,
-                 seed=seed, batch_size=batch_size, console=out)
+        run_eval(model=options["model"], baseline=options["baseline"], module=options["rl_env_module"],
+                 class_name=options["rl_env_class"], env_config=options["rl_env_config"], episodes=options["episodes"],
+                 samples=options["rl_num_generations"], use_vllm=options["use_vllm"], output=options["output"],
+                 options={name: options[name] for name in EVAL_RUN_OPTIONS}, seed=options["seed"],
+                 batch_size=options["batch_size"], console=out)
     except user_errors() as exc:
         if debug:
             raise
         fail(str(exc))
+
+
+eval_command.__signature__ = inspect.Signature([
+    as_in_grpo("model", help_text="Model to evaluate: 'tiny', a model path or id, or a training output directory."),
+    from_training_run("rl_env_module"),
+    from_training_run("rl_env_class"),
+    as_in_grpo("rl_env_config"),
+    command_option("episodes", 32, "Tasks to play: the first N rows of the dataset.", int),
+    field_option("rl_num_generations", 1, with_default("Episodes per task (k of pass@k).", 1)),
+    command_option("baseline", None, "A second model to compare against, on the same tasks and seed.", str),
+    command_option("output", None, "Write one JSON line per episode here (messages, score, turns, error).", str),
+    as_in_grpo("use_vllm"),
+    *[from_training_run(name) for name in EVAL_RUN_OPTIONS],
+    field_option("batch_size", 32, with_default("Episodes generated together.", 32)),
+    field_option("seed", 0, with_default("Sampling seed (both models use it).", 0)),
+    as_in_grpo("debug"),
+])
+app.command("eval")(eval_command)
 
 
 @app.command("report")

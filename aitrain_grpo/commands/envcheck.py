@@ -19,17 +19,25 @@ the first training steps show).
 
 from __future__ import annotations
 
-import contextlib
-import inspect
 import random
 import time
 from dataclasses import dataclass, field
-from typing import Any, Callable, Iterator
+from typing import Any, Callable
 
 from rich.markup import escape
+from rich.table import Table
 
+from aitrain_grpo.config import check_episode_options
 from aitrain_grpo.engine.backends.base import SamplingParams
+from aitrain_grpo.engine.chat import ChatRenderer, prompt_messages
+from aitrain_grpo.engine.rollout import RolloutEngine
+from aitrain_grpo.engine.runner import EpisodeRunner, play_text
+from aitrain_grpo.engine.stats import EpisodeStats, episode_stats
 from aitrain_grpo.env.base import Environment, Episode
+from aitrain_grpo.env.dataset import build_rows
+from aitrain_grpo.env.loading import load_environment
+from aitrain_grpo.errors import ConfigError, EnvLoadError, TemplateError
+from aitrain_grpo.models import load_for_generation, load_tokenizer, resolve_source
 
 POLICIES = ("oracle", "empty", "model")
 PROMPTS_MEASURED = 2000  # rows rendered to find the longest prompt
@@ -50,16 +58,16 @@ class PolicyResult:
         return [float(ep.score or 0.0) for ep in self.episodes]
 
     @property
+    def stats(self) -> EpisodeStats:
+        return episode_stats(self.episodes)
+
+    @property
     def mean(self) -> float:
-        return sum(self.scores) / max(len(self.scores), 1)
+        return self.stats.score_mean
 
     @property
     def errors(self) -> list[str]:
         return [ep.error for ep in self.episodes if ep.error]
-
-    @property
-    def turns_mean(self) -> float:
-        return sum(ep.turns for ep in self.episodes) / max(len(self.episodes), 1)
 
 
 @dataclass
@@ -83,42 +91,6 @@ class EnvCheckReport:
         return not self.problems
 
 
-@contextlib.contextmanager
-def timed_steps(env: Environment) -> Iterator[list[float]]:
-    """Record how long each `env.step` call takes. Shadows the bound method on this instance for the
-    duration (sync stays sync, async stays async, so the runner treats it exactly as before)."""
-    durations: list[float] = []
-    original = env.step
-    own = vars(env).get("step") if hasattr(env, "__dict__") else None
-
-    if inspect.iscoroutinefunction(original):
-        async def step(episode, completion):
-            started = time.perf_counter()
-            try:
-                return await original(episode, completion)
-            finally:
-                durations.append(time.perf_counter() - started)
-    else:
-        def step(episode, completion):
-            started = time.perf_counter()
-            try:
-                return original(episode, completion)
-            finally:
-                durations.append(time.perf_counter() - started)
-    try:
-        env.step = step
-    except (AttributeError, TypeError):  # __slots__ or a read-only attribute: play untimed
-        yield durations
-        return
-    try:
-        yield durations
-    finally:
-        if own is not None:
-            env.step = own
-        else:
-            del env.step
-
-
 def pick_rows(rows: list[dict[str, Any]], count: int, seed: int) -> list[dict[str, Any]]:
     """`count` rows: a seeded sample without repeats when there are enough, else every row in turn."""
     if len(rows) >= count:
@@ -138,42 +110,36 @@ def _oracle(env: Environment) -> Callable[[Episode], str]:
     return policy
 
 
-def play_text_policy(env: Environment, name: str, rows: list[dict[str, Any]], policy, *, max_turns, timeout) -> PolicyResult:
-    from aitrain_grpo.engine.runner import play
-
+def play_text_policy(env: Environment, name: str, rows: list[dict[str, Any]], policy, *, max_turns, timeout,
+                     policy_name: str = "policy") -> PolicyResult:
     started = time.perf_counter()
-    with timed_steps(env) as durations:
-        episodes = play(env, rows, policy, max_turns=max_turns, timeout=timeout)
-    for ep in episodes:  # the runner names a failing policy "policy"; here it is the env's solve
-        if ep.error and name == "oracle":
-            ep.error = ep.error.replace(f"{type(env).__name__}.policy ", f"{type(env).__name__}.solve ", 1)
-    return PolicyResult(name, episodes, list(durations), time.perf_counter() - started)
+    runner = EpisodeRunner(env, max_turns=max_turns, timeout=timeout, policy_name=policy_name)
+    try:
+        episodes = play_text(runner, rows, policy)
+    finally:
+        runner.close()
+    return PolicyResult(name, episodes, runner.step_seconds, time.perf_counter() - started)
 
 
 def play_model(env: Environment, rows, model, tokenizer, *, max_new_tokens: int, max_turns, timeout,
                sampling: SamplingParams, max_completion_length: int = 4096) -> PolicyResult:
+    # Imported here: the hf backend pulls in torch (seconds), and `env check`'s option errors come first.
     from aitrain_grpo.engine.backends.hf import HFBackend
-    from aitrain_grpo.engine.rollout import RolloutEngine
 
     engine = RolloutEngine(env, tokenizer, HFBackend.for_model(model, tokenizer), max_new_tokens=max_new_tokens,
                            max_turns=max_turns, max_completion_length=max_completion_length, sampling=sampling,
                            env_timeout=timeout)
     started = time.perf_counter()
     try:
-        with timed_steps(env) as durations:
-            batch = engine.run(rows)
+        batch = engine.run(rows)
     finally:
         engine.close()
     per_turn = batch.generate_seconds / batch.generate_calls if batch.generate_calls else None
-    return PolicyResult("model", batch.episodes, list(durations), time.perf_counter() - started, per_turn)
+    return PolicyResult("model", batch.episodes, engine.runner.step_seconds, time.perf_counter() - started, per_turn)
 
 
 def inspect_dataset(env: Environment, tokenizer, report: EnvCheckReport) -> list[dict[str, Any]] | None:
     """Rows, columns, prompt token counts and tools into `report`; the rows, or None on a problem."""
-    from aitrain_grpo.engine.chat import ChatRenderer, TemplateError, prompt_messages
-    from aitrain_grpo.env.dataset import build_rows
-    from aitrain_grpo.errors import EnvLoadError
-
     try:
         rows = build_rows(env, tokenizer)
     except EnvLoadError as exc:
@@ -195,6 +161,7 @@ def inspect_dataset(env: Environment, tokenizer, report: EnvCheckReport) -> list
         report.longest_tokens = max(lengths)
         report.longest_row = lengths.index(report.longest_tokens)
         rewrite = renderer.check_append_only(prompt_messages(rows[0]["prompt"]))
+        report.notes += [renderer.tools_route] if renderer.tools_route else []
     except TemplateError as exc:
         report.problems.append(f"the model's chat template cannot be used: {exc}")
         return None
@@ -273,7 +240,8 @@ def check_environment(
                 report.notes.append(f"{report.env_name} has no solve(episode) -> str, so no oracle was played; add "
                                     f"one to check that a perfect episode scores 1.0")
                 continue
-            result = play_text_policy(env, "oracle", rows, _oracle(env), max_turns=max_turns, timeout=timeout)
+            result = play_text_policy(env, "oracle", rows, _oracle(env), max_turns=max_turns, timeout=timeout,
+                                      policy_name="solve")
         elif name == "empty":
             result = play_text_policy(env, "empty", rows, lambda episode: "", max_turns=max_turns, timeout=timeout)
         else:
@@ -297,8 +265,6 @@ def _tool_line(schema: dict[str, Any]) -> tuple[str, str]:
 
 def show_report(report: EnvCheckReport, console, *, module: str, model_name: str, prompt_chars: int = 1500) -> None:
     """Print the report with rich: dataset, prompt, tools, then a table of the policies."""
-    from rich.table import Table
-
     console.print(f"[bold]{escape(report.env_name)}[/bold] from {escape(module)}, model {escape(model_name)}")
     if not report.rows:
         return
@@ -328,8 +294,8 @@ def show_report(report: EnvCheckReport, console, *, module: str, model_name: str
             latency = "-"
             if p.step_seconds:
                 latency = f"{1000 * sum(p.step_seconds) / len(p.step_seconds):.1f}/{1000 * max(p.step_seconds):.1f}"
-            table.add_row(p.name, f"{p.mean:.3f}", f"{min(p.scores):.3f}", f"{max(p.scores):.3f}", f"{p.turns_mean:.2f}",
-                          str(len(p.errors)), str(sum(ep.truncated for ep in p.episodes)), latency, f"{p.wall_seconds:.1f}")
+            table.add_row(p.name, f"{p.mean:.3f}", f"{min(p.scores):.3f}", f"{max(p.scores):.3f}", f"{p.stats.turns_mean:.2f}",
+                          str(p.stats.errors), str(p.stats.truncated), latency, f"{p.wall_seconds:.1f}")
         console.print(table)
         console.print("mean/min/max: episode scores; cut: truncated by a budget; step ms: environment reply time, mean/max",
                       style="dim", markup=False)
@@ -359,10 +325,6 @@ def run_env_check(
 ) -> EnvCheckReport:
     """What the CLI command does: validate the options, load, check, print. Option and loading
     mistakes raise ConfigError/EnvLoadError (exit 2); a broken contract is in the report's problems."""
-    from aitrain_grpo.errors import ConfigError
-    from aitrain_grpo.models import load_for_generation, load_tokenizer, resolve_source
-    from aitrain_grpo.env.loading import load_environment
-
     chosen = tuple(p.strip() for p in policies.split(",") if p.strip())
     unknown = [p for p in chosen if p not in POLICIES]
     if unknown or not chosen:

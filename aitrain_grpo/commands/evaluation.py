@@ -29,8 +29,9 @@ from aitrain_grpo.engine.backends.base import GenerationBackend, SamplingParams
 from aitrain_grpo.errors import ConfigError
 from aitrain_grpo.models import ModelSource, load_for_generation, load_tokenizer, resolve_source, stop_token_ids
 from aitrain_grpo.env.base import Environment, Episode
+from aitrain_grpo.engine.stats import SUCCESS, episode_stats
+from aitrain_grpo.runlog.records import episode_record
 
-SUCCESS = 1.0 - 1e-9  # a score of 1.0 counts as solved (floats from environments may be 0.9999999999)
 
 
 def open_vllm_backend(source: ModelSource) -> tuple[GenerationBackend, Any]:
@@ -102,23 +103,21 @@ class EvalResult:
         return sum(solved.values()) / max(len(solved), 1)
 
     def summary(self) -> dict[str, float]:
-        n = max(len(self.episodes), 1)
+        stats = episode_stats(self.episodes)
         return {
-            "episodes": len(self.episodes),
+            "episodes": stats.episodes,
             "tasks": len(set(self.tasks)),
-            "mean_score": sum(self.scores) / n,
-            "success_rate": sum(s >= SUCCESS for s in self.scores) / n,
+            "mean_score": stats.score_mean,
+            "success_rate": stats.success_rate,
             f"pass@{self.samples}": self.pass_at_k(),
-            "mean_turns": sum(ep.turns for ep in self.episodes) / n,
-            "errors": sum(1 for ep in self.episodes if ep.error),
-            "truncated": sum(1 for ep in self.episodes if ep.truncated),
-            "tool_errors": sum(ep.num_tool_errors for ep in self.episodes),
+            "mean_turns": stats.turns_mean,
+            "errors": stats.errors,
+            "truncated": stats.truncated,
+            "tool_errors": stats.tool_errors,
             "tokens_per_second": self.generated_tokens / self.generate_seconds if self.generate_seconds else 0.0,
         }
 
     def records(self) -> list[dict[str, Any]]:
-        from aitrain_grpo.runlog.report import episode_record
-
         seen: dict[int, int] = {}
         out = []
         for episode, task in zip(self.episodes, self.tasks):
@@ -142,6 +141,7 @@ def evaluate(
     env_timeout: float = 60.0,
     batch_size: int = 32,
     seed: int = 0,
+    cut_turn: str = "end",
 ) -> EvalResult:
     """Play every row `samples` times with the backend's model, `batch_size` episodes at a time."""
     from transformers import set_seed
@@ -151,7 +151,7 @@ def evaluate(
     set_seed(seed)  # same seed, same sampling noise: two models compared on equal terms
     engine = RolloutEngine(
         env, tokenizer, backend, max_new_tokens=max_new_tokens, max_turns=max_turns,
-        max_completion_length=max_completion_length, sampling=sampling, env_timeout=env_timeout,
+        max_completion_length=max_completion_length, sampling=sampling, env_timeout=env_timeout, cut_turn=cut_turn,
     )
     tasks = [index for index in range(len(rows)) for _ in range(samples)]
     result = EvalResult(label=label, episodes=[], tasks=tasks, samples=samples)
@@ -223,7 +223,7 @@ def run_eval(*, model: str, baseline: str | None, module: str | None, class_name
     env = load_environment(module, class_name, env_config)
     settings = {name: _option(options.get(name), run_config, name) for name in (
         "rl_max_new_tokens", "rl_max_turns", "rl_max_completion_length", "rl_temperature", "rl_top_k", "rl_top_p",
-        "rl_env_timeout")}
+        "rl_env_timeout", "rl_cut_turn")}
     if settings["rl_temperature"] < 0 or settings["rl_max_new_tokens"] < 1:
         raise ConfigError("--rl-temperature must be >= 0 and --rl-max-new-tokens positive")
     sampling = SamplingParams(settings["rl_temperature"], settings["rl_top_k"], settings["rl_top_p"])
@@ -239,7 +239,7 @@ def run_eval(*, model: str, baseline: str | None, module: str | None, class_name
             env, backend, tokenizer, rows, label=source.spec, samples=samples,
             max_new_tokens=settings["rl_max_new_tokens"], max_turns=settings["rl_max_turns"],
             max_completion_length=settings["rl_max_completion_length"], sampling=sampling,
-            env_timeout=settings["rl_env_timeout"], batch_size=batch_size, seed=seed,
+            env_timeout=settings["rl_env_timeout"], batch_size=batch_size, seed=seed, cut_turn=settings["rl_cut_turn"],
         ))
         del backend  # the model's memory goes before the next one loads
     show_results(results, console, env_name=f"{module}.{class_name}", sampling=sampling)

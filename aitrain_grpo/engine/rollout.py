@@ -13,8 +13,9 @@ as sampled (mask 1, with its log-probabilities), each environment reply as the c
 (mask 0, log-prob 0). Nothing generated is ever decoded and re-encoded into the token stream.
 
 Budgets: `max_new_tokens` per model turn, `max_turns`, and `max_completion_length` for everything
-after the prompt. A turn that hits its token limit, or a reply that would overflow the completion
-budget, ends the episode as truncated; it is scored as it stands. Each episode's `stop_reason` says
+after the prompt. A turn that hits its token limit ends the episode as truncated (`cut_turn="end"`)
+or is answered by the environment as it stands (`cut_turn="continue"`); a reply that would overflow
+the completion budget ends the episode as truncated; it is scored as it stands. Each episode's `stop_reason` says
 which of these ended it (or the environment, or an error).
 
 Left out: the trainer (see training/) and anything backend-specific (see backends/).
@@ -140,6 +141,7 @@ class RolloutEngine:
         template_kwargs: dict | None = None,
         schedule: str = "auto",
         max_concurrent_episodes: int = 256,
+        cut_turn: str = "end",
     ):
         if schedule not in SCHEDULES:
             raise ValueError(f"schedule must be one of {SCHEDULES}, not {schedule!r}")
@@ -147,7 +149,7 @@ class RolloutEngine:
         self.tokenizer = tokenizer
         self.backend = backend
         self.renderer = ChatRenderer(tokenizer, tools=env.tools, template_kwargs=template_kwargs)
-        self.runner = EpisodeRunner(env, max_turns=max_turns, timeout=env_timeout)
+        self.runner = EpisodeRunner(env, max_turns=max_turns, timeout=env_timeout, cut_turn=cut_turn)
         self.max_new_tokens = max_new_tokens
         self.max_completion_length = max_completion_length
         self.sampling = sampling
@@ -215,8 +217,9 @@ class RolloutEngine:
         return _Turn(ids[:-1] if ended_with_eos else ids, ended_with_eos, cut)
 
     async def _respond(self, episode: Episode, text: str, turn: _Turn) -> list[Message] | None:
-        # A cut turn ends the episode here (runner.respond with cut_off); `--rl-cut-turn continue` is
-        # where it would instead be shown to the environment and counted in `episode.truncated_turns`.
+        # A cut turn ends the episode here (runner.respond with cut_off), or with `cut_turn="continue"`
+        # is shown to the environment and counted in `episode.truncated_turns`; a turn cut by the
+        # completion budget then stops at the next budget check (no room is left for another turn).
         reply = await self.runner.respond(episode, text, cut_off=turn.cut is not None)
         if turn.cut is not None and episode.stop_reason == "turn_tokens":
             episode.stop_reason = turn.cut

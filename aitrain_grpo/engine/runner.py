@@ -38,8 +38,12 @@ class EpisodeRunner:
         workers: int = 64,
         tool_call_format: str = "hermes",
         policy_name: str = "policy",
+        cut_turn: str = "end",
     ):
         self.env = env
+        # A model turn cut off by its token limit: "end" the episode there, or "continue" (the
+        # environment answers the cut turn as it stands, and `episode.truncated_turns` counts it).
+        self.cut_turn = cut_turn
         # How `episode.error` names a text-level policy that raises ("HotelEnv.solve raised ...").
         self.policy_name = policy_name
         # Seconds each `step` call took, in the order they finished (timeouts and failures included).
@@ -110,14 +114,16 @@ class EpisodeRunner:
         """Record a model turn and get the environment's reply (not yet appended to the conversation).
 
         Returns None when the episode is over: the environment ended it, a budget did (`cut_off`:
-        the turn hit its token limit; or the turn cap), or a call failed."""
+        the turn hit its token limit, unless `cut_turn` is "continue"; or the turn cap), or a call failed."""
         episode.messages.append({"role": "assistant", "content": completion})
         episode.turns += 1
         if cut_off:
-            episode.truncated = True
-            episode.done = True
-            episode.stop_reason = "turn_tokens"
-            return None
+            if self.cut_turn == "end":
+                episode.truncated = True
+                episode.done = True
+                episode.stop_reason = "turn_tokens"
+                return None
+            episode.truncated_turns += 1
         episode.tool_calls, episode.tool_call_errors = parse_tool_calls(completion, self.tool_call_format)
         episode.num_tool_calls += len(episode.tool_calls) + len(episode.tool_call_errors)
         started = time.perf_counter()

@@ -6,29 +6,34 @@ files hold the main process's share of each batch):
   loss, KL, entropy, grad_norm, and every `env/*` value the rollout logged.
 - `scores.jsonl`: every episode score of every step (`{"step", "scores"}`), for the score distribution.
 - `episodes.jsonl`: at step 1 and every `--log-episodes-every` steps, a sample of whole episodes (the
-  best and worst of the batch and random others): messages, score, turns, error, step.
+  best and worst of the batch and random others) in `records.episode_record`'s format: messages, score,
+  turns, why the episode stopped, error, step.
 - `report.html`: regenerated whenever episodes are sampled and at the end of training (report.py).
 
 A resumed run starts these files again from its checkpoint's step: records of later steps, which the
 resumed run is about to redo, are dropped when training begins.
 
-Left out: the console (progress.py), health warnings (health.py) and the page itself (report.py).
+Left out: the console (progress.py), health warnings (health.py), the page itself (report.py) and the
+record formats (records.py).
 """
 
 from __future__ import annotations
 
 import importlib.util
-import json
-import math
 import random
 from pathlib import Path
-from typing import Any
+from typing import Protocol
 
 from rich.console import Console
 from transformers import TrainerCallback
 
 from aitrain_grpo.config import RunConfig
-from aitrain_grpo.errors import ConfigError
+from aitrain_grpo.engine.rollout import RolloutBatch
+from aitrain_grpo.errors import ConfigError, describe_exception
+from aitrain_grpo.runlog.health import HealthCallback
+from aitrain_grpo.runlog.progress import TrainingProgress
+from aitrain_grpo.runlog.records import append_jsonl, drop_records_after, episode_record
+from aitrain_grpo.runlog.report import write_report
 
 # The packages transformers' integrations import for each --report-to value (any one of them will do),
 # and the install command to suggest.
@@ -37,36 +42,6 @@ TRACKER_PACKAGES = {
     "wandb": (("wandb",), "pip install wandb"),
     "trackio": (("trackio",), "pip install trackio"),
 }
-
-
-def _clean(value):
-    if isinstance(value, float) and not math.isfinite(value):
-        return None
-    return value
-
-
-def _append(path: Path, records: list[dict[str, Any]]) -> None:
-    with path.open("a") as f:
-        for record in records:
-            f.write(json.dumps(record, default=str) + "\n")
-
-
-def drop_records_after(path: Path, step: int) -> None:
-    """Keep only the records of steps up to `step` (all of them go for a fresh run, step 0)."""
-    if not path.exists():
-        return
-    if step <= 0:
-        path.unlink()
-        return
-    kept = []
-    for line in path.read_text().splitlines():
-        try:
-            record = json.loads(line)
-        except json.JSONDecodeError:
-            continue  # a line torn by the crash being resumed from
-        if isinstance(record, dict) and isinstance(record.get("step"), int) and record["step"] <= step:
-            kept.append(line)
-    path.write_text("".join(line + "\n" for line in kept))
 
 
 class MetricsFileCallback(TrainerCallback):
@@ -82,7 +57,7 @@ class MetricsFileCallback(TrainerCallback):
     def on_log(self, args, state, control, logs=None, **kwargs):
         if not state.is_world_process_zero or not logs or "reward" not in logs:
             return
-        _append(self.path, [{"step": state.global_step, **{k: _clean(v) for k, v in logs.items()}}])
+        append_jsonl(self.path, [{"step": state.global_step, **logs}])
 
 
 def sample_indices(scores: list[float], count: int, rng: random.Random) -> list[int]:
@@ -96,18 +71,26 @@ def sample_indices(scores: list[float], count: int, rng: random.Random) -> list[
     return sorted(picked)
 
 
+class RolloutSource(Protocol):
+    """What the episode log reads: the training rollout (training/rollout.py), which keeps the batch it
+    played last (this process's episodes)."""
+
+    @property
+    def last_batch(self) -> RolloutBatch | None: ...
+
+
 class EpisodeLogCallback(TrainerCallback):
     """Writes each step's scores to `scores.jsonl` and, every `every` steps, sampled whole episodes to
-    `episodes.jsonl`. Reads the step's episodes from `trainer.last_rollout` (set by the rollout
-    function), so it needs the trainer: `bind_trainer` hands it over once the trainer exists."""
+    `episodes.jsonl`, reading the step's episodes from the rollout it is given."""
 
-    def __init__(self, output_dir: str | Path, every: int, count: int, group_size: int, seed: int = 0):
+    def __init__(self, output_dir: str | Path, rollout: RolloutSource, every: int, count: int, group_size: int,
+                 seed: int = 0):
         self.episodes_path = Path(output_dir) / "episodes.jsonl"
         self.scores_path = Path(output_dir) / "scores.jsonl"
+        self.rollout = rollout
         self.every, self.count, self.group_size = every, count, max(group_size, 1)
         self.rng = random.Random(seed)
-        self.trainer = None
-        self._last_batch = None
+        self._last_batch: RolloutBatch | None = None
 
     def on_train_begin(self, args, state, control, **kwargs):
         if state.is_world_process_zero:
@@ -118,19 +101,17 @@ class EpisodeLogCallback(TrainerCallback):
         return bool(self.every and self.count) and (step == 1 or step % self.every == 0)
 
     def on_step_end(self, args, state, control, **kwargs):
-        if not state.is_world_process_zero or self.trainer is None:
+        if not state.is_world_process_zero:
             return
-        batch = getattr(self.trainer, "last_rollout", None)
+        batch = self.rollout.last_batch
         if batch is None or batch is self._last_batch:  # no new rollout this step
             return
         self._last_batch = batch
-        from aitrain_grpo.runlog.report import episode_record
-
         step = state.global_step
         scores = batch.scores
-        _append(self.scores_path, [{"step": step, "scores": [round(s, 4) for s in scores]}])
+        append_jsonl(self.scores_path, [{"step": step, "scores": [round(s, 4) for s in scores]}])
         if self.wants_episodes(step):
-            _append(self.episodes_path, [
+            append_jsonl(self.episodes_path, [
                 episode_record(batch.episodes[i], step=step, index=i, group=i // self.group_size)
                 for i in sample_indices(scores, self.count, self.rng)
             ])
@@ -147,13 +128,11 @@ class ReportCallback(TrainerCallback):
         self.failed = False
 
     def _write(self) -> None:
-        from aitrain_grpo.runlog.report import write_report
-
         try:
             write_report(self.output_dir)
         except Exception as exc:  # the run matters more than its report
             if not self.failed:
-                self.console.print(f"warning: could not write report.html: {type(exc).__name__}: {exc}", markup=False)
+                self.console.print(f"warning: could not write report.html: {describe_exception(exc)}", markup=False)
             self.failed = True
 
     def on_log(self, args, state, control, logs=None, **kwargs):
@@ -176,26 +155,16 @@ def check_tracker_installed(report_to: str) -> None:
                           f"run `{install}` or pass --report-to none")
 
 
-def training_callbacks(config: RunConfig, output_dir: str | Path) -> list[TrainerCallback]:
+def training_callbacks(config: RunConfig, output_dir: str | Path, rollout: RolloutSource) -> list[TrainerCallback]:
     """The callbacks of a training run, in the order they must run: files first, then the console
     (progress and health share one console so warnings print above the progress bar), then the report."""
-    from aitrain_grpo.runlog.health import HealthCallback
-    from aitrain_grpo.runlog.progress import TrainingProgress
-
     check_tracker_installed(config.report_to)
     console = Console(highlight=False, soft_wrap=True)
     return [
         MetricsFileCallback(output_dir),
-        EpisodeLogCallback(output_dir, config.log_episodes_every, config.log_episodes_count,
+        EpisodeLogCallback(output_dir, rollout, config.log_episodes_every, config.log_episodes_count,
                            config.rl_num_generations, seed=config.seed),
         TrainingProgress(console),
         HealthCallback(console),
         ReportCallback(output_dir, config.log_episodes_every, console),
     ]
-
-
-def bind_trainer(trainer) -> None:
-    """Give the callbacks that read the trainer's rollouts their trainer (callbacks are created first)."""
-    for callback in trainer.callback_handler.callbacks:
-        if isinstance(callback, EpisodeLogCallback):
-            callback.trainer = trainer

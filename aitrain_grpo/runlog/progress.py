@@ -3,9 +3,10 @@
 On a terminal, a rich progress bar shows step / total, elapsed time, the ETA and the latest reward mean
 and std, mean turns and errors; above it, one metrics line per logging step. When stdout is not a
 terminal (a log file, CI, a test capturing output) there is no bar and no colour: just the lines,
-`step 12/200  reward 0.412±0.180  turns 2.50  errors 0  ...`, so logs stay greppable.
+`step 12/200  reward 0.412±0.180  turns 2.50  errors 0  ...  rollout 3.10s (gen 2.40s, env 0.50s)
+optimizer 1.20s  850 tok/s  4.30s/step  eta 13:45`, so logs stay greppable and show where the time goes.
 
-Left out: writing anything to disk (callbacks.py) and judging the numbers (health.py).
+Left out: writing anything to disk (files.py) and judging the numbers (health.py).
 """
 
 from __future__ import annotations
@@ -40,10 +41,24 @@ def metrics_line(step: int, max_steps: int, logs: dict[str, Any], elapsed: float
         value = logs.get(key)
         if isinstance(value, (int, float)):
             parts.append(f"{label} {value:{fmt}}")
+    parts.extend(_time_parts(logs))
     parts.append(f"{per_step:.2f}s/step")
     if max_steps and step < max_steps:
         parts.append(f"eta {_clock(per_step * (max_steps - step))}")
     return "  ".join(parts)
+
+
+def _time_parts(logs: dict[str, Any]) -> list[str]:
+    """Where a step's time went (the rollout's `time/*` metrics), where they were logged."""
+    seconds = {key: logs.get(f"time/{key}_s") for key in ("rollout", "generate", "env", "optimizer")}
+    if not all(isinstance(v, (int, float)) for v in seconds.values()):
+        return []
+    parts = [f"rollout {seconds['rollout']:.2f}s (gen {seconds['generate']:.2f}s, env {seconds['env']:.2f}s)",
+             f"optimizer {seconds['optimizer']:.2f}s"]
+    speed = logs.get("time/tokens_per_s")
+    if isinstance(speed, (int, float)):
+        parts.append(f"{speed:.0f} tok/s")
+    return parts
 
 
 class TrainingProgress(TrainerCallback):

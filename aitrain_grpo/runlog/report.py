@@ -10,9 +10,8 @@ Model text is never interpreted as HTML: the JSON is embedded with `<`, `>` and 
 `</script>` inside it can end the block), and the script puts text into the page with `textContent`
 only. A completion that contains `<script>` shows as those characters.
 
-This module also defines the episode record shared by `episodes.jsonl` and `aitrain eval --output`.
-
-Left out: live updating (the page is regenerated during training and by `aitrain report DIR`).
+Left out: live updating (the page is regenerated during training and by `aitrain report DIR`), and the
+record formats of the files it reads (records.py).
 """
 
 from __future__ import annotations
@@ -24,67 +23,13 @@ import time
 from pathlib import Path
 from typing import Any
 
-from aitrain_grpo.env.base import Episode
-from aitrain_grpo.runlog.redaction import redact_strings
+from aitrain_grpo.runlog.records import json_safe, read_jsonl, written_atomically
 
 TEMPLATE = Path(__file__).with_name("report_template.html")
 DATA_MARK = "__AITRAIN_REPORT_DATA__"
 TITLE_MARK = "__AITRAIN_REPORT_TITLE__"
 MAX_EPISODES = 300        # transcripts embedded in the page, spread over the run
 MAX_METRIC_POINTS = 2000  # steps kept per chart; longer runs are thinned evenly (the last step kept)
-ROW_TEXT_LIMIT = 200      # longer string columns of a dataset row are left out of records
-
-
-def _json_safe(value: Any) -> Any:
-    """`value` with every non-finite float (anywhere inside it) replaced by None: JSON has no NaN."""
-    if isinstance(value, float) and not math.isfinite(value):
-        return None
-    if isinstance(value, dict):
-        return {str(k): _json_safe(v) for k, v in value.items()}
-    if isinstance(value, (list, tuple)):
-        return [_json_safe(v) for v in value]
-    return value
-
-
-def episode_record(episode: Episode, **extra: Any) -> dict[str, Any]:
-    """One episode as a JSON-ready dict: the whole conversation, score, turns, error, metrics, and the
-    dataset row's short scalar columns (task ids, answers) so a transcript can be traced to its task."""
-    row = {
-        k: v for k, v in episode.row.items()
-        if k != "prompt" and (isinstance(v, (int, float, bool)) or (isinstance(v, str) and len(v) <= ROW_TEXT_LIMIT))
-    }
-    return redact_strings({  # transcripts never hold the values of secret environment variables
-        **extra,
-        "score": _json_safe(float(episode.score or 0.0)),
-        "turns": episode.turns,
-        "truncated": episode.truncated,
-        "error": episode.error,
-        "tool_calls": episode.num_tool_calls,
-        "tool_errors": episode.num_tool_errors,
-        "metrics": {k: _json_safe(float(v)) for k, v in episode.metrics.items()
-                    if isinstance(v, (int, float)) and not isinstance(v, bool)},
-        "row": {k: _json_safe(v) for k, v in row.items()},
-        "messages": [{k: v for k, v in m.items() if isinstance(v, (str, int, float, bool, type(None)))}
-                     for m in episode.messages],
-    })
-
-
-# ------------------------------------------------------------------------------------ reading a run
-
-
-def read_jsonl(path: Path) -> list[dict[str, Any]]:
-    """Records of a JSONL file; a torn last line (a run still writing) is skipped."""
-    if not path.exists():
-        return []
-    records = []
-    for line in path.read_text(errors="replace").splitlines():
-        try:
-            record = json.loads(line)
-        except json.JSONDecodeError:
-            continue
-        if isinstance(record, dict):
-            records.append(record)
-    return records
 
 
 def _by_step(records: list[dict[str, Any]]) -> list[dict[str, Any]]:
@@ -114,6 +59,8 @@ def _read_json(path: Path) -> dict[str, Any]:
 
 def report_data(output_dir: str | Path) -> dict[str, Any]:
     """Everything the page shows, as one JSON-ready dict."""
+    # health.py defines a trainer callback, so importing it loads transformers and torch (seconds):
+    # `aitrain report` pays that only when it gets this far.
     from aitrain_grpo.runlog.health import first_warnings
 
     output_dir = Path(output_dir)
@@ -146,7 +93,7 @@ def report_data(output_dir: str | Path) -> dict[str, Any]:
 def embed_json(data: Any) -> str:
     """JSON that is safe inside `<script type="application/json">`: no `<`, `>` or `&` survive as such,
     so nothing in it can close the block or open a comment; JSON.parse reads the escapes back."""
-    text = json.dumps(_json_safe(data), ensure_ascii=False, allow_nan=False, default=str)
+    text = json.dumps(json_safe(data), ensure_ascii=False, allow_nan=False, default=str)
     for char, escaped in (("&", "\\u0026"), ("<", "\\u003c"), (">", "\\u003e"),
                           ("\u2028", "\\u2028"), ("\u2029", "\\u2029")):
         text = text.replace(char, escaped)
@@ -164,7 +111,6 @@ def write_report(output_dir: str | Path, path: str | Path | None = None) -> Path
     output_dir = Path(output_dir)
     target = Path(path) if path else output_dir / "report.html"
     page = render_report(report_data(output_dir))
-    partial = target.with_name(target.name + ".partial")
-    partial.write_text(page, encoding="utf-8")
-    partial.replace(target)  # a browser open on the old page never sees half of the new one
+    with written_atomically(target) as partial:  # a browser open on the old page never sees half the new one
+        partial.write_text(page, encoding="utf-8")
     return target

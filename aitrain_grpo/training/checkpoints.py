@@ -25,15 +25,18 @@ and merging checkpoints of runs with different batch shapes (refused with a mess
 
 from __future__ import annotations
 
-import functools
 import json
 import re
 import shutil
 from pathlib import Path
 from typing import Any
 
+import torch
+from trl.trainer.utils import RepeatSampler
+
 from aitrain_grpo.config import RunConfig
 from aitrain_grpo.errors import ConfigError
+from aitrain_grpo.runlog.records import publish
 
 RUN_STATE_FILE = "aitrain_state.json"
 PARTIAL_PREFIX = ".partial-"
@@ -122,6 +125,7 @@ def check_output_dir_for_run(config: RunConfig) -> Path | None:
     written over with `--overwrite` or continued with `--resume-from-checkpoint`. Returns the checkpoint
     to resume from (None: a fresh start)."""
     output_dir = config.resolved_output_dir()
+    _check_can_be_created(output_dir)
     resume = resume_checkpoint(config)
     if resume is not None or config.overwrite:
         return resume
@@ -139,13 +143,31 @@ def check_output_dir_for_run(config: RunConfig) -> Path | None:
     return None
 
 
+def _check_can_be_created(output_dir: Path) -> None:
+    """A one-line error, before anything loads, for an --output-dir that is a file or cannot be made.
+    Only trying tells (root passes access() checks, /proc refuses anyway), so the missing folders are
+    made and removed again: a run that then fails to load leaves nothing behind."""
+    if output_dir.exists():
+        if not output_dir.is_dir():
+            raise ConfigError(f"--output-dir {output_dir} is a file, not a folder; pass a folder path (it is created if missing)")
+        return
+    missing = [output_dir, *(p for p in output_dir.parents if not p.exists())]
+    try:
+        output_dir.mkdir(parents=True)
+    except OSError as exc:
+        reason = exc.strerror or type(exc).__name__
+        raise ConfigError(f"--output-dir {output_dir} cannot be created ({reason}); pass a folder you can write to") from None
+    for folder in missing:  # innermost first
+        folder.rmdir()
+
+
 # ------------------------------------------------------------------------------------- the output dir
 
 
 def prepare_output_dir(output_dir: Path, resume: Path | None) -> None:
     """Before training: drop saves that were cut off and the marks of a finished run; a fresh start
     also removes an earlier run's checkpoints (the caller has made sure the user allowed it). The
-    per-step logs are cut back to the resumed step by the callbacks that write them (callbacks.py)."""
+    per-step logs are cut back to the resumed step by the callbacks that write them (runlog/files.py)."""
     output_dir.mkdir(parents=True, exist_ok=True)
     for partial in output_dir.glob(f"{PARTIAL_PREFIX}checkpoint-*"):
         shutil.rmtree(partial, ignore_errors=True)  # never resumable
@@ -160,29 +182,22 @@ def prepare_output_dir(output_dir: Path, resume: Path | None) -> None:
 # --------------------------------------------------------------------------------------- the trainer
 
 
-@functools.lru_cache(maxsize=None)
-def resumable_sampler_class():
-    import torch
-    from trl.trainer.utils import RepeatSampler
+class ResumableRepeatSampler(RepeatSampler):
+    """RepeatSampler whose epoch-e order is the (e+1)-th draw of a generator seeded afresh: the
+    order TRL gives an uninterrupted run, reproducible from the epoch number alone. HF Trainer
+    calls `set_epoch` before each epoch, including the first one after a resume."""
 
-    class ResumableRepeatSampler(RepeatSampler):
-        """RepeatSampler whose epoch-e order is the (e+1)-th draw of a generator seeded afresh: the
-        order TRL gives an uninterrupted run, reproducible from the epoch number alone. HF Trainer
-        calls `set_epoch` before each epoch, including the first one after a resume."""
+    epoch = 0
 
-        epoch = 0
+    def set_epoch(self, epoch: int) -> None:
+        self.epoch = epoch
 
-        def set_epoch(self, epoch: int) -> None:
-            self.epoch = epoch
-
-        def __iter__(self):
-            if self.shuffle and self.seed is not None:
-                self.generator.manual_seed(self.seed)
-                for _ in range(self.epoch):  # the draws of the epochs before this one
-                    torch.randperm(self.num_samples, generator=self.generator)
-            return super().__iter__()
-
-    return ResumableRepeatSampler
+    def __iter__(self):
+        if self.shuffle and self.seed is not None:
+            self.generator.manual_seed(self.seed)
+            for _ in range(self.epoch):  # the draws of the epochs before this one
+                torch.randperm(self.num_samples, generator=self.generator)
+        return super().__iter__()
 
 
 class AtomicCheckpoints:
@@ -193,12 +208,10 @@ class AtomicCheckpoints:
     _staging_dir: Path | None = None
 
     def _get_train_sampler(self, dataset=None):
-        from trl.trainer.utils import RepeatSampler
-
         sampler = super()._get_train_sampler(dataset)
         if type(sampler) is RepeatSampler:
             # Re-class rather than rebuild, so the sampler keeps whatever arguments TRL gave it.
-            sampler.__class__ = resumable_sampler_class()
+            sampler.__class__ = ResumableRepeatSampler
         return sampler
 
     def _get_output_dir(self, trial):
@@ -235,10 +248,8 @@ class AtomicCheckpoints:
                 "parts": {key: cb.state_dict() for key, cb in self._stateful_callbacks().items()},
             }
             (written / RUN_STATE_FILE).write_text(json.dumps(state, indent=2) + "\n")
-            final = run_dir / name
-            if final.exists():  # the same step saved twice (a stop right after a scheduled save)
-                shutil.rmtree(final)
-            written.replace(final)
+            # The same step may be saved twice (a stop right after a scheduled save): publish replaces it.
+            publish(written, run_dir / name)
             shutil.rmtree(staging, ignore_errors=True)
             self._keep_newest_checkpoints(run_dir)
         self.accelerator.wait_for_everyone()

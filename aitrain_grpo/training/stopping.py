@@ -1,11 +1,12 @@
 """Stopping a run early and cleanly: too many failing episodes, a dead generation backend, a signal.
 
-A fault inside one episode never stops training (episodes.py gives it score 0 and an error). A run
+A fault inside one episode never stops training (engine/runner.py gives it score 0 and an error). A run
 stops early only when:
 
 - the share of failed episodes over the last `window` (4) steps is above `--rl-max-error-rate`
   (0.5; 1.0 never stops). `ErrorRateStop` counts the errors of each step's episodes (gathered across
-  processes, so every process decides the same) and, from the step where the window is full, asks HF
+  processes, so every process decides the same; the training rollout hands it each batch's
+  `EpisodeSummary`s) and, from the step where the window is full, asks HF
   Trainer to save a checkpoint and stop; the message names the three most common errors. The first
   10 distinct errors are also printed as they appear, so a user sees them long before any bound is hit;
 - the generation backend raises `GenerationBackendError` (a server that stopped answering after its
@@ -15,6 +16,7 @@ stops early only when:
 
 `clean_stops(trainer)` wraps `trainer.train()` and turns each of these into `TrainingStopped`, which
 carries the exit code and the lines the CLI prints (what happened, where the checkpoint is, how to go on).
+It finds the two stopping callbacks among the trainer's callbacks (`callback_handler`, transformers' API).
 
 Left out: retrying failed episodes, and HTTP retries themselves (the server client's job; it raises
 `GenerationBackendError` once they are used up).
@@ -27,12 +29,15 @@ import shlex
 import signal
 import sys
 from collections import Counter, deque
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Any, Iterator
+from typing import Any, Iterator, TypeVar
 
 from transformers import TrainerCallback
 
 from aitrain_grpo.engine.backends.base import GenerationBackendError
+from aitrain_grpo.engine.stats import EpisodeSummary
+from aitrain_grpo.errors import one_line
 from aitrain_grpo.training.signals import SignalStop
 
 EXIT_FAULT = 1
@@ -79,9 +84,23 @@ def resume_command(argv: list[str]) -> str:
     return shlex.join(["aitrain", *kept, "--resume-from-checkpoint", "auto"])
 
 
-def _short(text: str) -> str:
-    flat = " ".join(str(text).split())
-    return flat if len(flat) <= _MAX_SHOWN else flat[: _MAX_SHOWN - 3] + "..."
+@dataclass
+class StepErrors:
+    """The episodes of one finished step (all processes'), and how many failed with which message."""
+
+    step: int = 0
+    episodes: int = 0
+    errors: int = 0
+    messages: dict[str, int] = field(default_factory=dict)
+
+    @classmethod
+    def from_state(cls, saved: Any) -> StepErrors:
+        """An entry as `state_dict` saved it; checkpoints from before this type stored a list
+        `[step, episodes, errors, {message: count}]`."""
+        if isinstance(saved, (list, tuple)):
+            step, episodes, errors, messages = saved
+            return cls(int(step), int(episodes), int(errors), dict(messages))
+        return cls(int(saved["step"]), int(saved["episodes"]), int(saved["errors"]), dict(saved["messages"]))
 
 
 class ErrorRateStop(TrainerCallback):
@@ -94,24 +113,23 @@ class ErrorRateStop(TrainerCallback):
         self.window_size = window
         self.stream = stream or sys.stderr
         self.announce = True
-        # One entry per finished step: [step, episodes, errors, {message: count}].
-        self.window: deque = deque(maxlen=window)
-        self._pending: list[Any] = [0, 0, Counter()]
+        self.window: deque[StepErrors] = deque(maxlen=window)  # one entry per finished step
+        self._pending = StepErrors()
         self.seen: list[str] = []  # distinct messages already printed
         self.episodes_total = 0
         self.errors_total = 0
         self.triggered: str | None = None
 
-    def observe(self, summaries: list[dict[str, Any]]) -> None:
+    def observe(self, summaries: list[EpisodeSummary]) -> None:
         """Record one rollout's episode summaries (all processes' episodes)."""
-        self._pending[0] += len(summaries)
+        pending = self._pending
+        pending.episodes += len(summaries)
         for summary in summaries:
-            error = summary.get("error")
-            if not error:
+            if not summary.error:
                 continue
-            message = _short(error)
-            self._pending[1] += 1
-            self._pending[2][message] += 1
+            message = one_line(summary.error, _MAX_SHOWN)
+            pending.errors += 1
+            pending.messages[message] = pending.messages.get(message, 0) + 1
             if message not in self.seen and len(self.seen) < ANNOUNCED_ERRORS:
                 self.seen.append(message)
                 if self.announce:
@@ -122,23 +140,23 @@ class ErrorRateStop(TrainerCallback):
         self.announce = state.is_world_process_zero
 
     def on_step_end(self, args, state, control, **kwargs):
-        episodes, errors, messages = self._pending
-        self._pending = [0, 0, Counter()]
-        if episodes == 0:  # a micro-step without a rollout (generation batches reused)
+        finished, self._pending = self._pending, StepErrors()
+        if finished.episodes == 0:  # a micro-step without a rollout (generation batches reused)
             return control
-        self.window.append([state.global_step, episodes, errors, dict(messages)])
-        self.episodes_total += episodes
-        self.errors_total += errors
+        finished.step = state.global_step
+        self.window.append(finished)
+        self.episodes_total += finished.episodes
+        self.errors_total += finished.errors
         if len(self.window) < self.window_size:
             return control
-        total = sum(entry[1] for entry in self.window)
-        failed = sum(entry[2] for entry in self.window)
+        total = sum(entry.episodes for entry in self.window)
+        failed = sum(entry.errors for entry in self.window)
         if total and failed / total > self.max_rate:
-            counts: Counter = Counter()
+            counts: Counter[str] = Counter()
             for entry in self.window:
-                counts.update(entry[3])
+                counts.update(entry.messages)
             common = "; ".join(f"({n}x) {message}" for message, n in counts.most_common(3))
-            first, last = self.window[0][0], self.window[-1][0]
+            first, last = self.window[0].step, self.window[-1].step
             self.triggered = (
                 f"{failed} of {total} episodes failed in steps {first}-{last} ({failed / total:.0%}), above "
                 f"--rl-max-error-rate {self.max_rate:g}; most common: {common}; fix the environment, or raise "
@@ -150,24 +168,23 @@ class ErrorRateStop(TrainerCallback):
 
     def state_dict(self) -> dict[str, Any]:
         return {
-            "window": list(self.window),
+            "window": [asdict(entry) for entry in self.window],
             "seen": self.seen,
             "episodes_total": self.episodes_total,
             "errors_total": self.errors_total,
         }
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
-        self.window = deque((list(entry) for entry in state.get("window", [])), maxlen=self.window_size)
+        self.window = deque((StepErrors.from_state(entry) for entry in state.get("window", [])), maxlen=self.window_size)
         self.seen = list(state.get("seen", []))
         self.episodes_total = int(state.get("episodes_total", 0))
         self.errors_total = int(state.get("errors_total", 0))
 
 
-def stop_callbacks(max_error_rate: float) -> list[TrainerCallback]:
-    return [SignalStop(), ErrorRateStop(max_error_rate)]
+Callback = TypeVar("Callback", bound=TrainerCallback)
 
 
-def _find(trainer, kind: type):
+def _find(trainer, kind: type[Callback]) -> Callback | None:
     return next((cb for cb in trainer.callback_handler.callbacks if isinstance(cb, kind)), None)
 
 
@@ -183,15 +200,12 @@ def clean_stops(trainer) -> Iterator[None]:
     errors = _find(trainer, ErrorRateStop)
     if signals is not None:
         signals.install()
-    observers = getattr(trainer, "rollout_observers", [])
-    if errors is not None:
-        trainer.rollout_observers = [*observers, errors.observe]
     try:
         yield
     except GenerationBackendError as exc:
         checkpoint = trainer.save_checkpoint_now()
         raise TrainingStopped(
-            f"generation backend failed at step {trainer.state.global_step + 1}: {_short(exc)}; "
+            f"generation backend failed at step {trainer.state.global_step + 1}: {one_line(exc, _MAX_SHOWN)}; "
             f"check that the server is up, then resume",
             EXIT_FAULT,
             checkpoint,
@@ -199,7 +213,6 @@ def clean_stops(trainer) -> Iterator[None]:
     finally:
         if signals is not None:
             signals.uninstall()
-        trainer.rollout_observers = observers
     finished = trainer.state.max_steps > 0 and trainer.state.global_step >= trainer.state.max_steps
     if signals is not None and signals.received is not None and not finished:
         name = signal.Signals(signals.received).name

@@ -1,15 +1,20 @@
-"""`train(config)`: RunConfig -> GRPOConfig + GRPOTrainer with the rollout engine as `rollout_func`.
+"""`train(config)`: RunConfig -> GRPOConfig + GRPOTrainer with a `TrainingRollout` as `rollout_func`.
 
 TRL owns the algorithm (group-normalised advantages, the clipped loss over `env_mask == 1` tokens, KL,
 the optimizer); this module only wires our pieces into it:
+- the run's `RunPlan` (plan.py) is decided once and passed to everything that needs it;
 - the environment's dataset becomes `train_dataset`;
-- `rollout_func` plays the episodes of each batch with the `RolloutEngine`;
-- `episode_score` (the reward function) hands TRL the scores the engine computed.
+- `rollout_func` is the `TrainingRollout` (rollout.py), which plays each batch's episodes; it is built
+  first and handed to the callbacks that read it, and the error-rate stop watches its episodes;
+- `episode_score` (the reward function) hands TRL the scores the rollout computed.
 
-TRL passes `rollout_func` only the prompts, but episodes need their whole dataset row (the columns
-`score_episode` reads), so `EpisodeGRPOTrainer` keeps the batch's rows where the rollout can find them.
+`EpisodeGRPOTrainer` is TRL's trainer plus what only a subclass can do: hand each batch's dataset rows
+to the rollout (TRL gives `rollout_func` only the prompts), merge the rollout's metrics into each log
+record (`log`, the method TRL itself extends to log its metrics), write checkpoints atomically
+(checkpoints.py) and leave dropped groups out of the loss (groups.py).
 
-Left out: the console display and files written during training (callbacks.py).
+Left out: the console display and the files written during training (runlog/), stopping early
+(stopping.py), and the rollout itself (rollout.py, engine/).
 """
 
 from __future__ import annotations
@@ -22,15 +27,28 @@ from pathlib import Path
 from typing import Any
 
 import torch
+from datasets import Dataset
+from peft import LoraConfig
+from transformers.trainer_callback import PrinterCallback, ProgressCallback
+from trl import GRPOConfig, GRPOTrainer
 
 from aitrain_grpo.config import RunConfig
-from aitrain_grpo.errors import ConfigError
 from aitrain_grpo.env.base import Environment
+from aitrain_grpo.env.dataset import build_rows
+from aitrain_grpo.env.loading import load_environment
+from aitrain_grpo.models import load_model_and_tokenizer
+from aitrain_grpo.runlog.files import training_callbacks
+from aitrain_grpo.runlog.redaction import redact
+from aitrain_grpo.training import small_dataset
+from aitrain_grpo.training.checkpoints import AtomicCheckpoints, check_output_dir_for_run, prepare_output_dir
 from aitrain_grpo.training.generation import check_server as check_vllm_server
 from aitrain_grpo.training.generation import grpo_kwargs as generation_grpo_kwargs
-from aitrain_grpo.training.generation import plan_generation, reserve_server_gpus, sampling_warning
-
-TRAINING_OUTPUT_FILES = ("run_config.json", "metrics.jsonl")
+from aitrain_grpo.training.generation import sampling_warning
+from aitrain_grpo.training.groups import DroppedRowsLoss
+from aitrain_grpo.training.plan import RunPlan, plan_run
+from aitrain_grpo.training.rollout import TrainingRollout
+from aitrain_grpo.training.signals import SignalStop
+from aitrain_grpo.training.stopping import ErrorRateStop, clean_stops
 
 
 def episode_score(prompts=None, completions=None, episode_score=None, **kwargs) -> list[float]:
@@ -40,32 +58,43 @@ def episode_score(prompts=None, completions=None, episode_score=None, **kwargs) 
     return [float(s) for s in episode_score]
 
 
-def _trainer_class():
-    from trl import GRPOTrainer
+class EpisodeGRPOTrainer(AtomicCheckpoints, DroppedRowsLoss, GRPOTrainer):
+    """GRPOTrainer driven by a `TrainingRollout` (see the module docstring). `drop_masked_rows`: leave
+    rows whose loss mask is all zero out of the loss (--rl-zero-std-groups drop/refill, groups.py).
+    `external_weight_sync`: this package, not TRL, moves the weights into vLLM (generation.py)."""
 
-    from aitrain_grpo.training.checkpoints import AtomicCheckpoints
+    def __init__(self, *, rollout: TrainingRollout, plan: RunPlan, drop_masked_rows: bool = False,
+                 external_weight_sync: bool = False, **kwargs):
+        super().__init__(rollout_func=rollout, **kwargs)
+        self.rollout = rollout
+        self.plan = plan
+        self.drop_masked_rows = drop_masked_rows
+        self.external_weight_sync = external_weight_sync
+        if external_weight_sync:
+            # TRL gates its importance-sampling correction on use_vllm, so that goes on once TRL has
+            # built whatever it builds; `_generate` keeps TRL's own push before each rollout off.
+            self.use_vllm = True
 
-    class EpisodeGRPOTrainer(AtomicCheckpoints, GRPOTrainer):
-        """GRPOTrainer that remembers the dataset rows of the batch being rolled out (checkpointing:
-        see checkpoints.py)."""
+    def _generate_and_score_completions(self, inputs):
+        self.rollout.take_rows(inputs)
+        return super()._generate_and_score_completions(inputs)
 
-        rollout_rows: list[dict[str, Any]] = []
-        rollout_observers: list = []  # called with each rollout's episode summaries (all processes')
+    def _generate(self, prompts):
+        if self.external_weight_sync:
+            self._last_loaded_step = self.state.global_step  # marks TRL's weights as pushed: ours are
+        return super()._generate(prompts)
 
-        def _generate_and_score_completions(self, inputs):
-            self.rollout_rows = [dict(row) for row in inputs]
-            return super()._generate_and_score_completions(inputs)
+    def log(self, logs: dict[str, float], start_time: float | None = None) -> None:
+        if self.model.training:
+            logs.update(self.rollout.metrics.drain())
+        super().log(logs, start_time)
 
-    return EpisodeGRPOTrainer
 
-
-def grpo_config(config: RunConfig, output_dir: Path):
+def grpo_config(config: RunConfig, plan: RunPlan) -> GRPOConfig:
     """Translate RunConfig into TRL's GRPOConfig, with CPU-friendly settings where there is no CUDA."""
-    from trl import GRPOConfig
-
     on_cpu = not torch.cuda.is_available()
     kwargs: dict[str, Any] = dict(
-        output_dir=str(output_dir),
+        output_dir=str(plan.output_dir),
         learning_rate=config.lr,
         per_device_train_batch_size=config.batch_size,
         gradient_accumulation_steps=config.gradient_accumulation_steps,
@@ -89,7 +118,7 @@ def grpo_config(config: RunConfig, output_dir: Path):
         disable_tqdm=True,
         log_completions=False,
     )
-    kwargs.update(generation_grpo_kwargs(config, plan_generation(config)))
+    kwargs.update(generation_grpo_kwargs(config, plan.generation))
     if config.rl_loss_type:
         kwargs["loss_type"] = config.rl_loss_type
     if on_cpu:
@@ -99,61 +128,9 @@ def grpo_config(config: RunConfig, output_dir: Path):
     return GRPOConfig(**kwargs)
 
 
-def make_rollout_func(env: Environment, config: RunConfig):
-    """The `rollout_func` TRL calls each generation step: play the batch's episodes, log `env/*`."""
-    from aitrain_grpo.engine.backends.base import SamplingParams
-    from aitrain_grpo.models import stop_token_ids
-    from aitrain_grpo.training.generation import make_backend, plan_generation
-    from aitrain_grpo.engine.rollout import RolloutEngine, batch_metrics
-
-    holder: dict[str, Any] = {}
-
-    def rollout(prompts: list, trainer) -> dict[str, Any]:
-        engine = holder.get("engine")
-        mode = "train" if trainer.model.training else "eval"
-        if engine is None:
-            stop_ids = stop_token_ids(trainer.model, trainer.processing_class)
-            backend, holder["weight_sync"] = make_backend(trainer, config, plan_generation(config), stop_ids)
-            engine = holder["engine"] = RolloutEngine(
-                env,
-                trainer.processing_class,
-                backend,
-                max_new_tokens=config.rl_max_new_tokens,
-                max_turns=config.rl_max_turns,
-                max_completion_length=config.rl_max_completion_length,
-                sampling=SamplingParams(config.rl_temperature, config.rl_top_k, config.rl_top_p),
-                env_timeout=config.rl_env_timeout,
-            )
-        rows = trainer.rollout_rows
-        if len(rows) != len(prompts):
-            raise RuntimeError(f"rollout got {len(prompts)} prompts but {len(rows)} dataset rows")
-        weight_sync = holder.get("weight_sync")
-        if weight_sync is not None:
-            seconds = weight_sync.maybe_sync(trainer)
-            if seconds is not None:
-                trainer._metrics[mode]["vllm/sync_seconds"].append(seconds)
-        batch = engine.run(rows)
-        summaries = batch.summaries()
-        if trainer.accelerator.num_processes > 1:
-            from accelerate.utils import gather_object
-
-            summaries = gather_object(summaries)
-        for key, value in batch_metrics(summaries).items():
-            trainer._metrics[mode][key].append(value)
-        for observe in trainer.rollout_observers:
-            observe(summaries)
-        trainer.last_rollout = batch
-        return batch.for_trl()
-
-    rollout.holder = holder
-    return rollout
-
-
-def _peft_config(config: RunConfig):
+def _peft_config(config: RunConfig) -> LoraConfig | None:
     if not config.peft:
         return None
-    from peft import LoraConfig
-
     targets: Any = config.target_modules
     if targets != "all-linear":
         targets = [t.strip() for t in targets.split(",") if t.strip()]
@@ -165,85 +142,73 @@ def _peft_config(config: RunConfig):
 
 def check_output_dir(config: RunConfig) -> Path:
     """Refuse to overwrite a finished run, or one with checkpoints, unless asked to (checkpoints.py)."""
-    from aitrain_grpo.training.checkpoints import check_output_dir_for_run
-
     check_output_dir_for_run(config)
     return config.resolved_output_dir()
 
 
-def build_trainer(config: RunConfig, env: Environment | None = None, *, callbacks: list | None = None):
-    """Everything `train` does before `trainer.train()`: validate, load the environment, model and
-    dataset, write `run_config.json`, and construct the trainer. Returns the trainer; its
-    `rollout_func.holder["engine"]` is the rollout engine once the first batch has been played."""
-    from datasets import Dataset
-
-    from aitrain_grpo.runlog.files import bind_trainer, training_callbacks
-    from aitrain_grpo.training.checkpoints import prepare_output_dir, resume_checkpoint
-    from aitrain_grpo.env.dataset import build_rows
-    from aitrain_grpo.env.loading import load_environment
-    from aitrain_grpo.runlog.redaction import redact
-    from aitrain_grpo.training.stopping import stop_callbacks
-
-    config.validate()
-    reserve_server_gpus(config)  # before anything starts CUDA
-    plan = plan_generation(config)
-    check_vllm_server(config, plan)
-    warning = sampling_warning(config, plan)
+def build_trainer(config: RunConfig, env: Environment | None = None, *, callbacks: list | None = None,
+                  plan: RunPlan | None = None) -> EpisodeGRPOTrainer:
+    """Everything `train` does before `trainer.train()`: plan the run (unless `plan` is given), load
+    the environment, model and dataset, write `run_config.json`, and construct the trainer. Its
+    `rollout` is the `TrainingRollout` (its `last_batch` the latest episodes played) and its `plan`
+    the `RunPlan`."""
+    plan = plan or plan_run(config)
+    check_vllm_server(config, plan.generation)
+    warning = sampling_warning(config, plan.generation)
     if warning:
         print(warning, file=sys.stderr)
-    output_dir = check_output_dir(config)
     if env is None:
         env = load_environment(config.rl_env_module, config.rl_env_class, config.rl_env_config)
     os.environ.setdefault("TRL_EXPERIMENTAL_SILENCE", "1")
 
-    from aitrain_grpo.models import load_model_and_tokenizer
-
     model, tokenizer = load_model_and_tokenizer(config.model)
-    dataset = Dataset.from_list(build_rows(env, tokenizer))
-    prepare_output_dir(output_dir, resume_checkpoint(config))
-    (output_dir / "run_config.json").write_text(json.dumps(redact(config.to_dict()), indent=2, default=str) + "\n")
-    callbacks = [*stop_callbacks(config.rl_max_error_rate), *(callbacks or [])]
+    dataset = Dataset.from_list(small_dataset.fill_one_step(build_rows(env, tokenizer), config))
+    prepare_output_dir(plan.output_dir, plan.resume)
+    (plan.output_dir / "run_config.json").write_text(json.dumps(redact(config.to_dict()), indent=2, default=str) + "\n")
 
-    trainer = _trainer_class()(
+    error_stop = ErrorRateStop(config.rl_max_error_rate)
+    rollout = TrainingRollout(env, config, plan.generation, observers=[error_stop.observe])
+    trainer = EpisodeGRPOTrainer(
+        rollout=rollout,
+        plan=plan,
+        drop_masked_rows=config.rl_zero_std_groups != "keep",
+        external_weight_sync=plan.generation.external_weight_sync,
         model=model,
-        args=grpo_config(config, output_dir),
+        args=grpo_config(config, plan),
         train_dataset=dataset,
         processing_class=tokenizer,
         reward_funcs=[episode_score],
-        rollout_func=make_rollout_func(env, config),
         peft_config=_peft_config(config),
-        callbacks=[*training_callbacks(config, output_dir), *(callbacks or [])],
+        callbacks=[rollout, *training_callbacks(config, plan.output_dir, rollout), SignalStop(), error_stop,
+                   *(callbacks or [])],
     )
-    bind_trainer(trainer)
-    _drop_default_printer(trainer)
+    # transformers prints every log dict; our TrainingProgress prints a compact line instead.
+    trainer.remove_callback(PrinterCallback)
+    trainer.remove_callback(ProgressCallback)
     return trainer
 
 
-def train(config: RunConfig, env: Environment | None = None, *, callbacks: list | None = None) -> dict[str, Any]:
+def train(config: RunConfig, env: Environment | None = None, *, callbacks: list | None = None,
+          plan: RunPlan | None = None) -> dict[str, Any]:
     """Train the model in the environment as `config` says. Returns the run summary (also written to
-    `run_summary.json`). `env` skips loading the environment from `config` (Python API use). A run
-    that stops early (a signal, too many failed episodes, a dead generation backend) saves a checkpoint
-    and raises `stopping.TrainingStopped`."""
-    from aitrain_grpo.training.checkpoints import resume_checkpoint
-    from aitrain_grpo.training.stopping import clean_stops
-
-    trainer = build_trainer(config, env, callbacks=callbacks)
-    output_dir = config.resolved_output_dir()
+    `run_summary.json`). `env` skips loading the environment from `config` (Python API use); `plan`
+    is the run's plan when the caller has made it already (`plan_run(config)`). A run that stops early
+    (a signal, too many failed episodes, a dead generation backend) saves a checkpoint and raises
+    `stopping.TrainingStopped`."""
+    trainer = build_trainer(config, env, callbacks=callbacks, plan=plan)
     started = time.time()
     try:
         with clean_stops(trainer):  # early stops (signals, error rate, backend) raise TrainingStopped
-            trainer.train(resume_from_checkpoint=resume_checkpoint(config))
-            weight_sync = trainer.rollout_func.holder.get("weight_sync")
-            if weight_sync is not None:
-                weight_sync.maybe_sync(trainer)  # leave the server serving the final weights
+            trainer.train(resume_from_checkpoint=trainer.plan.resume)
+            trainer.rollout.sync_weights(trainer)  # leave a server serving the final weights
     finally:
-        engine = trainer.rollout_func.holder.get("engine")
-        if engine is not None:
-            engine.close()
+        trainer.rollout.close()
+    output_dir = trainer.plan.output_dir
     trainer.save_model(str(output_dir))
     summary: dict[str, Any] = {
-        "completed": True,
+        "completed": 0 < trainer.state.global_step and trainer.state.global_step >= trainer.state.max_steps,
         "global_step": trainer.state.global_step,
+        "steps_asked": trainer.state.max_steps,
         "runtime_seconds": round(time.time() - started, 2),
         "model": config.model,
         "adapter": bool(config.peft),
@@ -252,11 +217,3 @@ def train(config: RunConfig, env: Environment | None = None, *, callbacks: list 
         trainer.processing_class.save_pretrained(str(output_dir))
         (output_dir / "run_summary.json").write_text(json.dumps(summary, indent=2) + "\n")
     return summary
-
-
-def _drop_default_printer(trainer) -> None:
-    """transformers prints every log dict; our TrainingProgress prints a compact line instead."""
-    from transformers.trainer_callback import PrinterCallback, ProgressCallback
-
-    trainer.remove_callback(PrinterCallback)
-    trainer.remove_callback(ProgressCallback)

@@ -1,4 +1,4 @@
-"""Getting the trainer's new weights into a vLLM server after each optimizer step.
+"""Getting the trainer's new weights into the vLLM engine that samples the episodes.
 
 Colocated engine (in the trainer's process, built by TRL):
 - on CUDA, TRL pushes each parameter into vLLM's model itself (`load_weights`), which works there;
@@ -35,6 +35,7 @@ from pathlib import Path
 import torch
 
 from aitrain_grpo.engine.backends.vllm_server import VLLMServerBackend, VLLMServerClient
+from aitrain_grpo.runlog.records import written_atomically
 
 
 def choose_sync_method(requested: str, *, peft: bool, cuda: bool) -> str:
@@ -63,15 +64,6 @@ def merged_state_dict(model) -> dict[str, torch.Tensor]:
     finally:
         if is_peft:
             model.unmerge_adapter()
-
-
-def _write_atomically(final: Path, write) -> None:
-    temporary = final.parent / f".{final.name}.partial"
-    shutil.rmtree(temporary, ignore_errors=True)
-    temporary.mkdir(parents=True)
-    write(temporary)
-    shutil.rmtree(final, ignore_errors=True)
-    temporary.rename(final)
 
 
 class FolderWeightSync:
@@ -119,17 +111,25 @@ class FolderWeightSync:
             self.sync_dir.mkdir(parents=True, exist_ok=True)
             previous = self.current
             if self.method == "lora":
-                _write_atomically(version, lambda folder: model.save_pretrained(str(folder)))
+                with written_atomically(version, folder=True) as folder:
+                    model.save_pretrained(str(folder))
                 self.client.load_lora_adapter(version.name, str(version))
                 if previous is not None:
                     self.client.unload_lora_adapter(previous.name)
             else:
                 from safetensors.torch import save_file
 
-                _write_atomically(version, lambda folder: save_file(state, str(folder / "model.safetensors")))
+                with written_atomically(version, folder=True) as folder:
+                    save_file(state, str(folder / "model.safetensors"))
                 self.client.reload_weights(str(version))
             if previous is not None:
                 shutil.rmtree(previous, ignore_errors=True)
+        if self.method == "lora":
+            self.backend.model = version.name
+        self.current = version
+        self.last_step = step
+        accelerator.wait_for_everyone()
+        return time.perf_counter() - started
 
 
 def colocate_reload_problem() -> str | None:
@@ -179,10 +179,4 @@ class ColocateWeightSync:
         self.llm.collective_rpc("reload_weights", kwargs={"weights_iterator": iter(state.items()), "is_checkpoint_format": True})
         self.llm.reset_prefix_cache()  # cached prefixes hold keys and values of the old weights
         self.last_step = step
-        return time.perf_counter() - started
-        if self.method == "lora":
-            self.backend.model = version.name
-        self.current = version
-        self.last_step = step
-        accelerator.wait_for_everyone()
         return time.perf_counter() - started

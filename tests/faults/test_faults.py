@@ -156,7 +156,7 @@ def test_a_generation_server_that_dies_mid_run_stops_with_a_checkpoint(tmp_path)
     env = LetterEnv(turns=1, num_tasks=8)
     trainer = build_trainer(config, env=env)
     backend = ServerThatDies(HFBackend.for_trainer(trainer), calls_before_death=2)
-    trainer.rollout_func.holder["engine"] = RolloutEngine(env, trainer.processing_class, backend, max_new_tokens=16)
+    trainer.rollout.engine = RolloutEngine(env, trainer.processing_class, backend, max_new_tokens=16)
     with pytest.raises(TrainingStopped) as caught:
         with clean_stops(trainer):
             trainer.train()

@@ -1,0 +1,111 @@
+"""Episode statistics: one summary per finished episode, and one aggregation of many.
+
+`EpisodeSummary` is the part of an `Episode` that numbers are computed from: small, typed and
+picklable, because training gathers every process's summaries with accelerate's `gather_object`.
+`episode_stats` turns summaries (or episodes) into `EpisodeStats`, the one place mean score, success
+rate, turns, truncations, errors, tool use, stop reasons and the environment's own metrics are
+computed. Training logs it as `env/*` (`EpisodeStats.env_metrics`), `aitrain eval` prints it per model
+and `aitrain env check` per policy.
+
+Left out: timing and token counts (they belong to a rollout, not to its episodes: engine/rollout.py
+and training), and pass@k (it needs the task of each episode: commands/evaluation.py).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Iterable
+
+from aitrain_grpo.env.base import STOP_REASONS, Episode
+
+SUCCESS = 1.0 - 1e-9  # a score of 1.0 counts as solved (floats from environments may be 0.9999999999)
+
+
+@dataclass(frozen=True)
+class EpisodeSummary:
+    """The numbers of one finished episode."""
+
+    score: float
+    turns: int
+    truncated: bool
+    error: str | None
+    tool_calls: int
+    tool_errors: int
+    stop_reason: str | None = None
+    truncated_turns: int = 0
+    metrics: dict[str, float] = field(default_factory=dict)  # the environment's own numbers
+
+    @classmethod
+    def of(cls, episode: Episode) -> EpisodeSummary:
+        return cls(
+            score=float(episode.score or 0.0),
+            turns=episode.turns,
+            truncated=episode.truncated,
+            error=episode.error,
+            tool_calls=episode.num_tool_calls,
+            tool_errors=episode.num_tool_errors,
+            stop_reason=episode.stop_reason,
+            truncated_turns=episode.truncated_turns,
+            metrics={k: float(v) for k, v in episode.metrics.items() if isinstance(v, (int, float)) and not isinstance(v, bool)},
+        )
+
+
+@dataclass(frozen=True)
+class EpisodeStats:
+    """What a set of episodes adds up to. Means are over episodes; `errors`, `truncated` and
+    `tool_errors` are counts."""
+
+    episodes: int
+    score_mean: float
+    success_rate: float
+    turns_mean: float
+    truncated: int
+    truncated_turns_mean: float
+    errors: int
+    tool_calls_mean: float
+    tool_errors: int
+    stop_fractions: dict[str, float]  # every reason in STOP_REASONS, 0.0 where none stopped so
+    metrics: dict[str, float]  # each environment metric's mean over the episodes that reported it
+
+    def env_metrics(self) -> dict[str, float]:
+        """The per-step training metrics, named as `metrics.jsonl` and the trackers show them."""
+        n = max(self.episodes, 1)
+        logged = {
+            "env/score_mean": self.score_mean,
+            "env/turns_mean": self.turns_mean,
+            "env/truncated_frac": self.truncated / n,
+            "env/truncated_turns_mean": self.truncated_turns_mean,
+            "env/errors": float(self.errors),
+            "env/tool_calls_mean": self.tool_calls_mean,
+            "env/tool_errors": float(self.tool_errors),
+            "env/episodes": float(self.episodes),
+        }
+        logged.update({f"env/stop/{reason}": share for reason, share in self.stop_fractions.items()})
+        logged.update({f"env/{key}": value for key, value in self.metrics.items()})
+        return logged
+
+
+def episode_stats(items: Iterable[EpisodeSummary | Episode]) -> EpisodeStats:
+    """Aggregate finished episodes (or their summaries, possibly gathered from several processes)."""
+    summaries = [item if isinstance(item, EpisodeSummary) else EpisodeSummary.of(item) for item in items]
+    n = max(len(summaries), 1)
+    stops = {reason: 0 for reason in STOP_REASONS}
+    custom: dict[str, list[float]] = {}
+    for s in summaries:
+        if s.stop_reason in stops:
+            stops[s.stop_reason] += 1
+        for key, value in s.metrics.items():
+            custom.setdefault(key, []).append(value)
+    return EpisodeStats(
+        episodes=len(summaries),
+        score_mean=sum(s.score for s in summaries) / n,
+        success_rate=sum(1 for s in summaries if s.score >= SUCCESS) / n,
+        turns_mean=sum(s.turns for s in summaries) / n,
+        truncated=sum(1 for s in summaries if s.truncated),
+        truncated_turns_mean=sum(s.truncated_turns for s in summaries) / n,
+        errors=sum(1 for s in summaries if s.error),
+        tool_calls_mean=sum(s.tool_calls for s in summaries) / n,
+        tool_errors=sum(s.tool_errors for s in summaries),
+        stop_fractions={reason: count / n for reason, count in stops.items()},
+        metrics={key: sum(values) / len(values) for key, values in custom.items()},
+    )

@@ -1,0 +1,38 @@
+"""`RunPlan`: what a training run decides once, before loading anything, and passes down.
+
+A run's generation backend (and how a vLLM server gets new weights), the checkpoint it resumes from,
+and its output directory are each worked out once here; the trainer, the rollout and `train` read the
+plan instead of asking the config again. `plan_run` also hides the GPUs of a local vLLM server from
+training first, since that must happen before CUDA is first asked about (and choosing the backend asks).
+
+Left out: checking that a vLLM server answers (generation.check_server, run once by `build_trainer`)
+and preparing the output directory (checkpoints.prepare_output_dir).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+
+from aitrain_grpo.config import RunConfig
+from aitrain_grpo.training.checkpoints import check_output_dir_for_run
+from aitrain_grpo.training.generation import GenerationPlan, plan_generation, reserve_server_gpus
+
+
+@dataclass(frozen=True)
+class RunPlan:
+    generation: GenerationPlan
+    resume: Path | None  # the checkpoint to resume from; None for a fresh start
+    output_dir: Path
+
+
+def plan_run(config: RunConfig) -> RunPlan:
+    """Validate `config` and decide the run's plan; a bad option or an output directory that would be
+    clobbered is a `ConfigError`."""
+    config.validate()
+    reserve_server_gpus(config)  # before anything starts CUDA
+    return RunPlan(
+        generation=plan_generation(config),
+        resume=check_output_dir_for_run(config),
+        output_dir=config.resolved_output_dir(),
+    )

@@ -1,0 +1,165 @@
+"""The training rollout: what TRL calls for each generation batch, as one object whose state is in view.
+
+`TrainingRollout` is GRPOTrainer's `rollout_func` (TRL calls it with the batch's prompts and the
+trainer). It owns:
+- the `RolloutEngine`, built on the first call (it needs the trainer's model), and, for a vLLM server
+  synchronised through a folder, the weight sync;
+- the dataset rows of the batch about to be played: TRL hands `rollout_func` only the prompts, but an
+  episode needs its whole row, so `EpisodeGRPOTrainer` passes the rows in (`take_rows`) just before;
+- its observers, called with every batch's `EpisodeSummary`s from all processes (the error-rate stop);
+- the last batch it played (`last_batch`, this process's episodes; the episode log reads it);
+- the metrics of the steps since the last log (`StepMetrics`): `env/*` from the episodes, `time/*`,
+  `vllm/sync_seconds`; `EpisodeGRPOTrainer.log` merges them into each log record.
+
+It is also a trainer callback, to see where each optimizer step begins and ends: the step's time
+outside the rollout is `time/optimizer_s` (reference log-probabilities, forward, backward, the
+optimizer step). Timing per step: `time/rollout_s` (the whole rollout call), `time/generate_s` and
+`time/env_s` (parts of it), `time/optimizer_s`, `time/step_s`, and `time/tokens_per_s` (tokens the
+model generated per second of generation).
+
+Left out: building the trainer (trainer.py), choosing and building the backend (generation.py), the
+files a run writes (runlog/), and metrics of TRL's evaluation loop (no run configures one).
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from collections import defaultdict
+from typing import Any, Callable, Iterable
+
+from accelerate.utils import gather_object
+from transformers import TrainerCallback
+
+from aitrain_grpo.config import RunConfig
+from aitrain_grpo.engine.backends.base import SamplingParams
+from aitrain_grpo.engine.rollout import RolloutBatch, RolloutEngine
+from aitrain_grpo.engine.stats import EpisodeSummary, episode_stats
+from aitrain_grpo.env.base import Environment
+from aitrain_grpo.models import stop_token_ids
+from aitrain_grpo.training.generation import GenerationPlan, make_backend
+from aitrain_grpo.training.groups import play_groups
+
+SummaryObserver = Callable[[list[EpisodeSummary]], None]
+
+
+class StepMetrics:
+    """Values recorded since the last log, each key averaged when logged (NaN left out), the way TRL
+    averages its own metrics over the steps between two logs."""
+
+    def __init__(self) -> None:
+        self._values: dict[str, list[float]] = defaultdict(list)
+
+    def update(self, metrics: dict[str, float]) -> None:
+        for key, value in metrics.items():
+            self._values[key].append(float(value))
+
+    def drain(self) -> dict[str, float | None]:
+        """The averages since the last drain; starts afresh."""
+        averages: dict[str, float | None] = {}
+        for key, values in self._values.items():
+            valid = [v for v in values if not math.isnan(v)]
+            averages[key] = sum(valid) / len(valid) if valid else None
+        self._values.clear()
+        return averages
+
+
+def rollout_timing(batch: RolloutBatch, seconds: float) -> dict[str, float]:
+    """Where one rollout's time went, and how fast the model generated."""
+    generated = sum(sum(trace.env_mask) for trace in batch.traces)
+    return {
+        "time/rollout_s": seconds,
+        "time/generate_s": batch.generate_seconds,
+        "time/env_s": batch.env_seconds,
+        "time/tokens_per_s": generated / batch.generate_seconds if batch.generate_seconds > 0 else 0.0,
+    }
+
+
+class TrainingRollout(TrainerCallback):
+    """GRPOTrainer's `rollout_func`; see the module docstring."""
+
+    def __init__(self, env: Environment, config: RunConfig, generation: GenerationPlan,
+                 observers: Iterable[SummaryObserver] = ()):
+        self.env = env
+        self.config = config
+        self.generation = generation
+        self.observers: list[SummaryObserver] = list(observers)
+        # Built on the first call; a test may put its own engine here before training starts.
+        self.engine: RolloutEngine | None = None
+        self.weight_sync = None  # training.weight_sync.FolderWeightSync for a server synced through a folder
+        self.metrics = StepMetrics()
+        self.last_batch: RolloutBatch | None = None
+        self.rollout_seconds = 0.0  # over the whole run; a step's share is the difference across it
+        self._rows: list[dict[str, Any]] | None = None
+        self._step_started = 0.0
+        self._rollout_seconds_at_step_start = 0.0
+
+    # --------------------------------------------------------------------------------- the rollout
+
+    def take_rows(self, rows: Iterable[dict[str, Any]]) -> None:
+        """The dataset rows of the batch whose prompts come next (in the same order)."""
+        self._rows = [dict(row) for row in rows]
+
+    def __call__(self, prompts: list, trainer) -> dict[str, Any]:
+        started = time.perf_counter()
+        rows, self._rows = self._rows, None
+        if rows is None or len(rows) != len(prompts):
+            got = "no" if rows is None else len(rows)
+            raise RuntimeError(f"rollout got {len(prompts)} prompts but {got} dataset rows; "
+                               f"the trainer must hand the batch's rows to take_rows first")
+        engine = self.engine or self._start(trainer)
+        self.sync_weights(trainer)
+        grouped = play_groups(engine.run, rows, trainer, self.config)  # --rl-zero-std-groups
+        batch = grouped.batch
+        self.metrics.update(grouped.metrics)
+        summaries = batch.summaries()
+        if trainer.accelerator.num_processes > 1:
+            summaries = gather_object(summaries)
+        self.metrics.update(episode_stats(summaries).env_metrics())
+        for observe in self.observers:
+            observe(summaries)
+        self.last_batch = batch
+        seconds = time.perf_counter() - started
+        self.rollout_seconds += seconds
+        self.metrics.update(rollout_timing(batch, seconds))
+        return grouped.for_trl()
+
+    def _start(self, trainer) -> RolloutEngine:
+        config = self.config
+        stop_ids = stop_token_ids(trainer.model, trainer.processing_class)
+        backend, self.weight_sync = make_backend(trainer, config, self.generation, stop_ids)
+        self.engine = RolloutEngine(
+            self.env,
+            trainer.processing_class,
+            backend,
+            max_new_tokens=config.rl_max_new_tokens,
+            max_turns=config.rl_max_turns,
+            max_completion_length=config.rl_max_completion_length,
+            sampling=SamplingParams(config.rl_temperature, config.rl_top_k, config.rl_top_p),
+            env_timeout=config.rl_env_timeout,
+            cut_turn=config.rl_cut_turn,
+        )
+        return self.engine
+
+    def sync_weights(self, trainer) -> None:
+        """Bring a folder-synced vLLM server up to the trainer's weights, if they changed."""
+        if self.weight_sync is None:
+            return
+        seconds = self.weight_sync.maybe_sync(trainer)
+        if seconds is not None:
+            self.metrics.update({"vllm/sync_seconds": seconds})
+
+    def close(self) -> None:
+        if self.engine is not None:
+            self.engine.close()
+
+    # ------------------------------------------------------------------------ step boundaries
+
+    def on_step_begin(self, args, state, control, **kwargs):
+        self._step_started = time.perf_counter()
+        self._rollout_seconds_at_step_start = self.rollout_seconds
+
+    def on_step_end(self, args, state, control, **kwargs):
+        wall = time.perf_counter() - self._step_started
+        in_rollout = self.rollout_seconds - self._rollout_seconds_at_step_start
+        self.metrics.update({"time/step_s": wall, "time/optimizer_s": wall - in_rollout})

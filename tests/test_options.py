@@ -1,0 +1,97 @@
+"""Run options reach the code that uses them: TRL's GRPOConfig, the LoRA config, the rollout engine's
+sampling; a flag overrides the same key in `--config`; the output folder defaults to outputs/<class>.
+
+Each option is set to a value other than its default, so a flag that is parsed but never passed on
+leaves TRL's default in place and fails here.
+"""
+
+from __future__ import annotations
+
+import pytest
+
+from aitrain_grpo.commands.cli import build_run_config
+from aitrain_grpo.config import RunConfig
+from envs.letters import LetterEnv
+
+LETTERS = dict(rl_env_module="envs.letters", rl_env_class="LetterEnv", rl_max_new_tokens=8)
+# option -> (value, where TRL or peft keeps it)
+GRPO_OPTIONS = {
+    "rl_kl_coef": (0.07, "beta"),
+    "rl_clip_range": (0.3, "epsilon"),
+    "rl_entropy_coef": (0.01, "entropy_coef"),
+    "rl_loss_type": ("dr_grpo", "loss_type"),
+    "rl_temperature": (0.7, "temperature"),
+    "rl_top_k": (5, "top_k"),
+    "rl_top_p": (0.9, "top_p"),
+    "rl_max_completion_length": (200, "max_completion_length"),
+    "rl_num_generations": (2, "num_generations"),
+    "gradient_accumulation_steps": (2, "gradient_accumulation_steps"),
+    "logging_steps": (3, "logging_steps"),
+    "epochs": (2.0, "num_train_epochs"),
+    "lr": (2e-4, "learning_rate"),
+    "seed": (5, "seed"),
+}
+LORA_OPTIONS = {"lora_r": (4, "r"), "lora_alpha": (8, "lora_alpha"), "lora_dropout": (0.1, "lora_dropout")}
+
+
+def test_the_defaults_differ_from_the_values_tested():
+    defaults = RunConfig()
+    for name, (value, _) in {**GRPO_OPTIONS, **LORA_OPTIONS}.items():
+        assert getattr(defaults, name) != value, name
+
+
+@pytest.fixture(scope="module")
+def trained_one_step(tiny_model_dir, tmp_path_factory):
+    """A trainer built from non-default options, after one optimizer step (so the engine exists)."""
+    from aitrain_grpo.training.trainer import build_trainer
+
+    options = {name: value for name, (value, _) in {**GRPO_OPTIONS, **LORA_OPTIONS}.items()}
+    config = RunConfig(**LETTERS, **options, model=tiny_model_dir, target_modules="q_proj,v_proj", max_steps=1,
+                       output_dir=str(tmp_path_factory.mktemp("options") / "run"))
+    trainer = build_trainer(config, env=LetterEnv(turns=1, num_tasks=4))
+    trainer.train()
+    return trainer
+
+
+@pytest.mark.parametrize("name", sorted(GRPO_OPTIONS))
+def test_option_reaches_grpo_config(trained_one_step, name):
+    value, trl_name = GRPO_OPTIONS[name]
+    expected = pytest.approx(value) if isinstance(value, float) else value
+    assert getattr(trained_one_step.args, trl_name) == expected
+
+
+def test_lora_options_reach_the_adapter(trained_one_step):
+    lora = trained_one_step.model.peft_config["default"]
+    for name, (value, peft_name) in LORA_OPTIONS.items():
+        assert getattr(lora, peft_name) == pytest.approx(value), name
+    assert set(lora.target_modules) == {"q_proj", "v_proj"}
+    adapted = {name.rsplit(".", 2)[-2] for name, _ in trained_one_step.model.named_parameters() if "lora_A" in name}
+    assert adapted == {"q_proj", "v_proj"}  # and only those layers got an adapter
+
+
+def test_sampling_options_reach_the_rollout_engine(trained_one_step):
+    engine = trained_one_step.rollout.engine
+    assert (engine.sampling.temperature, engine.sampling.top_k, engine.sampling.top_p) == pytest.approx((0.7, 5, 0.9))
+    assert engine.max_new_tokens == 8 and engine.max_completion_length == 200
+
+
+def test_a_flag_overrides_the_same_key_in_the_config_file(tmp_path, tiny_model_dir):
+    from aitrain_grpo.training.plan import plan_run
+    from aitrain_grpo.training.trainer import grpo_config
+
+    path = tmp_path / "run.yaml"
+    path.write_text("rl-env-module: envs.letters\nrl-env-class: LetterEnv\nlr: 1e-3\nrl-kl-coef: 0.2\nrl-top-k: 7\n")
+    config = build_run_config(str(path), {"lr": 5e-4, "rl_top_k": None, "model": tiny_model_dir})
+    config.output_dir = str(tmp_path / "out")
+    args = grpo_config(config, plan_run(config))
+    assert args.learning_rate == pytest.approx(5e-4)  # the flag
+    assert args.beta == pytest.approx(0.2) and args.top_k == 7  # the file, where no flag was given
+
+
+def test_the_default_output_dir_is_outputs_slash_the_class_name(tmp_path, monkeypatch, tiny_model_dir):
+    from aitrain_grpo.training.trainer import build_trainer
+
+    monkeypatch.chdir(tmp_path)
+    trainer = build_trainer(RunConfig(**LETTERS, model=tiny_model_dir, max_steps=1), env=LetterEnv(turns=1, num_tasks=4))
+    assert trainer.args.output_dir == "outputs/letterenv"
+    assert (tmp_path / "outputs" / "letterenv" / "run_config.json").is_file()

@@ -1,0 +1,78 @@
+"""Where a training step's time goes: every step's metrics say how long the rollout, generation, the
+environment and the optimizer took, and how fast the model generated, in numbers that add up; the same
+metrics carry why episodes stopped, and the transcripts say it per episode."""
+
+from __future__ import annotations
+
+import io
+import json
+import time
+from contextlib import redirect_stdout
+
+import pytest
+
+from aitrain_grpo import RunConfig
+from aitrain_grpo.env.base import STOP_REASONS
+from aitrain_grpo.training.trainer import train
+from envs.letters import LetterEnv
+
+STEPS = 3
+TIME_KEYS = ("time/rollout_s", "time/generate_s", "time/env_s", "time/optimizer_s", "time/step_s", "time/tokens_per_s")
+
+
+@pytest.fixture(scope="module")
+def timed_run(tiny_model_dir, tmp_path_factory):
+    out = tmp_path_factory.mktemp("timing") / "run"
+    config = RunConfig(
+        model=tiny_model_dir, output_dir=str(out), rl_env_module="envs.letters", rl_env_class="LetterEnv",
+        max_steps=STEPS, batch_size=8, rl_num_generations=4, rl_max_new_tokens=12, log_episodes_every=1,
+        log_episodes_count=2, seed=3,
+    )
+    printed = io.StringIO()
+    started = time.perf_counter()
+    with redirect_stdout(printed):
+        train(config, LetterEnv(turns=2, num_tasks=8))
+    wall = time.perf_counter() - started
+    records = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
+    return out, records, wall, printed.getvalue()
+
+
+def test_every_step_says_where_its_time_went(timed_run):
+    _, records, wall, _ = timed_run
+    assert [r["step"] for r in records] == list(range(1, STEPS + 1))
+    for r in records:
+        assert all(isinstance(r.get(key), float) for key in TIME_KEYS), r
+        assert 0 < r["time/generate_s"] and 0 <= r["time/env_s"]
+        # Generation and the environment are parts of the rollout; rollout and optimizer make the step.
+        assert r["time/generate_s"] + r["time/env_s"] <= r["time/rollout_s"]
+        assert 0 < r["time/optimizer_s"]
+        assert r["time/rollout_s"] + r["time/optimizer_s"] == pytest.approx(r["time/step_s"], rel=1e-6)
+        assert r["time/tokens_per_s"] > 0
+    # The steps fit in the run's wall time (which also loads the model and saves it).
+    assert sum(r["time/step_s"] for r in records) <= wall
+
+
+def test_tokens_per_second_counts_the_tokens_the_model_generated(timed_run):
+    _, records, _, _ = timed_run
+    for r in records:
+        # Letters turns are at most --rl-max-new-tokens (12) long, 2 turns, 8 episodes a step.
+        tokens = r["time/tokens_per_s"] * r["time/generate_s"]
+        assert 8 <= round(tokens) <= 8 * 2 * 12
+
+
+def test_the_progress_line_shows_the_split(timed_run):
+    _, _, _, printed = timed_run
+    lines = [line for line in printed.splitlines() if line.startswith("step ")]
+    assert len(lines) == STEPS
+    for line in lines:
+        assert "rollout " in line and "s (gen " in line and "s, env " in line and "optimizer " in line and " tok/s" in line
+
+
+def test_stop_reasons_are_logged_and_shown_in_transcripts(timed_run):
+    out, records, _, _ = timed_run
+    for r in records:
+        shares = [r[f"env/stop/{reason}"] for reason in STOP_REASONS]
+        assert sum(shares) == pytest.approx(1.0)
+        assert "env/truncated_turns_mean" in r
+    episodes = [json.loads(line) for line in (out / "episodes.jsonl").read_text().splitlines()]
+    assert episodes and all(e["stop_reason"] in STOP_REASONS for e in episodes)
