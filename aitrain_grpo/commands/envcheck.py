@@ -162,6 +162,7 @@ def inspect_dataset(env: Environment, tokenizer, report: EnvCheckReport) -> list
         report.longest_row = lengths.index(report.longest_tokens)
         rewrite = renderer.check_append_only(prompt_messages(rows[0]["prompt"]))
         report.notes += [renderer.tools_route] if renderer.tools_route else []
+        report.notes += [renderer.tools_route] if renderer.tools_route else []
     except TemplateError as exc:
         report.problems.append(f"the model's chat template cannot be used: {exc}")
         return None

@@ -10,8 +10,16 @@ Tool calls are parsed from model text by one function per format (`TOOL_CALL_PAR
 Qwen form `<tool_call>{"name": ..., "arguments": {...}}</tool_call>` is the default. Model text is
 parsed as JSON and never evaluated.
 
-Left out: templates without a chat format (raw-text prompts get wrapped as one user message) and
-multimodal content.
+Tools on any template: many chat templates (SmolLM2's among them) silently drop the `tools` argument.
+The renderer finds out by rendering with and without them; where they are dropped, it describes the
+tools and the call format in the system message itself (schemas as JSON in `<tools>`, calls as
+`<tool_call>` JSON) and, where the template cannot render a tool-role message either, sends tool
+results as user messages wrapped in `<tool_response>`. Every rendering goes through the same message
+rewrite, so prompts, reply suffixes and the append-only check agree token for token.
+`ChatRenderer.tools_route` says which way the tools reach the model.
+
+Left out: templates without a chat format (raw-text prompts get wrapped as one user message),
+multimodal content, and tool formats other than Hermes for templates that drop the tools.
 """
 
 from __future__ import annotations
@@ -103,6 +111,30 @@ def _prompt_key(messages: list[Message]) -> str:
 # Placeholders unlikely to be rewritten by any template, used to locate where content sits.
 _USER_MARK = "aitrain-user-turn"
 _ASSISTANT_MARK = "aitrain-assistant-turn"
+_TOOL_MARK = "aitrain-tool-result"
+_SYSTEM_MARK = "aitrain-system-turn"
+
+
+def describe_tools(tools: list[dict[str, Any]], results_as_user: bool) -> str:
+    """The tools and how to call them, in words, for a template that does not show them itself."""
+    schemas = "\n".join(json.dumps(schema, ensure_ascii=False) for schema in tools)
+    results = ("in the next user message, inside <tool_response></tool_response>" if results_as_user
+               else "in the next message, from the tool")
+    return (
+        "# Tools\n\nYou may call the functions below to help with the task. Each one is described by a "
+        f"JSON schema inside <tools></tools>:\n<tools>\n{schemas}\n</tools>\n\n"
+        "To call a function, write a JSON object with its name and its arguments between <tool_call> and "
+        '</tool_call>, like this:\n<tool_call>\n{"name": "<function name>", "arguments": {<arguments as '
+        f"JSON>}}}}\n</tool_call>\nEach result comes back {results}."
+    )
+
+
+def _renders(render: Callable[[list[Message]], str], messages: list[Message], mark: str) -> bool:
+    """Whether the template renders `messages` and keeps the content `mark` (it may raise or drop it)."""
+    try:
+        return mark in render(messages)
+    except Exception:  # a template that rejects a role raises whatever its author chose
+        return False
 
 
 class ChatRenderer:
@@ -116,6 +148,7 @@ class ChatRenderer:
         self.tokenizer = tokenizer
         self.tools = tools or None
         self.template_kwargs = dict(template_kwargs or {})
+        self._plan_tools()
         self.eos_token_id = tokenizer.eos_token_id
         eos_text = tokenizer.eos_token or ""
         base = self._base_conversation()
@@ -134,14 +167,74 @@ class ChatRenderer:
     def _base_conversation(self) -> list[Message]:
         return [{"role": "user", "content": _USER_MARK}, {"role": "assistant", "content": _ASSISTANT_MARK}]
 
-    def render(self, messages: list[Message], add_generation_prompt: bool) -> str:
+    def _apply_template(self, messages: list[Message], tools, add_generation_prompt: bool) -> str:
         return self.tokenizer.apply_chat_template(
             messages,
-            tools=self.tools,
+            tools=tools,
             tokenize=False,
             add_generation_prompt=add_generation_prompt,
             **self.template_kwargs,
         )
+
+    def _plan_tools(self) -> None:
+        """Decide how the tools and their results reach the model with this template (see the module doc)."""
+        self._template_tools = self.tools
+        self._tools_text: str | None = None
+        self._tool_results_as_user = False
+        self.tools_route: str | None = None
+        if not self.tools:
+            return
+        probe = [{"role": "user", "content": _USER_MARK}]
+        try:
+            with_tools = self._apply_template(probe, self.tools, add_generation_prompt=False)
+        except Exception:  # the template rejects the tools argument: treat it as one that drops them
+            with_tools = None
+        if with_tools is not None and with_tools != self._apply_template(probe, None, add_generation_prompt=False):
+            self.tools_route = "tools reach the model through its chat template"
+            return
+        self._template_tools = None
+
+        def plain(messages: list[Message]) -> str:
+            return self._apply_template(messages, None, add_generation_prompt=False)
+
+        self._system_role = _renders(plain, [{"role": "system", "content": _SYSTEM_MARK}] + probe, _SYSTEM_MARK)
+        tool_reply = [{"role": "assistant", "content": _ASSISTANT_MARK}, {"role": "tool", "name": "f", "content": _TOOL_MARK}]
+        self._tool_results_as_user = not _renders(plain, probe + tool_reply, _TOOL_MARK)
+        self._tools_text = describe_tools(self.tools, self._tool_results_as_user)
+        where = "system message" if self._system_role else "first user message (the template has no system role)"
+        results = "user messages in <tool_response>" if self._tool_results_as_user else "tool messages"
+        self.tools_route = (f"the chat template ignores tools: they are described in the {where} (JSON schemas in "
+                            f"<tools>, calls as <tool_call>), and tool results are sent as {results}")
+
+    def _with_tools_described(self, messages: list[Message]) -> list[Message]:
+        """`messages` rewritten for a template that drops the tools (see `_plan_tools`)."""
+        out: list[Message] = []
+        after_result = False
+        for message in messages:
+            if message.get("role") == "tool" and self._tool_results_as_user:
+                block = f"<tool_response>\n{message.get('content', '')}\n</tool_response>"
+                if after_result:  # several results of one reply share one user message
+                    out[-1] = {"role": "user", "content": f"{out[-1]['content']}\n{block}"}
+                else:
+                    out.append({"role": "user", "content": block})
+                after_result = True
+            else:
+                out.append(message)
+                after_result = False
+        role = "system" if self._system_role else "user"
+        at = 0 if self._system_role else next((i for i, m in enumerate(out) if m.get("role") == "user"), 0)
+        if at < len(out) and out[at].get("role") == role and isinstance(out[at].get("content"), str):
+            content = out[at]["content"]
+            joined = f"{content}\n\n{self._tools_text}" if role == "system" else f"{self._tools_text}\n\n{content}"
+            out[at] = {**out[at], "content": joined}
+        else:
+            out.insert(at, {"role": role, "content": self._tools_text})
+        return out
+
+    def render(self, messages: list[Message], add_generation_prompt: bool) -> str:
+        if self._tools_text is not None:
+            messages = self._with_tools_described(messages)
+        return self._apply_template(messages, self._template_tools, add_generation_prompt)
 
     def encode(self, text: str) -> list[int]:
         return self.tokenizer(text, add_special_tokens=False)["input_ids"]
