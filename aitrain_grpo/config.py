@@ -15,7 +15,7 @@ import json
 import math
 from dataclasses import dataclass, field, fields
 from pathlib import Path
-from typing import Any
+from typing import Any, Mapping
 
 from aitrain_grpo.errors import ConfigError, one_line
 from aitrain_grpo.models import local_model_problem
@@ -23,6 +23,26 @@ from aitrain_grpo.models import local_model_problem
 
 def _opt(default: Any, help: str, **kw) -> Any:
     return field(default=default, metadata={"help": help, **kw})
+
+
+def check_episode_options(values: Mapping[str, Any]) -> None:
+    """Check how episodes are played and sampled: the checks `RunConfig.validate` makes, shared with
+    the commands that take only these options (`aitrain eval`, `aitrain env check`). Options missing
+    from `values`, or None, are not checked."""
+    for name in ("rl_max_new_tokens", "rl_max_completion_length", "rl_max_turns"):
+        value = values.get(name)
+        if value is not None and (isinstance(value, bool) or not isinstance(value, int) or value < 1):
+            raise ConfigError(f"--{name.replace('_', '-')} must be a positive integer, got {value!r}")
+    temperature, top_k, top_p = values.get("rl_temperature"), values.get("rl_top_k"), values.get("rl_top_p")
+    if temperature is not None and temperature < 0:
+        raise ConfigError(f"--rl-temperature must be >= 0, got {temperature}")
+    if top_p is not None and not 0 < top_p <= 1:
+        raise ConfigError(f"--rl-top-p must be in (0, 1], got {top_p}")
+    if top_k is not None and top_k < 0:
+        raise ConfigError(f"--rl-top-k must be >= 0 (0 turns it off), got {top_k}")
+    timeout = values.get("rl_env_timeout")
+    if timeout is not None and timeout <= 0:
+        raise ConfigError(f"--rl-env-timeout must be positive seconds, got {timeout}")
 
 
 VLLM_MODES = ("colocate", "server")
@@ -55,6 +75,7 @@ class RunConfig:
     rl_cut_turn: str = _opt("end", "A model turn cut off by --rl-max-new-tokens: end the episode, or continue (the environment sees the cut turn).")
     rl_async_steps: int = _opt(0, "Play the episodes of the next N steps while a step trains, on weights at most N steps old (needs a vLLM server; 0 = on-policy).")
     rl_zero_std_groups: str = _opt("keep", "Groups whose episodes all scored the same: keep, drop (out of the loss) or refill (play more prompts).")
+    rl_refill_max_episodes: int | None = _opt(None, "Cap on the extra episodes --rl-zero-std-groups refill plays per step (default: twice the step's episodes).")
     rl_max_error_rate: float = _opt(0.5, "Stop (after saving a checkpoint) when more than this share of the episodes of the last 4 steps failed; 1 never stops.")
     # GRPO
     rl_kl_coef: float = _opt(0.1, "KL penalty against the reference model (TRL's beta).")
@@ -161,14 +182,14 @@ class RunConfig:
         if not self.rl_env_class:
             raise ConfigError("no environment class given; pass --rl-env-class (e.g. HotelEnv)")
         positive = [
-            "rl_num_generations", "rl_max_new_tokens", "rl_max_completion_length", "batch_size",
+            "rl_num_generations", "batch_size",
             "gradient_accumulation_steps", "logging_steps", "lora_r", "lora_alpha", "vllm_tensor_parallel_size",
         ]
         for name in positive:
             value = getattr(self, name)
             if not isinstance(value, int) or isinstance(value, bool) or value < 1:
                 raise ConfigError(f"--{name.replace('_', '-')} must be a positive integer, got {value!r}")
-        for name in ("rl_max_turns", "max_steps", "save_steps", "save_total_limit"):
+        for name in ("max_steps", "save_steps", "save_total_limit"):
             value = getattr(self, name)
             if value is not None and (not isinstance(value, int) or value < 1):
                 raise ConfigError(f"--{name.replace('_', '-')} must be a positive integer, got {value!r}")
@@ -176,6 +197,7 @@ class RunConfig:
             value = getattr(self, name)
             if isinstance(value, bool) or not isinstance(value, int) or value < 0:
                 raise ConfigError(f"--{name.replace('_', '-')} must be an integer >= 0 (0 turns it off), got {value!r}")
+        check_episode_options(vars(self))
         if self.rl_num_generations < 2:
             raise ConfigError("--rl-num-generations must be at least 2: GRPO compares episodes within a group")
         if self.batch_size % self.rl_num_generations:
@@ -193,18 +215,15 @@ class RunConfig:
             raise ConfigError(f"--lr must be positive, got {self.lr}")
         if self.epochs <= 0:
             raise ConfigError(f"--epochs must be positive, got {self.epochs}")
-        if self.rl_temperature < 0:
-            raise ConfigError(f"--rl-temperature must be >= 0, got {self.rl_temperature}")
-        if not 0 < self.rl_top_p <= 1:
-            raise ConfigError(f"--rl-top-p must be in (0, 1], got {self.rl_top_p}")
-        if self.rl_top_k < 0:
-            raise ConfigError(f"--rl-top-k must be >= 0 (0 turns it off), got {self.rl_top_k}")
+        if self.rl_temperature <= 0:
+            raise ConfigError(
+                f"--rl-temperature must be above 0 for training, got {self.rl_temperature}: at 0 every episode of a "
+                f"group is the same, so GRPO has no score differences to learn from; use e.g. 1.0 (aitrain eval takes 0)"
+            )
         if self.rl_entropy_coef < 0:
             raise ConfigError(f"--rl-entropy-coef must be >= 0, got {self.rl_entropy_coef}")
         if self.rl_kl_coef < 0 or self.rl_clip_range <= 0:
             raise ConfigError("--rl-kl-coef must be >= 0 and --rl-clip-range > 0")
-        if self.rl_env_timeout <= 0:
-            raise ConfigError(f"--rl-env-timeout must be positive seconds, got {self.rl_env_timeout}")
         if self.rl_loss_type is not None and self.rl_loss_type not in LOSS_TYPES:
             raise ConfigError(f"--rl-loss-type {self.rl_loss_type!r} is not one of {', '.join(LOSS_TYPES)}")
         if self.report_to not in REPORT_TO:
@@ -227,6 +246,8 @@ class RunConfig:
             raise ConfigError(f"--rl-cut-turn {self.rl_cut_turn!r} is not one of {', '.join(CUT_TURN)}")
         if self.rl_zero_std_groups not in ZERO_STD_GROUPS:
             raise ConfigError(f"--rl-zero-std-groups {self.rl_zero_std_groups!r} is not one of {', '.join(ZERO_STD_GROUPS)}")
+        if self.rl_refill_max_episodes is not None and (isinstance(self.rl_refill_max_episodes, bool) or self.rl_refill_max_episodes < 0):
+            raise ConfigError(f"--rl-refill-max-episodes must be an integer >= 0, got {self.rl_refill_max_episodes!r}")
         if isinstance(self.rl_async_steps, bool) or not isinstance(self.rl_async_steps, int) or self.rl_async_steps < 0:
             raise ConfigError(f"--rl-async-steps must be an integer >= 0 (0 = on-policy), got {self.rl_async_steps!r}")
         if not 0 <= self.rl_max_error_rate <= 1:

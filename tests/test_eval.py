@@ -90,7 +90,7 @@ def test_a_full_model_output_directory_loads(tiny_model_dir, tmp_path):
     [
         (["--model", "/no/such/model", *LETTERS], "does not exist"),
         (["--model", "{tiny}"], "no environment given; pass --rl-env-module and --rl-env-class"),
-        (["--model", "{tiny}", *LETTERS, "--episodes", "0"], "must be positive integers"),
+        (["--model", "{tiny}", *LETTERS, "--episodes", "0"], "--episodes must be a positive integer, got 0"),
         (["--model", "{tiny}", "--rl-env-module", "envs.letters", "--rl-env-class", "LetterEnvv"], "did you mean 'LetterEnv'"),
     ],
 )

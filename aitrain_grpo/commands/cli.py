@@ -22,7 +22,7 @@ import typer
 from rich.console import Console
 
 from aitrain_grpo.commands.envcheck import POLICIES, run_env_check
-from aitrain_grpo.commands.evaluation import run_eval
+from aitrain_grpo.commands.evaluation import RUN_FLAGS, run_eval
 from aitrain_grpo.commands.options import (
     as_in_grpo, command_option, field_option, from_training_run, grpo_parameters, with_default,
 )
@@ -78,11 +78,12 @@ def grpo(**kwargs) -> None:
                 markup=False,
             )
         from aitrain_grpo.training.plan import plan_run
-        from aitrain_grpo.training.trainer import train
         from aitrain_grpo.env.loading import load_environment
 
         plan = plan_run(config)  # a bad option or a clobbered output dir fails before the environment loads
         env = load_environment(config.rl_env_module, config.rl_env_class, config.rl_env_config)
+        from aitrain_grpo.training.trainer import train  # after the checks: TRL imports vLLM, which prints
+
         summary = train(config, env=env, plan=plan)
     except user_errors() as exc:
         if debug:
@@ -252,11 +253,6 @@ env_check.__signature__ = inspect.Signature([
 env_app.command("check")(env_check)
 
 
-# The sampling and budget options a training run fixes; eval takes the run's unless a flag overrides it.
-EVAL_RUN_OPTIONS = ("rl_max_new_tokens", "rl_max_turns", "rl_max_completion_length", "rl_temperature", "rl_top_k",
-                    "rl_top_p", "rl_env_timeout")
-
-
 def eval_command(**options) -> None:
     """Evaluate a model (or a training run) in an environment: mean score, success rate, pass@k, turns, errors."""
     debug = options.pop("debug")
@@ -264,7 +260,7 @@ def eval_command(**options) -> None:
         run_eval(model=options["model"], baseline=options["baseline"], module=options["rl_env_module"],
                  class_name=options["rl_env_class"], env_config=options["rl_env_config"], episodes=options["episodes"],
                  samples=options["rl_num_generations"], use_vllm=options["use_vllm"], output=options["output"],
-                 options={name: options[name] for name in EVAL_RUN_OPTIONS}, seed=options["seed"],
+                 options={name: options[name] for name in RUN_FLAGS}, seed=options["seed"],
                  batch_size=options["batch_size"], console=out)
     except user_errors() as exc:
         if debug:
@@ -282,7 +278,7 @@ eval_command.__signature__ = inspect.Signature([
     command_option("baseline", None, "A second model to compare against, on the same tasks and seed.", str),
     command_option("output", None, "Write one JSON line per episode here (messages, score, turns, error).", str),
     as_in_grpo("use_vllm"),
-    *[from_training_run(name) for name in EVAL_RUN_OPTIONS],
+    *[from_training_run(name) for name in RUN_FLAGS],
     field_option("batch_size", 32, with_default("Episodes generated together.", 32)),
     field_option("seed", 0, with_default("Sampling seed (both models use it).", 0)),
     as_in_grpo("debug"),

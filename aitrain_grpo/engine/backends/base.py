@@ -3,12 +3,16 @@
 A backend gets a batch of token-id prompts and returns, per prompt, the sampled token ids exactly as
 the sampler produced them, their log-probabilities, and why sampling stopped. It never sees text, so
 nothing is re-tokenized between turns.
+
+Left out: choosing a backend (training/generation.py, commands/evaluation.py) and weight sync
+(training/weight_sync.py).
 """
 
 from __future__ import annotations
 
+import contextlib
 from dataclasses import dataclass
-from typing import Literal, Protocol, runtime_checkable
+from typing import ContextManager, Literal, Protocol, runtime_checkable
 
 FinishReason = Literal["stop", "length"]
 
@@ -39,9 +43,20 @@ class GenerationBackendError(RuntimeError):
 
 
 class GenerationBackend(Protocol):
+    """What the engine needs of a backend. Subclass it to inherit the default `rollout_session`."""
+
+    #: Token ids that end a model turn (sampling stops after one; it is kept in `Sample.token_ids`).
+    stop_ids: list[int]
+
     def generate(self, prompts: list[list[int]], max_tokens: int, sampling: SamplingParams) -> list[Sample]:
         """Sample one continuation per prompt, at most `max_tokens` tokens each."""
         ...
+
+    def rollout_session(self) -> ContextManager[None]:
+        """Opened by the engine around one rollout, while the weights stay as they are: a backend may
+        keep state from one turn to the next inside it (the hf backend: its key-value cache). The
+        default keeps nothing."""
+        return contextlib.nullcontext()
 
 
 @runtime_checkable
