@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -183,17 +184,64 @@ def test_bad_resume_targets_are_refused_before_loading(uninterrupted, overrides,
         assert fragment in str(caught.value)
 
 
-def test_a_finished_run_can_be_resumed_for_more_steps(uninterrupted):
+def test_a_finished_run_is_refused_without_resume_or_overwrite(uninterrupted):
     from aitrain_grpo.training.trainer import check_output_dir
 
     out, _ = uninterrupted
     assert (out / "run_summary.json").exists()
     with pytest.raises(ConfigError, match="already holds a finished run"):
         check_output_dir(letters_config(out, max_steps=8))
-    check_output_dir(letters_config(out, max_steps=8, resume_from_checkpoint="auto"))  # no complaint
-    from aitrain_grpo.training.checkpoints import resume_checkpoint
 
-    assert resume_checkpoint(letters_config(out, resume_from_checkpoint="auto")) == out / "checkpoint-5"
+
+LOG_FILES = ("metrics.jsonl", "scores.jsonl", "episodes.jsonl")
+
+
+def steps_in(path: Path) -> list[int]:
+    return [json.loads(line)["step"] for line in path.read_text().splitlines()]
+
+
+@pytest.fixture(scope="module")
+def four_steps(tmp_path_factory):
+    """A finished 4-step run with checkpoints at 2 and 4, one episode logged per step in every log file."""
+    from aitrain_grpo.training.trainer import train
+
+    out = tmp_path_factory.mktemp("four") / "run"
+    train(letters_config(out, max_steps=4, save_steps=2, log_episodes_every=1, log_episodes_count=1),
+          env=LetterEnv(turns=1, num_tasks=4))
+    assert [p.name for p in complete_checkpoints(out)] == ["checkpoint-2", "checkpoint-4"]
+    for name in LOG_FILES:
+        assert steps_in(out / name) == [1, 2, 3, 4], name
+    return out
+
+
+def test_resuming_behind_the_logs_cuts_them_back_so_each_step_is_logged_once(four_steps, tmp_path):
+    """The logs reach step 4 but the newest checkpoint is 2 (as after a crash between a log line and the
+    next save): the resumed run redoes steps 3 and 4, and their first records must go."""
+    from aitrain_grpo.training.trainer import train
+
+    out = tmp_path / "run"
+    shutil.copytree(four_steps, out)
+    shutil.rmtree(out / "checkpoint-4")
+    env = RecordingLetters(turns=1, num_tasks=4)
+    summary = train(letters_config(out, max_steps=4, save_steps=2, log_episodes_every=1, log_episodes_count=1,
+                                   resume_from_checkpoint="auto"), env=env)
+    assert summary["global_step"] == 4 and len(env.per_step()) == 2  # it played steps 3 and 4 only
+    for name in LOG_FILES:
+        assert steps_in(out / name) == [1, 2, 3, 4], name
+
+
+def test_a_finished_run_resumed_with_more_steps_trains_them_and_logs_steps_1_to_8(four_steps, tmp_path):
+    from aitrain_grpo.training.trainer import train
+
+    out = tmp_path / "run"
+    shutil.copytree(four_steps, out)
+    env = RecordingLetters(turns=1, num_tasks=4)
+    summary = train(letters_config(out, max_steps=8, save_steps=2, log_episodes_every=1, log_episodes_count=1,
+                                   resume_from_checkpoint="auto"), env=env)
+    assert summary["global_step"] == 8 and len(env.per_step()) == 4  # steps 5 to 8, not a fresh start
+    for name in LOG_FILES:
+        assert steps_in(out / name) == list(range(1, 9)), name
+    assert complete_checkpoints(out)[-1].name == "checkpoint-8"
 
 
 def test_an_incomplete_checkpoint_path_is_refused(tmp_path):
