@@ -98,3 +98,48 @@ def test_hotel_run_writes_model_config_and_metrics(tiny_model_dir, tmp_path):
 def test_default_model_is_announced(tmp_path):
     result = run_cli("grpo", "--rl-env-module", "envs.hotel", "--rl-env-class", "Nope", cwd=tmp_path)
     assert "built-in tiny model" in result.stdout and "--model Qwen/Qwen2.5-0.5B-Instruct" in result.stdout
+
+
+def command_options(*path: str) -> dict[str, tuple[str, object]]:
+    """`--flag -> (help, default)` of a command, as `aitrain ... --help` shows them."""
+    from typer.main import get_command
+
+    from aitrain_grpo.commands.cli import app
+
+    command = get_command(app)
+    for name in path:
+        command = command.commands[name]
+    return {param.opts[0]: (param.help, param.default) for param in command.params}
+
+
+def test_eval_and_env_check_state_the_defaults_grpo_uses():
+    from aitrain_grpo.config import RunConfig
+
+    defaults = RunConfig()
+    evaluation, check = command_options("eval"), command_options("env", "check")
+    for flag in ("--rl-max-new-tokens", "--rl-max-completion-length", "--rl-temperature", "--rl-top-k", "--rl-top-p",
+                 "--rl-env-timeout"):
+        default = getattr(defaults, flag[2:].replace("-", "_"))
+        assert evaluation[flag][0].endswith(f"Default: the training run's, else {default}."), (flag, evaluation[flag])
+        assert evaluation[flag][1] is None  # not given: the run's value comes first
+    for flag in ("--rl-max-new-tokens", "--rl-max-turns", "--rl-temperature", "--rl-env-timeout"):
+        name = flag[2:].replace("-", "_")
+        assert check[flag] == (RunConfig.help_for(name), getattr(defaults, name)), flag
+
+
+@pytest.mark.parametrize("command", [["grpo"], ["eval"], ["env", "check"]])
+@pytest.mark.parametrize(
+    "flag, value, message",
+    [
+        ("--rl-env-timeout", "0", "--rl-env-timeout must be positive seconds, got 0.0"),
+        ("--rl-max-new-tokens", "0", "--rl-max-new-tokens must be a positive integer, got 0"),
+        ("--rl-max-turns", "0", "--rl-max-turns must be a positive integer, got 0"),
+    ],
+)
+def test_a_bad_episode_option_gets_the_same_message_from_every_command(command, flag, value, message):
+    from typer.testing import CliRunner
+
+    from aitrain_grpo.commands.cli import app
+
+    result = CliRunner().invoke(app, [*command, *HOTEL, flag, value])
+    assert result.exit_code == 2 and result.stderr.strip() == f"error: {message}", result.stderr

@@ -60,6 +60,7 @@ def test_hotel_oracle_scores_one_empty_scores_zero_and_the_model_plays(tiny_mode
     [
         ("ScoreTooHighEnv", ["ScoreTooHighEnv.score_episode returned 10.0, outside [0, 1]", "under the oracle policy"]),
         ("StepRaisesEnv", ["StepRaisesEnv.step raised KeyError", "8 of 8 episodes"]),
+        ("SolveRaisesEnv", ["SolveRaisesEnv.solve raised ValueError: no answer", "under the oracle policy"]),
         ("NoPromptEnv", ["has no 'prompt'", "columns: question, number"]),
     ],
 )
@@ -71,6 +72,14 @@ def test_a_broken_contract_exits_1_and_says_why(env_class, fragments, aitrain):
     for fragment in fragments:
         assert any(fragment in line for line in errors), (fragment, errors)
     assert "Traceback" not in result.stderr and "env check passed" not in result.stdout
+
+
+def test_the_step_column_shows_how_long_the_environment_took_to_answer(aitrain):
+    result = aitrain("env", "check", *WORKBENCH, "--rl-env-class", "SlowStepEnv", "--episodes", "4", *TEXT_POLICIES)
+    assert result.exit_code == 0, result.stdout + result.stderr
+    for policy in ("oracle", "empty"):
+        mean_ms, max_ms = (float(v) for v in policy_row(result.stdout, policy)[6].split("/"))
+        assert 50.0 <= mean_ms <= max_ms < 5000.0, (policy, mean_ms, max_ms)  # every step sleeps 50 ms
 
 
 def test_constant_scores_pass_with_a_no_learning_signal_warning(aitrain):

@@ -59,3 +59,20 @@ class WrongOracleEnv(NumberEnv):
 
     def solve(self, episode: Episode) -> str:
         return str(episode.row["number"] + 1)
+
+
+class SolveRaisesEnv(NumberEnv):
+    """The oracle itself is broken."""
+
+    def solve(self, episode: Episode) -> str:
+        raise ValueError("no answer")
+
+
+class SlowStepEnv(NumberEnv):
+    """Takes 50 ms to answer a turn (a simulated user behind a network call)."""
+
+    def step(self, episode: Episode, completion: str):
+        import time
+
+        time.sleep(0.05)
+        return "Again." if episode.turns < 2 else None
