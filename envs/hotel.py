@@ -18,9 +18,10 @@ The pieces, in the order the engine uses them:
   JSON schema rendered into the prompt; a parameter named `episode` is passed by the engine and hidden
   from the model. Raise `ValueError` with a helpful message and the model sees `Error: ...` instead.
 - `step(episode, completion)` answers each model turn. `ToolEnvironment.step` already runs the tool
-  calls; this class ends the episode once a booking succeeds, and `no_tool_call` lets a simulated
-  guest answer the first question (1 task in 4 leaves out the number of guests or nights). Any other
-  turn without a tool call ends the episode, and so does the turn cap, `self.max_turns`.
+  calls, one after another in the order written; this class ends the episode once a booking
+  succeeds, and `no_tool_call` lets a simulated guest answer the first question (1 task in 4 leaves
+  out the number of guests or nights). Any other turn without a tool call ends the episode, and so
+  does the turn cap, `self.max_turns`. A tool's description is its docstring's text before `Args:`.
 - `score_episode(episode)` returns a number in [0, 1] and fills `episode.metrics` (logged as `env/<name>`).
 - `solve(episode)` is an optional oracle: the message an expert would send next.
 
@@ -268,8 +269,9 @@ class HotelEnv(ToolEnvironment):
         episode.state["bookings"].append(booking)
         return booking
 
-    # The tool calls of one turn run concurrently (in threads), so nothing here or in the scoring
-    # depends on their order: the tools only append to lists in `episode.state`.
+    # The tool calls of one turn run one after another, in the order the model wrote them (each in a
+    # worker thread, so other episodes go on meanwhile): a check before a booking sees the world as the
+    # model expects. Episodes, not calls, run concurrently.
     async def step(self, episode: Episode, completion: str):
         episode.state["known_tool_calls"] += sum(call["name"] in self.tool_specs for call in episode.tool_calls)
         bookings_before = len(episode.state["bookings"])

@@ -248,3 +248,42 @@ def test_a_fault_ends_that_episode_with_score_zero_and_a_named_error(fault, mess
     assert broken.error == message and broken.score == 0.0 and broken.done
     assert healthy.error is None and healthy.score == 1.0
     assert time.perf_counter() - started < 3  # a hung call is abandoned at its timeout
+
+
+@pytest.mark.parametrize("make_score", [lambda: __import__("numpy").float32(0.5), lambda: __import__("torch").tensor(0.5)])
+def test_numpy_and_torch_scalars_are_scores(make_score):
+    class ArrayScoreEnv(SingleTurnEnv):
+        def score_episode(self, episode):
+            return make_score()
+
+    (episode,) = play(ArrayScoreEnv(), [{"prompt": "Say hi."}], lambda ep: "hi")
+    assert episode.error is None and episode.score == 0.5
+
+
+class Ledger(ToolEnvironment):
+    def build_dataset(self, tokenizer):
+        return [{"prompt": "Write a then b."}]
+
+    @tool
+    def write(self, episode: Episode, text: str, pause: float = 0.0) -> str:
+        """Append text to the ledger.
+
+        Args:
+            text: What to append.
+            pause: Seconds to wait first.
+        """
+        time.sleep(pause)
+        episode.state.setdefault("ledger", []).append(text)
+        return "|".join(episode.state["ledger"])
+
+    def score_episode(self, episode):
+        return 1.0
+
+
+def test_the_tool_calls_of_one_turn_run_in_the_order_written():
+    # The first call is slow: were the calls run concurrently, the second would land first.
+    calls = ('<tool_call>{"name": "write", "arguments": {"text": "a", "pause": 0.2}}</tool_call>'
+             '<tool_call>{"name": "write", "arguments": {"text": "b"}}</tool_call>')
+    (episode,) = play(Ledger(), Ledger().build_dataset(None), scripted(calls, "Done."))
+    assert episode.state["ledger"] == ["a", "b"]
+    assert [m["content"] for m in episode.messages[2:4]] == ["a", "a|b"]

@@ -1,9 +1,18 @@
-"""The `aitrain` command line: `grpo` (train) and `tiny-model` (build the local demo model).
+"""The `aitrain` command line (also `python -m aitrain_grpo`). Commands:
 
-Every option of `aitrain grpo` is a `RunConfig` field; the flags are generated from those fields so
-the names, defaults and help texts live in one place (config.py). A flag given on the command line
-overrides the same option in `--config`. Problems a user can fix (bad options, an environment that
-does not load) print one line, `error: ...`, and exit with code 2; `--debug` shows the traceback.
+- `grpo`: train a model with GRPO in an environment;
+- `env check`: try an environment out (dataset, prompts, tools, oracle/empty/model episodes);
+- `eval`: measure a model or a training run in an environment, optionally against a baseline;
+- `report`: write report.html for a training output directory;
+- `vllm-serve`: start a vLLM server set up for training against it;
+- `tiny-model`: build the tiny local demo model into a folder.
+
+Every option of `aitrain grpo` is a `RunConfig` field, and so is every run option of `eval` and `env
+check`: their flags are generated from those fields (options.py), so names, defaults and help texts
+live in one place (config.py). A flag given on the command line overrides the same option in
+`--config`. Problems a user can fix (bad options, an environment that does not load) print one line,
+`error: ...`, and exit with code 2; `--debug` shows the traceback. What a person reads goes through
+rich consoles (`out`, `err`); diagnostics go through `logging`.
 
 Left out: the library logic itself; each command is a thin call into the modules.
 """

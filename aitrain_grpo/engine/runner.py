@@ -191,15 +191,11 @@ def normalize_reply(reply: Any) -> list[Message] | None:
 
 def check_score(value: Any) -> float:
     """A score must be a finite number in [0, 1]; anything else is the environment's error."""
-    if isinstance(value, bool) or not isinstance(value, (int, float)):
+    if not isinstance(value, (int, float)) and callable(getattr(value, "item", None)):
+        # numpy and torch scalars (and one-element tensors) are numbers too, read through `.item()`.
         try:
-            import numpy as np  # numpy and torch scalars are numbers too
-
-            if isinstance(value, np.generic):
-                value = value.item()
-            elif hasattr(value, "item") and getattr(value, "numel", lambda: 0)() == 1:
-                value = value.item()
-        except ImportError:
+            value = value.item()
+        except (ValueError, RuntimeError, TypeError):  # several elements: reported as not a number below
             pass
     if isinstance(value, bool) or not isinstance(value, (int, float)):
         raise BadReturnValue(f"returned {type(value).__name__} {str(value)[:40]!r}, not a number in [0, 1]")
