@@ -15,6 +15,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from aitrain_grpo.config import RunConfig
+from aitrain_grpo.training.async_rollout import check_async_supported
 from aitrain_grpo.training.checkpoints import check_output_dir_for_run
 from aitrain_grpo.training.generation import GenerationPlan, plan_generation, reserve_server_gpus
 
@@ -31,8 +32,10 @@ def plan_run(config: RunConfig) -> RunPlan:
     clobbered is a `ConfigError`."""
     config.validate()
     reserve_server_gpus(config)  # before anything starts CUDA
+    generation = plan_generation(config)
+    check_async_supported(config, generation.sync)
     return RunPlan(
-        generation=plan_generation(config),
+        generation=generation,
         resume=check_output_dir_for_run(config),
         output_dir=config.resolved_output_dir(),
     )

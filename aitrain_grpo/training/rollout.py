@@ -3,7 +3,8 @@
 `TrainingRollout` is GRPOTrainer's `rollout_func` (TRL calls it with the batch's prompts and the
 trainer). It owns:
 - the `RolloutEngine`, built on the first call (it needs the trainer's model), and, for a vLLM server
-  synchronised through a folder, the weight sync;
+  synchronised through a folder, the weight sync; with `--rl-async-steps`, the `AsyncRollout` that
+  plays the next steps' episodes while a step trains (async_rollout.py);
 - the dataset rows of the batch about to be played: TRL hands `rollout_func` only the prompts, but an
   episode needs its whole row, so `EpisodeGRPOTrainer` passes the rows in (`take_rows`) just before;
 - its observers, called with every batch's `EpisodeSummary`s from all processes (the error-rate stop);
@@ -23,6 +24,7 @@ files a run writes (runlog/), and metrics of TRL's evaluation loop (no run confi
 
 from __future__ import annotations
 
+import contextlib
 import math
 import time
 from collections import defaultdict
@@ -38,6 +40,7 @@ from aitrain_grpo.engine.stats import EpisodeSummary, episode_stats
 from aitrain_grpo.env.base import Environment
 from aitrain_grpo.models import stop_token_ids
 from aitrain_grpo.training.generation import GenerationPlan, make_backend
+from aitrain_grpo.training.async_rollout import AsyncRollout, start_async_rollout, versioned
 from aitrain_grpo.training.groups import play_groups
 
 SummaryObserver = Callable[[list[EpisodeSummary]], None]
@@ -89,6 +92,8 @@ class TrainingRollout(TrainerCallback):
         self.weight_sync = None  # training.weight_sync.FolderWeightSync for a server synced through a folder
         self.metrics = StepMetrics()
         self.last_batch: RolloutBatch | None = None
+        self.last_weight_versions: list[int] | None = None  # per episode of last_batch (async runs only)
+        self.async_rollout: AsyncRollout | None = None  # --rl-async-steps >= 1: plays steps ahead
         self.rollout_seconds = 0.0  # over the whole run; a step's share is the difference across it
         self._rows: list[dict[str, Any]] | None = None
         self._step_started = 0.0
@@ -108,10 +113,15 @@ class TrainingRollout(TrainerCallback):
             raise RuntimeError(f"rollout got {len(prompts)} prompts but {got} dataset rows; "
                                f"the trainer must hand the batch's rows to take_rows first")
         engine = self.engine or self._start(trainer)
-        self.sync_weights(trainer)
-        grouped = play_groups(engine.run, rows, trainer, self.config)  # --rl-zero-std-groups
+        if self.async_rollout is not None:  # --rl-async-steps: episodes played ahead (async_rollout.py)
+            grouped, step_metrics = self.async_rollout.rollout(rows, trainer, training=trainer.model.training)
+        else:
+            self.sync_weights(trainer)
+            grouped = play_groups(engine.run, rows, trainer, self.config)  # --rl-zero-std-groups
+            step_metrics = grouped.metrics
         batch = grouped.batch
-        self.metrics.update(grouped.metrics)
+        self.last_weight_versions = grouped.weight_versions
+        self.metrics.update(step_metrics)
         summaries = batch.summaries()
         if trainer.accelerator.num_processes > 1:
             summaries = gather_object(summaries)
@@ -128,6 +138,8 @@ class TrainingRollout(TrainerCallback):
         config = self.config
         stop_ids = stop_token_ids(trainer.model, trainer.processing_class)
         backend, self.weight_sync = make_backend(trainer, config, self.generation, stop_ids)
+        if config.rl_async_steps:
+            backend = versioned(backend)
         self.engine = RolloutEngine(
             self.env,
             trainer.processing_class,
@@ -139,17 +151,23 @@ class TrainingRollout(TrainerCallback):
             env_timeout=config.rl_env_timeout,
             cut_turn=config.rl_cut_turn,
         )
+        if config.rl_async_steps:
+            self.async_rollout = start_async_rollout(self.engine, backend, self.weight_sync, trainer, config)
         return self.engine
 
     def sync_weights(self, trainer) -> None:
         """Bring a folder-synced vLLM server up to the trainer's weights, if they changed."""
         if self.weight_sync is None:
             return
-        seconds = self.weight_sync.maybe_sync(trainer)
+        # Played-ahead episodes: no request may be in flight while the server's weights change.
+        with self.async_rollout.backend.paused() if self.async_rollout is not None else contextlib.nullcontext():
+            seconds = self.weight_sync.maybe_sync(trainer)
         if seconds is not None:
             self.metrics.update({"vllm/sync_seconds": seconds})
 
     def close(self) -> None:
+        if self.async_rollout is not None:
+            self.async_rollout.close()
         if self.engine is not None:
             self.engine.close()
 

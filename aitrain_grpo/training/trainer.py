@@ -11,7 +11,8 @@ the optimizer); this module only wires our pieces into it:
 `EpisodeGRPOTrainer` is TRL's trainer plus what only a subclass can do: hand each batch's dataset rows
 to the rollout (TRL gives `rollout_func` only the prompts), merge the rollout's metrics into each log
 record (`log`, the method TRL itself extends to log its metrics), write checkpoints atomically
-(checkpoints.py) and leave dropped groups out of the loss (groups.py).
+(checkpoints.py), leave dropped groups out of the loss (groups.py) and log the share of tokens the
+importance-sampling correction masks (async_rollout.py).
 
 Left out: the console display and the files written during training (runlog/), stopping early
 (stopping.py), and the rollout itself (rollout.py, engine/).
@@ -40,6 +41,7 @@ from aitrain_grpo.models import load_model_and_tokenizer
 from aitrain_grpo.runlog.files import training_callbacks
 from aitrain_grpo.runlog.redaction import redact
 from aitrain_grpo.training import small_dataset
+from aitrain_grpo.training.async_rollout import MaskedShareMetric
 from aitrain_grpo.training.checkpoints import AtomicCheckpoints, check_output_dir_for_run, prepare_output_dir
 from aitrain_grpo.training.generation import check_server as check_vllm_server
 from aitrain_grpo.training.generation import grpo_kwargs as generation_grpo_kwargs
@@ -58,7 +60,7 @@ def episode_score(prompts=None, completions=None, episode_score=None, **kwargs) 
     return [float(s) for s in episode_score]
 
 
-class EpisodeGRPOTrainer(AtomicCheckpoints, DroppedRowsLoss, GRPOTrainer):
+class EpisodeGRPOTrainer(AtomicCheckpoints, DroppedRowsLoss, MaskedShareMetric, GRPOTrainer):
     """GRPOTrainer driven by a `TrainingRollout` (see the module docstring). `drop_masked_rows`: leave
     rows whose loss mask is all zero out of the loss (--rl-zero-std-groups drop/refill, groups.py).
     `external_weight_sync`: this package, not TRL, moves the weights into vLLM (generation.py)."""
