@@ -1,11 +1,21 @@
-"""The environment examples in README.md work as printed: a user copying them gets a working env."""
+"""README.md and examples/ work as printed: the environment examples play, every documented command
+parses with flags that exist, `python -m aitrain_grpo` is the `aitrain` command, the Python example trains."""
 
 from __future__ import annotations
 
+import os
 import re
+import shlex
+import subprocess
+import sys
 
+import pytest
+from typer.main import get_command
+
+from aitrain_grpo import RunConfig, load_environment
+from aitrain_grpo.commands.cli import app
 from aitrain_grpo.engine.runner import play
-from conftest import REPO
+from conftest import REPO, run_cli
 
 
 def readme_class(name: str) -> type:
@@ -43,3 +53,103 @@ def test_calculator_example_runs_its_tool():
     call = '<tool_call>{"name": "add", "arguments": {"a": 17, "b": 25}}</tool_call>'
     (episode,) = play(env, env.build_dataset(None), lambda ep: call if ep.turns == 0 else "It is 42.")
     assert episode.messages[2]["content"] == "42" and episode.score == 1.0
+
+
+# ------------------------------------------------------------------------------------------ commands
+
+
+def shell_commands(text: str) -> list[str]:
+    """Command lines of shell text: continuations joined, comments and blank lines dropped."""
+    joined = re.sub(r"\\\n\s*", " ", text)
+    return [line.strip() for line in joined.splitlines() if line.strip() and not line.strip().startswith("#")]
+
+
+def documented_commands() -> list[tuple[str, str]]:
+    """(where, command line) for every command in README.md's shell blocks and in examples/."""
+    found = []
+    for block in re.findall(r"```(?:bash|sh)\n(.*?)```", (REPO / "README.md").read_text(), flags=re.S):
+        found += [("README.md", line) for line in shell_commands(block)]
+    found += [("examples/server_mode.sh", line) for line in shell_commands((REPO / "examples/server_mode.sh").read_text())]
+    for path in ("examples/hotel_run.yaml", "examples/train_hotel.py"):  # usage lines in their comments
+        found += [(path, re.sub(r"\s{2,}[#(].*$", "", line.strip("# ").strip()))  # minus the trailing remark
+                  for line in (REPO / path).read_text().splitlines()
+                  if re.match(r"^\s*#?\s*(OMP_NUM_THREADS=1 )?(aitrain|python) ", line)]
+    return found
+
+
+def aitrain_arguments(command: str) -> list[str] | None:
+    """The arguments an `aitrain ...` or `... -m aitrain_grpo ...` command passes to the CLI, with
+    the synopsis' optional `[...]` parts and the example script's shell variables filled in."""
+    command = re.sub(r"\s\[[^\]]*\]", "", command.split("&&")[-1]).split("&")[0]
+    command = command.replace('"$MODEL"', "tiny").replace("$PORT", "8000")
+    words = shlex.split(command)
+    for start, word in enumerate(words):
+        if word == "aitrain":
+            return words[start + 1:]
+        if word == "aitrain_grpo" and words[start - 1] == "-m":
+            return words[start + 1:]
+    return None
+
+
+COMMANDS = [(where, line) for where, line in documented_commands() if aitrain_arguments(line) is not None]
+
+
+def test_the_documents_have_commands_to_check():
+    assert len(COMMANDS) >= 9, COMMANDS
+    assert {word for _, line in COMMANDS for word in aitrain_arguments(line)[:2]} >= {
+        "grpo", "eval", "env", "check", "vllm-serve"}
+
+
+@pytest.mark.parametrize("where, command", COMMANDS, ids=[f"{w}:{c[:60]}" for w, c in COMMANDS])
+def test_every_documented_command_parses_and_names_what_exists(where, command, monkeypatch):
+    """Each documented command's flags are the command's flags, with values of the right type; the
+    environments, config files and accelerate configs it names exist (running them is other tests' job:
+    most need a GPU or a hub model)."""
+    args = aitrain_arguments(command)
+    click_command = get_command(app)
+    name = "aitrain"
+    while hasattr(click_command, "commands"):  # a group (`aitrain`, `aitrain env`): go down one word
+        name, args = args[0], args[1:]
+        click_command = click_command.commands[name]
+    context = click_command.make_context(name, list(args))  # raises on an unknown flag or a bad value
+    params = context.params
+    monkeypatch.chdir(REPO)
+    if params.get("config"):
+        RunConfig(**RunConfig.from_file(params["config"])).validate()
+    module = params.get("rl_env_module")
+    if module and (REPO / (module.replace(".", "/") + ".py")).exists():
+        load_environment(module, params["rl_env_class"], params.get("rl_env_config"))
+    for config_file in re.findall(r"--config_file (\S+)", command):
+        assert (REPO / config_file).is_file(), config_file
+
+
+def test_python_dash_m_runs_the_aitrain_command():
+    result = run_cli("--help")  # run_cli is `python -m aitrain_grpo ...`
+    assert result.returncode == 0, result.stderr
+    for command in ("grpo", "eval", "env", "report", "vllm-serve", "tiny-model"):
+        assert command in result.stdout, command
+    bad = run_cli("grpo", "--rl-env-module", "envs.hotel", "--rl-env-class", "HotelEnvv")
+    assert bad.returncode == 2 and bad.stderr.startswith("error: ") and "did you mean 'HotelEnv'" in bad.stderr
+
+
+def test_the_cli_docstring_lists_every_command():
+    from aitrain_grpo.commands import cli
+
+    def names(command, prefix=""):
+        for name, sub in command.commands.items():
+            if hasattr(sub, "commands"):  # a group such as `env`
+                yield from names(sub, f"{prefix}{name} ")
+            else:
+                yield prefix + name
+
+    for name in names(get_command(app)):
+        assert f"`{name}`" in cli.__doc__, name
+
+
+def test_the_python_example_trains(tmp_path):
+    result = subprocess.run(
+        [sys.executable, "examples/train_hotel.py", "--steps", "1", "--output-dir", str(tmp_path / "run")],
+        cwd=REPO, capture_output=True, text=True, timeout=600, env=dict(os.environ, OMP_NUM_THREADS="1"),
+    )
+    assert result.returncode == 0, result.stderr[-2000:]
+    assert "'global_step': 1" in result.stdout and (tmp_path / "run" / "run_config.json").exists()
