@@ -47,7 +47,16 @@ def machine() -> str:
         memory = f", {mem_kib / 2**20:.0f} GiB RAM"
     except (OSError, StopIteration):
         memory = ""
-    return f"{cpu}, {os.cpu_count()} cores{memory}, {platform.system()} {platform.release()}, no GPU"
+    return f"{cpu}, {os.cpu_count()} cores{memory}, {platform.system()} {platform.release()}, {gpu() or 'no GPU'}"
+
+
+def gpu() -> str | None:
+    try:
+        import torch
+
+        return torch.cuda.get_device_name(0) if torch.cuda.is_available() else None
+    except (ImportError, RuntimeError):
+        return None
 
 
 def versions() -> str:
@@ -87,6 +96,8 @@ def render(results: dict, *, label: str, command: str) -> str:
         + (": the machine was shared with other work, so only the ratios mean much" if shared else ""),
         f"- {episodes} episodes x {4} model turns x 32 new tokens; medians over {reps} repetitions after a warm-up "
         "(min-max in brackets)",
+        f"- {'GPU' if gpu() else 'CPU'} figures: " + ("measured on the GPU named above" if gpu() else
+            "this machine has no GPU; every backend, vLLM included, ran on the CPU with the tiny model"),
         "",
         "| # | figure | workload | result | target | |",
         "| --- | --- | --- | --- | --- | --- |",
@@ -113,6 +124,17 @@ def render(results: dict, *, label: str, command: str) -> str:
     if "memory" in results:
         rss = results["memory"]["peak_rss_mib"]
         lines.append(f"| 6 | peak RSS of `{results['memory']['command']}` | hotel | {rss:.0f} MiB | < 2048 MiB | {_mark(rss < 2048)} |")
+    for name, variants in results["backends"].get("stragglers", {}).items():
+        slots = results.get("straggler_slots", 16)
+        ratio = [c["episodes_per_s"] / l["episodes_per_s"] for c, l in zip(variants["continuous"], variants["lockstep"])]
+        against_all = [c["episodes_per_s"] / l["episodes_per_s"] for c, l in zip(variants["continuous"], variants["lockstep, all at once"])]
+        lines.append(f"| 7 | episodes/s, continuous / lockstep, {slots} episodes in play, {name} | S | {spread(ratio, '.2f')} x | >= 1.5 x | {_mark(median(ratio) >= 1.5)} |")
+        lines.append(f"| 7a | episodes/s, continuous ({slots} in play) / lockstep with all {episodes} at once, {name} | S | {spread(against_all, '.2f')} x | | |")
+    if "group_prefill" in results:
+        prefill = results["group_prefill"]
+        ratio = [a["prefill"] / b["prefill"] for a, b in zip(prefill["runs"]["shared"], prefill["runs"]["per row"])]
+        lines.append(f"| 8 | hf first-turn prefill, each group prompt once / every row, {prefill['rows']} rows "
+                     f"(8 per prompt, {prefill['prompt_tokens']:.0f} prompt tokens) | P | {spread(ratio, '.2f')} x | | |")
     lines += ["", "Per variant (medians): rollout wall s, of it in generate s, environment s, overhead %, sampled tokens/s end to end", "",
               "| workload | variant | wall s | generate s | env s | overhead % | tokens/s |", "| --- | --- | --- | --- | --- | --- | --- |"]
     groups = [("A", rollouts["A"]), ("B", rollouts["B"]), ("A (backends)", backends)]
@@ -124,6 +146,19 @@ def render(results: dict, *, label: str, command: str) -> str:
                 f"{env_s} | {median((r['wall'] - r['generate']) / r['wall'] * 100 for r in runs):.2f} | "
                 f"{median(r['tokens'] / r['wall'] for r in runs):.0f} |"
             )
+    stragglers = results["backends"].get("stragglers", {})
+    if stragglers:
+        lines += ["", f"Workload S (medians): {episodes} episodes, one in eight plays 8 turns and the others 2, each "
+                  "`step` awaits 0-100 ms; 32 tokens per turn", "",
+                  "| backend | schedule | wall s | episodes/s |", "| --- | --- | --- | --- |"]
+        for name, variants in stragglers.items():
+            for variant, runs in variants.items():
+                lines.append(f"| {name} | {variant} | {median(r['wall'] for r in runs):.3f} | {median(r['episodes_per_s'] for r in runs):.2f} |")
+    if "group_prefill" in results:
+        runs = results["group_prefill"]["runs"]
+        lines += ["", "Workload P (medians): seconds of the first turn's prefill per rollout, hf backend", "",
+                  "| prefill | seconds |", "| --- | --- |"]
+        lines += [f"| {name} | {median(r['prefill'] for r in variant):.4f} |" for name, variant in runs.items()]
     if "trl" in results:
         trl = results["trl"]
         lines += ["", "Workload C, one training step (medians): step s, of it the rollout s, tokens per episode", "",

@@ -17,11 +17,16 @@ Figures:
 4. latency hiding = environment wall time per turn / 50 ms (B, sync and async);
 5. sampled tokens per second of the hf backend, of hf without its key-value cache carried across
    turns, and of the vLLM colocate and vLLM server backends where vLLM is installed (`--skip-vllm`
-   leaves them out), on A;
-and the peak resident memory of `aitrain grpo` on HotelEnv with the tiny model, 5 steps.
+   leaves them out), on A (all lockstep, as before continuous rollouts, so the rows stay comparable);
+6. the peak resident memory of `aitrain grpo` on HotelEnv with the tiny model, 5 steps;
+7. continuous / lockstep episodes per second on the straggler workload S (one episode in eight plays
+   four times the turns, environment latency 0-100 ms), on the vLLM server and on colocated vLLM, with
+   16 episodes in play at once (lockstep: waves of 16), and lockstep with all 64 at once for reference;
+8. the hf backend's first-turn prefill time (a generate call for one new token) with each GRPO
+   group's prompt prefilled once, against every row prefilled, on P (8 prompts x 8 generations).
 
-Left out: GPUs (the figures are for this CPU machine and the tiny model) and any pass/fail exit
-status: the table says which targets were met.
+Left out: GPUs (the figures are for this CPU machine and the tiny model; the table says so) and any
+pass/fail exit status: the table says which targets were met.
 """
 
 from __future__ import annotations
@@ -77,9 +82,12 @@ def check_work(batch, turns: int = W.TURNS) -> None:
             raise RuntimeError(f"an episode did not play its {turns} turns: turns={ep.turns} error={ep.error} truncated={ep.truncated}")
 
 
-def make_engine(env, tokenizer, backend) -> RolloutEngine:
+SLOTS = 16  # episodes in play at once on workload S
+
+
+def make_engine(env, tokenizer, backend, schedule: str = "lockstep", slots: int = 256) -> RolloutEngine:
     return RolloutEngine(env, tokenizer, backend, max_new_tokens=W.NEW_TOKENS, max_completion_length=1024,
-                         sampling=SAMPLING, env_timeout=60.0)
+                         sampling=SAMPLING, env_timeout=60.0, schedule=schedule, max_concurrent_episodes=slots)
 
 
 def timed_env_phases(engine: RolloutEngine) -> list[float]:
@@ -168,6 +176,56 @@ def measure_rollouts(model, tokenizer, episodes: int, reps: int) -> dict:
     }
 
 
+def straggler_run(engine: RolloutEngine) -> Callable[[list], dict]:
+    def run(rows: list) -> dict:
+        batch = engine.run(rows)
+        for ep in batch.episodes:
+            if ep.error or ep.truncated or ep.turns != W.StragglerEnv.turns(ep.row["task"]):
+                raise RuntimeError(f"a straggler-workload episode did not play its turns: {ep.turns} {ep.error}")
+        return {"wall": batch.wall_seconds, "episodes_per_s": len(rows) / batch.wall_seconds}
+    return run
+
+
+def measure_stragglers(tokenizer, backends: dict[str, Any], episodes: int, reps: int) -> dict:
+    """Figure 7: continuous vs lockstep on workload S, per vLLM backend, variants in turn."""
+    out = {}
+    for name, backend in backends.items():
+        engines = {
+            "continuous": make_engine(W.StragglerEnv(episodes), tokenizer, backend, "continuous", SLOTS),
+            "lockstep": make_engine(W.StragglerEnv(episodes), tokenizer, backend, "lockstep", SLOTS),
+            "lockstep, all at once": make_engine(W.StragglerEnv(episodes), tokenizer, backend, "lockstep", episodes),
+        }
+        rows = engines["continuous"].env.build_dataset(tokenizer)
+        out[name] = interleaved({variant: straggler_run(engine) for variant, engine in engines.items()}, rows, reps, warmup_rows=SLOTS)
+        for engine in engines.values():
+            engine.close()
+    return out
+
+
+def measure_group_prefill(model, tokenizer, prompts: int, reps: int) -> dict:
+    """Figure 8: the first turn's prefill on P (`generate` for one new token), each group's prompt
+    prefilled once against every row prefilled, in turn."""
+    from aitrain_grpo.engine.backends.hf import HFBackend
+    from aitrain_grpo.engine.chat import ChatRenderer
+
+    rows = W.group_rows(prompts)
+    prompt_ids = ChatRenderer(tokenizer).prompt_ids_many([row["prompt"] for row in rows])
+    backends = {"shared": HFBackend.for_model(model, tokenizer), "per row": HFBackend.for_model(model, tokenizer)}
+    backends["per row"].share_group_prompts = False
+
+    def timed(backend):
+        def run(ids: list) -> dict:
+            started = time.perf_counter()
+            with backend.rollout_session():
+                backend.generate(ids, 1, SAMPLING)
+            return {"prefill": time.perf_counter() - started}
+        return run
+
+    runs = interleaved({name: timed(backend) for name, backend in backends.items()}, prompt_ids, reps, warmup_rows=W.GROUP_SIZE)
+    assert backends["shared"].shared_prefills > 0 and backends["per row"].shared_prefills == 0
+    return {"runs": runs, "rows": len(rows), "prompt_tokens": sum(map(len, prompt_ids)) / len(prompt_ids)}
+
+
 def free_port() -> int:
     import socket
 
@@ -206,10 +264,10 @@ def measure_backends(model, tokenizer, model_path: str, episodes: int, reps: int
                                    log_path=log_dir / "vllm-server.log")
         try:
             llm = build_colocated_llm(model_path)
-            backends["vllm-colocate"] = W.FullLengthTurns(W.colocate_no_stop_class()(llm, [eos]), eos)
+            backends["vllm-colocate"] = W.FullLengthRequests(W.colocate_no_stop_class()(llm, [eos]), eos)
             wait_for_server(server, url, timeout=400)
             client = W.server_no_stop_client(url)
-            backends["vllm-server"] = W.FullLengthTurns(VLLMServerBackend(client, model_path, [eos]), eos)
+            backends["vllm-server"] = W.FullLengthRequests(VLLMServerBackend(client, model_path, [eos]), eos)
         except Exception:
             stop_server(server)
             raise
@@ -219,10 +277,16 @@ def measure_backends(model, tokenizer, model_path: str, episodes: int, reps: int
         engines = {name: make_engine(W.ChatterEnv(episodes), tokenizer, backend) for name, backend in backends.items()}
         rows = engines["hf"].env.build_dataset(tokenizer)
         runs = interleaved({name: batched_run(engines[name], backends[name]) for name in engines}, rows, reps, warmup_rows=8)
+        for engine in engines.values():
+            engine.close()
+        vllm_backends = {name: backends[name] for name in ("vllm-server", "vllm-colocate") if name in backends}
+        if vllm_backends:
+            print(f"workload S: continuous vs lockstep on {', '.join(vllm_backends)} ...", flush=True)
+        stragglers = measure_stragglers(tokenizer, vllm_backends, episodes, reps)
     finally:
         if server is not None:
             stop_server(server)
-    return {"runs": runs, "notes": notes}
+    return {"runs": runs, "notes": notes, "stragglers": stragglers}
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -260,9 +324,12 @@ def main(argv: list[str] | None = None) -> int:
 
         print("workload C: one training step, aitrain-grpo vs TRL environment_factory ...", flush=True)
         results["trl"] = trl_step.compare(model_path, episodes=episodes, reps=reps)
+    print("workload P: hf group prefill ...", flush=True)
+    results["group_prefill"] = measure_group_prefill(model, tokenizer, prompts=max(2, episodes // W.GROUP_SIZE), reps=reps)
     print("backends ...", flush=True)
     with tempfile.TemporaryDirectory(prefix="aitrain-bench-") as log_dir:
         results["backends"] = measure_backends(model, tokenizer, model_path, episodes, reps, use_vllm, Path(log_dir))
+    results["straggler_slots"] = SLOTS
     results["minutes"] = (time.time() - started) / 60
     results["load"] = (load_before, os.getloadavg())
     text = results_table.render(results, label=args.label, command=results_table.command_line(sys.argv))

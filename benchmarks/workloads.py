@@ -3,6 +3,10 @@
 - `ChatterEnv` / `AsyncChatterEnv` (workloads A and B): a plain conversation of exactly `turns` model
   turns; every environment reply is about 20 tokens, and every `step` may sleep `latency` seconds
   (time.sleep in the sync class, asyncio.sleep in the async one), like an I/O-bound tool.
+- `StragglerEnv` (workload S): one episode in eight plays four times the turns of the others (8, not
+  2), and every `step` awaits a latency drawn from 0-100 ms; what continuous rollouts are for.
+- `group_rows` (workload P): GRPO groups, each prompt (a ~300-token system prompt and a task) repeated
+  8 times, for the hf backend's shared group prefill.
 - `LookupToolEnv` (workload C, our contract) and `TRLLookupEnv` (the same environment written for
   TRL's `environment_factory`): one `lookup` tool with the same schema and the same replies.
 - `FullLengthTurns`: wraps a backend so that every model turn is exactly `max_tokens` tokens: the
@@ -94,6 +98,47 @@ class AsyncChatterEnv(ChatterEnv):
         return reply_text(episode.row["task"], episode.turns)
 
 
+STRAGGLER_EVERY, SHORT_TURNS, LONG_TURNS, MAX_LATENCY = 8, 2, 8, 0.1
+
+
+class StragglerEnv(Environment):
+    """Workload S: task i plays LONG_TURNS turns if i % STRAGGLER_EVERY == 0, else SHORT_TURNS; each
+    `step` awaits a latency from 0 to MAX_LATENCY seconds, fixed per task and turn."""
+
+    max_turns = LONG_TURNS
+
+    def __init__(self, num_tasks: int = 64, seed: int = 0):
+        self.num_tasks, self.seed = num_tasks, seed
+
+    def build_dataset(self, tokenizer):
+        return task_rows(self.num_tasks, self.seed)
+
+    @staticmethod
+    def turns(task: int) -> int:
+        return LONG_TURNS if task % STRAGGLER_EVERY == 0 else SHORT_TURNS
+
+    async def step(self, episode: Episode, completion: str):
+        task = episode.row["task"]
+        await asyncio.sleep(random.Random(task * 1000 + episode.turns).uniform(0.0, MAX_LATENCY))
+        if episode.turns >= self.turns(task):
+            return None
+        return reply_text(task, episode.turns)
+
+    def score_episode(self, episode: Episode) -> float:
+        return 1.0
+
+
+GROUP_SIZE = 8
+SYSTEM_PROMPT = ("You are the booking assistant of a hotel chain. Answer in one short paragraph, name the hotel, the "
+                 "city, the price per night and whether breakfast is included. ") * 8
+
+
+def group_rows(num_prompts: int, seed: int = 0) -> list[dict]:
+    """Workload P: `num_prompts` prompts, each repeated GROUP_SIZE times in a row, as TRL hands them."""
+    return [{"prompt": [{"role": "system", "content": SYSTEM_PROMPT}, *row["prompt"]], "task": row["task"]}
+            for row in task_rows(num_prompts, seed) for _ in range(GROUP_SIZE)]
+
+
 def lookup_result(key: str, calls: int) -> str:
     rng = random.Random(f"{key}:{calls}")
     return f"Entry {next(_serials)}: {_words(rng, 7)}."
@@ -162,9 +207,9 @@ class HFNoStop(HFBackend):
 
 
 def colocate_no_stop_class():
-    from aitrain_grpo.engine.backends.vllm_colocate import VLLMColocateBackend
+    from aitrain_grpo.engine.backends.vllm_colocate import VLLMColocateRequests
 
-    class ColocateNoStop(VLLMColocateBackend):
+    class ColocateNoStop(VLLMColocateRequests):
         def _sampling_params(self, max_tokens: int, sampling: SamplingParams):
             params = super()._sampling_params(max_tokens, sampling)
             params.min_tokens = max_tokens
@@ -199,7 +244,9 @@ class FullLengthTurns:
         return session() if session is not None and self.sessions else contextlib.nullcontext()
 
     def generate(self, prompts: list[list[int]], max_tokens: int, sampling: SamplingParams) -> list[Sample]:
-        samples = self.backend.generate(prompts, max_tokens - 1, sampling)
+        return self._closed(self.backend.generate(prompts, max_tokens - 1, sampling), max_tokens)
+
+    def _closed(self, samples: list[Sample], max_tokens: int) -> list[Sample]:
         out = []
         for sample in samples:
             if len(sample.token_ids) != max_tokens - 1:
@@ -268,3 +315,11 @@ def scripted_turns(model_class, scripts: list[list[int]], turn_marker_id: int):
         yield
     finally:
         model_class.generate = original
+
+
+class FullLengthRequests(FullLengthTurns):
+    """`FullLengthTurns` for a backend that also takes one turn at a time (the continuous schedule)."""
+
+    async def generate_one(self, prompt: list[int], max_tokens: int, sampling: SamplingParams) -> Sample:
+        sample = await self.backend.generate_one(prompt, max_tokens - 1, sampling)
+        return self._closed([sample], max_tokens)[0]

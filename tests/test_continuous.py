@@ -172,9 +172,10 @@ def test_a_backend_failure_stops_a_continuous_rollout_and_the_engine_stays_usabl
     try:
         with pytest.raises(GenerationBackendError, match="gone"):
             engine.run(env.build_dataset(tokenizer))
-        again = engine.run(env.build_dataset(tokenizer))  # no episode of the failed rollout is left running
-        assert {ep.stop_reason for ep in again.episodes} == {"env"}
+        # No episode of the failed rollout is left to wake up during the next one.
         assert not asyncio.all_tasks(engine.runner.loop)
+        again = engine.run(env.build_dataset(tokenizer))
+        assert {ep.stop_reason for ep in again.episodes} == {"env"}
     finally:
         engine.close()
 

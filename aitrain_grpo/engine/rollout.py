@@ -273,13 +273,15 @@ class RolloutEngine:
         """Every episode plays on its own, up to `max_concurrent_episodes` at once."""
         slots = asyncio.Semaphore(self.max_concurrent_episodes)
         generating, answering = _BusyClock(), _BusyClock()
+        batcher = None
         if isinstance(self.backend, RequestBackend):
             backend = self.backend
 
             async def sample(order: int, prompt: list[int], max_tokens: int) -> Sample:
                 return await backend.generate_one(prompt, max_tokens, self.sampling)
         else:
-            sample = TurnBatcher(self.backend, self.sampling).submit
+            batcher = TurnBatcher(self.backend, self.sampling)
+            sample = batcher.submit
 
         async def play(i: int) -> None:
             episode, trace = batch.episodes[i], batch.traces[i]
@@ -314,4 +316,6 @@ class RolloutEngine:
             await asyncio.gather(*tasks, return_exceptions=True)
             raise
         finally:
+            if batcher is not None:
+                await batcher.close()
             batch.generate_seconds, batch.env_seconds = generating.seconds, answering.seconds

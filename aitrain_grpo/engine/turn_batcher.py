@@ -47,6 +47,13 @@ class TurnBatcher:
             self._driver = loop.create_task(self._drive())
         return await turn.sample
 
+    async def close(self) -> None:
+        """Drop the queued turns and wait for the call under way (its thread cannot be stopped), so that
+        nothing of this batcher runs on after the rollout it served."""
+        self._queued.clear()
+        if self._driver is not None:
+            await asyncio.gather(self._driver, return_exceptions=True)
+
     async def _drive(self) -> None:
         loop = asyncio.get_running_loop()
         await asyncio.sleep(0)  # turns submitted in the same pass of the loop join the first call

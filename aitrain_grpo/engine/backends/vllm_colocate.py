@@ -115,7 +115,12 @@ class VLLMColocateRequests(VLLMColocateBackend):
             raise
         if self._driver is None or self._driver.done():
             self._driver = asyncio.get_running_loop().create_task(self._drive())
-        output = await finished
+        try:
+            output = await finished
+        except asyncio.CancelledError:  # the rollout was given up: free the engine of this request
+            if self._waiting.pop(request_id, None) is not None:
+                self.llm.llm_engine.abort_request([request_id])
+            raise
         return sample_from_vllm_output(output.outputs[0], self.stop_ids)
 
     async def _drive(self) -> None:
