@@ -240,8 +240,7 @@ class FullLengthTurns:
         self.sampled_tokens = 0
 
     def rollout_session(self):
-        session = getattr(self.backend, "rollout_session", None)
-        return session() if session is not None and self.sessions else contextlib.nullcontext()
+        return self.backend.rollout_session() if self.sessions else contextlib.nullcontext()
 
     def generate(self, prompts: list[list[int]], max_tokens: int, sampling: SamplingParams) -> list[Sample]:
         return self._closed(self.backend.generate(prompts, max_tokens - 1, sampling), max_tokens)
