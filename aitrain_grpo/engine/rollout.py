@@ -59,7 +59,10 @@ class TokenTrace:
 
 @dataclass
 class RolloutBatch:
-    """The result of `RolloutEngine.run`, in batch order."""
+    """The result of `RolloutEngine.run`, in batch order. `generate_seconds` and `env_seconds` are wall
+    time during which at least one generate (environment) call was under way, so under the continuous
+    schedule they overlap; `generate_calls` counts backend calls (continuous on a `RequestBackend`:
+    one per episode turn)."""
 
     episodes: list[Episode]
     traces: list[TokenTrace]
