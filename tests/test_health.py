@@ -4,10 +4,13 @@ printed once each, with advice, during training."""
 from __future__ import annotations
 
 import io
+import json
 from types import SimpleNamespace
 
 from rich.console import Console
 from transformers import TrainerControl, TrainerState
+
+from conftest import REPO, run_cli
 
 from aitrain_grpo.runlog.health import (
     HealthCallback, check_health, entropy_collapse, first_warnings, low_score, no_learning_signal, rising_errors,
@@ -98,3 +101,49 @@ def test_the_callback_prints_each_warning_once_with_its_advice():
     # The end-of-run summary TRL logs has no reward; it is not a training step.
     callback.on_log(args, state, control, logs={"train_runtime": 12.0})
     assert len(callback.history) == 12
+
+
+# ------------------------------------------------------------------------------ the thresholds, at their edges
+
+
+def test_four_flat_steps_of_five_are_no_learning_signal():
+    records = with_changes(healthy_run(12), 9, reward_std=0.0, frac_reward_zero_std=1.0)  # steps 9..12 of 8..12
+    warning = no_learning_signal(records)
+    assert warning is not None and "4 of the last 5 steps" in warning.message
+
+
+def test_two_low_entropy_steps_are_not_a_collapse_but_three_are():
+    assert entropy_collapse(with_changes(healthy_run(10), 9, entropy=0.004)) is None
+    assert entropy_collapse(with_changes(healthy_run(10), 8, entropy=0.004)) is not None
+
+
+def test_a_grad_norm_of_exactly_ten_is_not_unstable_but_just_above_is():
+    assert unstable_gradients(with_changes(healthy_run(5), 5, grad_norm=10.0)) is None
+    assert unstable_gradients(with_changes(healthy_run(5), 5, grad_norm=10.01)) is not None
+
+
+# ------------------------------------------------------------------------------ end to end
+
+
+def test_a_constant_score_run_warns_no_learning_signal_once_and_the_report_shows_it(tmp_path, tiny_model_dir):
+    """Every episode scores 0.5: from step 5 every group is flat. Eight steps, so the warning has three
+    more chances to repeat itself."""
+    out = tmp_path / "run"
+    result = run_cli(
+        "grpo", "--rl-env-module", "envs_fixtures.workbench", "--rl-env-class", "ConstantScoreEnv",
+        "--model", tiny_model_dir, "--output-dir", str(out), "--max-steps", "8", "--rl-max-new-tokens", "8",
+        "--log-episodes-every", "4", cwd=REPO / "tests",
+    )
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert result.stdout.count("no learning signal") == 1, result.stdout
+    (line,) = [line for line in result.stdout.splitlines() if "no learning signal" in line]
+    assert line.startswith("warning: no learning signal: every episode of a group scored the same on 5 of the last 5")
+    assert "make scoring graded" in line and "--rl-num-generations" in line
+    # The page lists it too: in the data the page renders, and in the rendered page itself.
+    page = (out / "report.html").read_text()
+    data = json.loads(page.split('id="report-data" type="application/json">', 1)[1].split("</script>", 1)[0])
+    assert [w["key"] for w in data["health"]] == ["no_learning_signal"] and data["health"][0]["step"] == 5
+    from test_report import rendered_dom
+
+    dom = rendered_dom(out / "report.html", tmp_path)
+    assert "no learning signal: every episode of a group scored the same" in dom and "(from step 5)" in dom
