@@ -3,6 +3,8 @@
 Public API: `Environment`, `ToolEnvironment`, `tool`, `Episode` (the environment contract),
 `load_environment` (import an environment class by module path with JSON keyword arguments),
 `RunConfig` and `train` (a training run, as `aitrain grpo` does it).
+
+Left out: everything else is imported from its layer (`aitrain_grpo.env`, `.engine`, `.training`, ...).
 """
 
 from aitrain_grpo.config import RunConfig

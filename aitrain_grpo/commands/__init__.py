@@ -1,1 +1,4 @@
-"""Entry points: the `aitrain` command line and the commands that are more than a flag parser."""
+"""Entry points: the `aitrain` command line and the commands that are more than a flag parser.
+
+Left out: library logic; each command calls into env/, engine/, training/ and runlog/.
+"""

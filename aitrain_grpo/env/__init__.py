@@ -2,6 +2,8 @@
 
 `base` holds `Environment` and `Episode`; `tools` the `@tool` decorator, tool schemas and
 `ToolEnvironment`; `loading` imports a user's class; `dataset` checks the rows it builds.
+
+Left out: playing episodes (engine/), which is where tokens, budgets and timeouts live.
 """
 
 from aitrain_grpo.env.base import Environment, Episode, Message, ToolCall
