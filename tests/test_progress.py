@@ -46,3 +46,10 @@ def test_a_terminal_gets_a_live_bar_with_metrics_lines_above_it():
         assert f"step {step}/4  reward {0.1 * step:.3f}±0.180" in text
     assert "reward 0.400±0.180  turns 2.50  errors 1" in text  # the bar's own summary of the latest step
     assert progress.progress is None  # stopped: the terminal gets its cursor back
+
+
+def test_the_line_shows_where_the_step_time_went():
+    timed = dict(LOGS, **{"time/rollout_s": 3.1, "time/generate_s": 2.4, "time/env_s": 0.5, "time/optimizer_s": 1.2,
+                          "time/tokens_per_s": 850.4})
+    line = metrics_line(12, 200, timed, elapsed=24.0, steps_done=12)
+    assert "grad 0.50  rollout 3.10s (gen 2.40s, env 0.50s)  optimizer 1.20s  850 tok/s  2.00s/step" in line

@@ -38,14 +38,10 @@ class EpisodeSummary:
     @classmethod
     def of(cls, episode: Episode) -> EpisodeSummary:
         return cls(
-            score=float(episode.score or 0.0),
-            turns=episode.turns,
-            truncated=episode.truncated,
-            error=episode.error,
-            tool_calls=episode.num_tool_calls,
-            tool_errors=episode.num_tool_errors,
-            stop_reason=episode.stop_reason,
-            truncated_turns=episode.truncated_turns,
+            score=float(episode.score or 0.0), turns=episode.turns,
+            truncated=episode.truncated, error=episode.error,
+            tool_calls=episode.num_tool_calls, tool_errors=episode.num_tool_errors,
+            stop_reason=episode.stop_reason, truncated_turns=episode.truncated_turns,
             metrics={k: float(v) for k, v in episode.metrics.items() if isinstance(v, (int, float)) and not isinstance(v, bool)},
         )
 

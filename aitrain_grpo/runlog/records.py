@@ -18,9 +18,11 @@ import contextlib
 import json
 import math
 import shutil
+from dataclasses import asdict
 from pathlib import Path
 from typing import Any, Iterator
 
+from aitrain_grpo.engine.stats import EpisodeSummary
 from aitrain_grpo.env.base import Episode
 from aitrain_grpo.runlog.redaction import redact_strings
 
@@ -48,16 +50,7 @@ def episode_record(episode: Episode, **extra: Any) -> dict[str, Any]:
     }
     return redact_strings(json_safe({  # transcripts never hold the values of secret environment variables
         **extra,
-        "score": float(episode.score or 0.0),
-        "turns": episode.turns,
-        "truncated": episode.truncated,
-        "stop_reason": episode.stop_reason,
-        "truncated_turns": episode.truncated_turns,
-        "error": episode.error,
-        "tool_calls": episode.num_tool_calls,
-        "tool_errors": episode.num_tool_errors,
-        "metrics": {k: float(v) for k, v in episode.metrics.items()
-                    if isinstance(v, (int, float)) and not isinstance(v, bool)},
+        **asdict(EpisodeSummary.of(episode)),  # score, turns, stop_reason, error, tool use, metrics
         "row": row,
         "messages": [{k: v for k, v in m.items() if isinstance(v, (str, int, float, bool, type(None)))}
                      for m in episode.messages],
