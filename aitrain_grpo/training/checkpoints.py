@@ -5,7 +5,7 @@ LoRA adapter), optimizer, scheduler, RNG states and `trainer_state.json` (global
 every `--save-steps`. On resume it fast-forwards the data loader past the batches already trained.
 What this module adds:
 
-- Write, then rename. transformers 5.23 writes straight into `checkpoint-N`, so a run killed during a
+- Write, then rename. transformers (5.17 here) writes straight into `checkpoint-N`, so a run killed during a
   save leaves a folder that looks like a checkpoint but is not. Here `checkpoint-N` is written as
   `.partial-checkpoint-N/checkpoint-N` and renamed into place once every file is there (a rename within
   one filesystem is atomic): a folder named `checkpoint-N` is always complete.

@@ -21,6 +21,8 @@ import os
 import signal
 import threading
 
+import torch
+import torch.distributed as dist
 from transformers import TrainerCallback
 
 HANDLED = (signal.SIGINT, signal.SIGTERM)
@@ -68,12 +70,8 @@ class SignalStop(TrainerCallback):
         return control
 
     def _agreed_signal(self) -> int | None:
-        import torch.distributed as dist
-
         if not (dist.is_available() and dist.is_initialized()) or dist.get_world_size() == 1:
             return self.received
-        import torch
-
         device = torch.device("cuda", torch.cuda.current_device()) if dist.get_backend() == "nccl" else torch.device("cpu")
         flag = torch.tensor([self.received or 0], device=device)
         dist.all_reduce(flag, op=dist.ReduceOp.MAX)
