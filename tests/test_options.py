@@ -65,7 +65,8 @@ def test_lora_options_reach_the_adapter(trained_one_step):
     for name, (value, peft_name) in LORA_OPTIONS.items():
         assert getattr(lora, peft_name) == pytest.approx(value), name
     assert set(lora.target_modules) == {"q_proj", "v_proj"}
-    adapted = {name.rsplit(".", 2)[-2] for name, _ in trained_one_step.model.named_parameters() if "lora_A" in name}
+    adapted = {name.split(".lora_A")[0].rsplit(".", 1)[-1]
+               for name, _ in trained_one_step.model.named_parameters() if ".lora_A" in name}
     assert adapted == {"q_proj", "v_proj"}  # and only those layers got an adapter
 
 
