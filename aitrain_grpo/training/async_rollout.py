@@ -303,6 +303,6 @@ class MaskedShareMetric:
             weights = ratio.expand_as(mask) if ratio.shape != mask.shape else ratio
             tokens = self.accelerator.gather(mask.sum().float()).sum()
             masked = self.accelerator.gather(((weights == 0) & (mask > 0)).sum().float()).sum()
-            mode = "train" if self.model.training else "eval"
-            self._metrics[mode]["sampling/is_masked_frac"].append((masked / tokens.clamp(min=1)).item())
+            # Into the training rollout's step metrics (trainer.py), not TRL's private ones.
+            self.rollout.metrics.update({"sampling/is_masked_frac": (masked / tokens.clamp(min=1)).item()})
         return output
