@@ -1,0 +1,278 @@
+"""Learning benchmark: does GRPO make a real model better? SmolLM2-135M-Instruct, trained through the CLI.
+
+    OMP_NUM_THREADS=1 python benchmarks/learning.py all                 # both workloads, 3 seeds each
+    python benchmarks/learning.py train --workload rewrite --seeds 1 2 3   # or one phase at a time
+    python benchmarks/learning.py eval --workload rewrite
+    python benchmarks/learning.py report
+
+`train` runs `aitrain grpo --model smollm2 ...` once per seed, one run after another (one heavy process
+at a time), each in <runs-dir>/<workload>-seed<N> with its log beside it. `eval` runs `aitrain eval
+--model <run> --baseline smollm2` on the workload's held-back tasks (`{"split": "held_out"}`: topics or
+cities the run never trained on), writing every episode to <run>/heldout.jsonl. `report` reads every
+run's metrics.jsonl (the per-step score curve, first-5 vs last-5 mean, seconds per step) and held-out
+episodes, draws the curves into benchmarks/learning_curves.png and rewrites the results block of
+benchmarks/LEARNING.md (between its `<!-- results -->` markers): tables, transcripts from the end of
+training, the machine and the wall time.
+
+Workloads: `rewrite` (envs/rewrite.py: answer, then rewrite the answer under a constraint; target:
+every seed's last-5 mean at least 0.2 above its first-5 mean within 30 steps, and the trained model
+above the base on held-back tasks) and `weather` (envs/weather.py: one tool call and an answer; no
+target, the report says what moved).
+
+Left out: GPUs (the options are sized for a CPU), statistical tests, and running seeds in parallel (on a
+shared CPU they only slow each other down).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import re
+import subprocess
+import sys
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parent.parent
+LEARNING_MD = REPO / "benchmarks" / "LEARNING.md"
+CURVES_PNG = REPO / "benchmarks" / "learning_curves.png"
+BEGIN, END = "<!-- results -->", "<!-- /results -->"
+WINDOW = 5  # steps averaged at each end of a curve
+
+# The recipe measured in issue 11's probe: LoRA (the CLI's default), lr 5e-4, no KL, temperature 0.7,
+# 8 episodes a step in groups of 4. Turns are short on purpose: CPU time goes to generated tokens.
+RECIPE = ("--model", "smollm2", "--lr", "5e-4", "--rl-kl-coef", "0", "--rl-temperature", "0.7",
+          "--batch-size", "8", "--rl-num-generations", "4", "--log-episodes-every", "5", "--overwrite")
+
+
+@dataclass(frozen=True)
+class Workload:
+    module: str
+    env_class: str
+    steps: int
+    options: tuple[str, ...]
+    extra_curves: tuple[str, ...] = ()  # env/<metric> curves drawn beside the score
+
+
+WORKLOADS = {
+    "rewrite": Workload("envs.rewrite", "RewriteEnv", 30,
+                        ("--rl-max-new-tokens", "40", "--rl-max-completion-length", "128", "--rl-cut-turn", "end")),
+    "weather": Workload("envs.weather", "WeatherEnv", 30,
+                        ("--rl-max-new-tokens", "48", "--rl-max-completion-length", "192"), ("env/valid_call", "env/answered")),
+}
+
+
+def grpo_command(workload: Workload, seed: int, steps: int, output_dir: Path, cut_turn: str | None) -> list[str]:
+    options = list(workload.options)
+    if cut_turn:  # the last of a repeated flag wins
+        options += ["--rl-cut-turn", cut_turn]
+    return [sys.executable, "-m", "aitrain_grpo", "grpo", *RECIPE, "--rl-env-module", workload.module,
+            "--rl-env-class", workload.env_class, *options, "--max-steps", str(steps), "--seed", str(seed),
+            "--output-dir", str(output_dir)]
+
+
+def run_logged(command: list[str], log: Path) -> float:
+    """Run a command from the repository root with its output in `log`; return its wall seconds."""
+    env = dict(os.environ, OMP_NUM_THREADS=os.environ.get("OMP_NUM_THREADS", "1"), PYTHONUNBUFFERED="1")
+    started = time.time()
+    with log.open("w") as out:
+        out.write("$ " + " ".join(command) + "\n")
+        out.flush()
+        code = subprocess.run(command, cwd=REPO, env=env, stdout=out, stderr=subprocess.STDOUT).returncode
+    if code != 0:
+        sys.exit(f"{command[3]} failed (exit {code}); see {log}")
+    return time.time() - started
+
+
+def run_dirs(runs_dir: Path, name: str) -> list[Path]:
+    return sorted((p for p in runs_dir.glob(f"{name}-seed*") if p.is_dir()), key=lambda p: int(p.name.rsplit("seed", 1)[1]))
+
+
+def train(args) -> None:
+    workload = WORKLOADS[args.workload]
+    for seed in args.seeds:
+        out = args.runs_dir / f"{args.workload}-seed{seed}"
+        command = grpo_command(workload, seed, args.steps or workload.steps, out, args.cut_turn)
+        print("training:", " ".join(command[2:]), flush=True)
+        seconds = run_logged(command, args.runs_dir / f"{out.name}.log")
+        (out / "wall.json").write_text(json.dumps({"train_seconds": seconds}))
+
+
+def evaluate(args) -> None:
+    for out in run_dirs(args.runs_dir, args.workload):
+        command = [sys.executable, "-m", "aitrain_grpo", "eval", "--model", str(out), "--baseline", "smollm2",
+                   "--rl-env-config", '{"split": "held_out"}', "--episodes", str(args.episodes),
+                   "--seed", "0", "--output", str(out / "heldout.jsonl")]
+        print("evaluating:", " ".join(command[2:]), flush=True)
+        seconds = run_logged(command, out / "heldout.log")
+        wall = json.loads((out / "wall.json").read_text()) if (out / "wall.json").exists() else {}
+        (out / "wall.json").write_text(json.dumps({**wall, "eval_seconds": seconds}))
+
+
+# ------------------------------------------------------------------------------------------ report
+
+
+def read_jsonl(path: Path) -> list[dict]:
+    if not path.exists():
+        return []
+    return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+
+
+@dataclass
+class Run:
+    name: str
+    seed: int
+    scores: list[float]
+    curves: dict[str, list[float]]
+    step_seconds: list[float]
+    heldout: dict[str, list[dict]]  # "model" / "baseline" -> episodes
+    wall: dict[str, float]
+    samples: list[dict]  # the training episodes logged at the last sampled step
+
+    @property
+    def first(self) -> float:
+        return mean(self.scores[:WINDOW])
+
+    @property
+    def last(self) -> float:
+        return mean(self.scores[-WINDOW:])
+
+
+def mean(values) -> float:
+    values = list(values)
+    return sum(values) / len(values) if values else float("nan")
+
+
+def load_run(path: Path, extra_curves: tuple[str, ...]) -> Run:
+    steps = [r for r in read_jsonl(path / "metrics.jsonl") if "env/score_mean" in r]
+    records = read_jsonl(path / "heldout.jsonl")
+    heldout = {"model": [r for r in records if r.get("model") != "smollm2"],
+               "baseline": [r for r in records if r.get("model") == "smollm2"]}
+    logged = read_jsonl(path / "episodes.jsonl")
+    last_step = max((r.get("step", 0) for r in logged), default=0)
+    return Run(
+        name=path.name, seed=int(path.name.rsplit("seed", 1)[1]),
+        scores=[r["env/score_mean"] for r in steps],
+        curves={key: [r.get(key, float("nan")) for r in steps] for key in extra_curves},
+        step_seconds=[r["time/step_s"] for r in steps if "time/step_s" in r],
+        heldout=heldout,
+        wall=json.loads((path / "wall.json").read_text()) if (path / "wall.json").exists() else {},
+        samples=[r for r in logged if r.get("step", 0) == last_step],
+    )
+
+
+def draw(runs_by_workload: dict[str, list[Run]]) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    shown = [(name, runs) for name, runs in runs_by_workload.items() if runs]
+    fig, axes = plt.subplots(1, len(shown), figsize=(6 * len(shown), 4), squeeze=False)
+    for ax, (name, runs) in zip(axes[0], shown):
+        for run in runs:
+            line, = ax.plot(range(1, len(run.scores) + 1), run.scores, label=f"seed {run.seed}: score")
+            for key, style in zip(WORKLOADS[name].extra_curves, (":", "--")):
+                ax.plot(range(1, len(run.curves[key]) + 1), run.curves[key], style, color=line.get_color(),
+                        label=f"seed {run.seed}: {key.split('/', 1)[1]}")
+        ax.set_title(f"{name}: mean episode score per step (8 episodes)")
+        ax.set_xlabel("GRPO step")
+        ax.set_ylim(0, 1)
+        ax.grid(alpha=0.3)
+        ax.legend(fontsize=7)
+    fig.tight_layout()
+    fig.savefig(CURVES_PNG, dpi=110)
+
+
+def machine() -> str:
+    try:
+        lscpu = subprocess.run(["lscpu"], capture_output=True, text=True).stdout
+        model = re.search(r"Model name:\s*(.+)", lscpu).group(1).strip()
+    except (OSError, AttributeError):
+        model = platform.processor() or "unknown CPU"
+    return f"{model}, {os.cpu_count()} cores, OMP_NUM_THREADS={os.environ.get('OMP_NUM_THREADS', 'unset')}"
+
+
+def transcript(record: dict, limit: int = 240) -> str:
+    lines = [f"score {record.get('score', 0):.2f}"]
+    for message in record.get("messages", []):
+        if message.get("role") == "system":
+            continue
+        text = " ".join(str(message.get("content", "")).split())
+        lines.append(f"{message['role']:>9}: {text[:limit]}{' ...' if len(text) > limit else ''}")
+    return "\n".join(lines)
+
+
+def results_block(runs_by_workload: dict[str, list[Run]]) -> str:
+    out = [f"Machine: {machine()}. Written by `python benchmarks/learning.py report`.", ""]
+    for name, runs in runs_by_workload.items():
+        if not runs:
+            continue
+        out += [f"### {name}", "", "| seed | steps | first-5 mean | last-5 mean | change | s/step | held-out: trained | base | "
+                "train wall | eval wall |", "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |"]
+        for run in runs:
+            trained, base = (mean(r["score"] for r in run.heldout[k]) for k in ("model", "baseline"))
+            out.append(
+                f"| {run.seed} | {len(run.scores)} | {run.first:.3f} | {run.last:.3f} | {run.last - run.first:+.3f} | "
+                f"{mean(run.step_seconds):.0f} | {trained:.3f} | {base:.3f} | "
+                f"{run.wall.get('train_seconds', float('nan')) / 60:.0f} min | {run.wall.get('eval_seconds', float('nan')) / 60:.0f} min |")
+        for key in WORKLOADS[name].extra_curves:
+            out += ["", f"`{key}` first-5 -> last-5: " + ", ".join(
+                f"seed {r.seed} {mean(r.curves[key][:WINDOW]):.2f} -> {mean(r.curves[key][-WINDOW:]):.2f}" for r in runs)]
+        out += ["", "Score per step, each seed: " + "; ".join(
+            f"seed {r.seed}: " + " ".join(f"{s:.2f}" for s in r.scores) for r in runs), ""]
+        final = max(runs, key=lambda r: len(r.scores))
+        picked = sorted(final.samples, key=lambda r: -r.get("score", 0))
+        if picked:
+            step = picked[0].get("step", "?")
+            out += [f"Training episodes of seed {final.seed} at step {step} (the best and the worst logged):", "", "```",
+                    transcript(picked[0]), "", transcript(picked[-1]), "```", ""]
+        held = final.heldout["model"][:2]
+        if held:
+            out += [f"Held-back tasks, seed {final.seed}'s trained model:", "", "```",
+                    *(transcript(r) + "\n" for r in held), "```", ""]
+    return "\n".join(out)
+
+
+def report(args) -> None:
+    runs = {name: [load_run(p, w.extra_curves) for p in run_dirs(args.runs_dir, name)] for name, w in WORKLOADS.items()}
+    runs = {name: [r for r in found if r.scores] for name, found in runs.items()}
+    if not any(runs.values()):
+        sys.exit(f"no finished runs in {args.runs_dir}; run `train` first")
+    draw(runs)
+    block = results_block(runs)
+    text = LEARNING_MD.read_text() if LEARNING_MD.exists() else f"# Learning\n\n{BEGIN}\n{END}\n"
+    if BEGIN not in text:
+        text += f"\n{BEGIN}\n{END}\n"
+    head, rest = text.split(BEGIN, 1)
+    LEARNING_MD.write_text(f"{head}{BEGIN}\n{block}\n{END}{rest.split(END, 1)[1]}")
+    print(block)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n", 1)[0])
+    parser.add_argument("phase", choices=("train", "eval", "report", "all"))
+    parser.add_argument("--workload", choices=sorted(WORKLOADS), help="(train, eval) default: all of them")
+    parser.add_argument("--seeds", type=int, nargs="+", default=[1, 2, 3])
+    parser.add_argument("--steps", type=int, help="GRPO steps per run (default: the workload's, 30)")
+    parser.add_argument("--cut-turn", choices=("end", "continue"), help="--rl-cut-turn for the runs")
+    parser.add_argument("--episodes", type=int, default=32, help="held-back tasks played by each model in eval")
+    parser.add_argument("--runs-dir", type=Path, default=REPO / "benchmarks" / "runs")
+    args = parser.parse_args()
+    args.runs_dir.mkdir(parents=True, exist_ok=True)
+    workloads = [args.workload] if args.workload else list(WORKLOADS)
+    for name in workloads:
+        args.workload = name
+        if args.phase in ("train", "all"):
+            train(args)
+        if args.phase in ("eval", "all"):
+            evaluate(args)
+    if args.phase in ("report", "all"):
+        report(args)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,98 @@
+"""WeatherEnv: the smallest tool environment, one a 135M-parameter model can start on.
+
+The user asks for the temperature in a city. The model should call `get_temperature(city)`, read the
+result, and answer with the number. The temperatures come from `random.Random(seed)`, so the answer
+cannot be guessed without the tool. Graded, so that a group of attempts differs in reward even while
+the model rarely gets everything right:
+
+    a well-formed call of get_temperature with valid arguments      0.4
+    ... whose city is the one asked about                           +0.2
+    a later answer that states the tool's temperature               +0.4
+
+Metrics (logged as env/<name>): `valid_call` (the episode made a valid call), `right_city`, `answered`.
+Cities are split: `split="held_out"` gives cities that `split="train"` never shows. Used by
+benchmarks/learning.py:
+
+    aitrain grpo --model smollm2 --rl-env-module envs.weather --rl-env-class WeatherEnv
+
+Left out: more than one tool, and any check of the answer's wording beyond the number.
+"""
+
+from __future__ import annotations
+
+import random
+import re
+
+from aitrain_grpo import Episode, ToolEnvironment, tool
+
+CITIES = (
+    "Lisbon", "Paris", "Berlin", "Madrid", "Rome", "Vienna", "Oslo", "Dublin", "Prague", "Athens",
+    "Warsaw", "Zurich", "Brussels", "Stockholm", "Helsinki", "Budapest", "Porto", "Milan", "Munich", "Lyon",
+)
+HELD_OUT_EVERY = 5  # every fifth city is held back from training (4 of 20)
+QUESTIONS = (
+    "What is the temperature in {city} right now?",
+    "How warm is it in {city} today?",
+    "Tell me the current temperature in {city}.",
+)
+
+
+class WeatherEnv(ToolEnvironment):
+    """Ask for a city's temperature; the model must look it up with the tool and report it."""
+
+    max_turns = 3
+
+    def __init__(self, split: str = "train", seed: int = 0, repeats: int = 4):
+        if split not in ("train", "held_out"):
+            raise ValueError(f"split must be 'train' or 'held_out', got {split!r}")
+        if repeats < 1:
+            raise ValueError("repeats must be at least 1")
+        self.split = split
+        self.repeats = repeats
+        rng = random.Random(seed)
+        self.temperatures = {city: rng.randint(-5, 35) for city in CITIES}
+
+    def cities(self) -> list[str]:
+        held_out = self.split == "held_out"
+        return [c for i, c in enumerate(CITIES) if (i % HELD_OUT_EVERY == HELD_OUT_EVERY - 1) == held_out]
+
+    def build_dataset(self, tokenizer) -> list[dict]:
+        rows = []
+        for repeat in range(self.repeats):
+            for c, city in enumerate(self.cities()):
+                question = QUESTIONS[(c + repeat) % len(QUESTIONS)].format(city=city)
+                rows.append({"prompt": [{"role": "user", "content": question}], "city": city})
+        return rows
+
+    @tool
+    def get_temperature(self, city: str, episode: Episode) -> str:
+        """Get the current temperature of a city, in degrees Celsius.
+
+        Args:
+            city: The city's name, e.g. Lisbon.
+        """
+        name = city.strip().title()
+        if name not in self.temperatures:
+            raise ValueError(f"unknown city {city!r}")
+        episode.state.setdefault("looked_up", []).append(name)
+        return f"{self.temperatures[name]} degrees Celsius in {name}"
+
+    def score_episode(self, episode: Episode) -> float:
+        looked_up = episode.state.get("looked_up", [])
+        city = episode.row["city"]
+        valid_call = bool(looked_up)
+        right_city = city in looked_up
+        answered = False
+        if right_city:
+            wanted = str(self.temperatures[city])
+            # The turns after the first lookup of the right city; the number must stand on its own.
+            seen_result = False
+            for message in episode.messages:
+                if message["role"] == "tool" and message["content"].endswith(f"in {city}"):
+                    seen_result = True
+                elif seen_result and message["role"] == "assistant" and "<tool_call>" not in message["content"]:
+                    answered = answered or re.search(rf"(?<![\d-]){re.escape(wanted)}(?!\d)", message["content"]) is not None
+        episode.metrics["valid_call"] = float(valid_call)
+        episode.metrics["right_city"] = float(right_city)
+        episode.metrics["answered"] = float(answered)
+        return 0.4 * valid_call + 0.2 * right_city + 0.4 * answered
