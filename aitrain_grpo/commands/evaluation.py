@@ -38,7 +38,7 @@ from aitrain_grpo.env.loading import load_environment
 from aitrain_grpo.errors import ConfigError
 from aitrain_grpo.models import ModelSource, load_for_generation, load_tokenizer, resolve_source, stop_token_ids
 from aitrain_grpo.engine.stats import SUCCESS, episode_stats
-from aitrain_grpo.runlog.records import episode_record
+from aitrain_grpo.runlog.records import episode_record, write_jsonl
 
 # Sampling and budget flags of `aitrain eval`: not given, a training run's own value is used.
 RUN_FLAGS = ("rl_max_new_tokens", "rl_max_turns", "rl_max_completion_length", "rl_temperature", "rl_top_k",
@@ -184,10 +184,7 @@ def write_records(path: str | Path, results: list[EvalResult]) -> Path:
     path = Path(path)
     if path.parent and not path.parent.exists():
         path.parent.mkdir(parents=True)
-    with path.open("w") as f:
-        for result in results:
-            for record in result.records():
-                f.write(json.dumps(record, default=str) + "\n")
+    write_jsonl(path, [record for result in results for record in result.records()])
     return path
 
 

@@ -3,8 +3,9 @@
 - `episode_record`: one episode as a JSON-ready dict, the line format of `episodes.jsonl` (training)
   and of `aitrain eval --output`; it carries the stop reason, and secrets are redacted from it.
 - `json_safe`: non-finite floats become None anywhere inside a value (JSON has no NaN).
-- `append_jsonl`, `read_jsonl`, `drop_records_after`: JSONL files written a line per record, read
-  back skipping a torn last line, and cut back to a step when a run resumes.
+- `append_jsonl`, `write_jsonl`, `read_jsonl`, `drop_records_after`: JSONL files written a line per
+  record (appended, or whole and atomically), read back skipping a torn last line, and cut back to a
+  step when a run resumes.
 - `written_atomically` / `publish`: write-then-rename, so a reader (a browser on report.html, a vLLM
   server loading weights, a resume looking for checkpoints) never sees half a file or folder.
 
@@ -60,11 +61,20 @@ def episode_record(episode: Episode, **extra: Any) -> dict[str, Any]:
 # ----------------------------------------------------------------------------------------- JSONL
 
 
+def _lines(records: list[dict[str, Any]]) -> str:
+    return "".join(json.dumps(json_safe(record), default=str) + "\n" for record in records)
+
+
 def append_jsonl(path: Path, records: list[dict[str, Any]]) -> None:
     """Append one line per record (non-finite floats written as null)."""
     with path.open("a") as f:
-        for record in records:
-            f.write(json.dumps(json_safe(record), default=str) + "\n")
+        f.write(_lines(records))
+
+
+def write_jsonl(path: Path, records: list[dict[str, Any]]) -> None:
+    """Write the file afresh, one line per record; a reader sees the old file or the whole new one."""
+    with written_atomically(path) as partial:
+        partial.write_text(_lines(records))
 
 
 def read_jsonl(path: Path) -> list[dict[str, Any]]:
@@ -89,9 +99,7 @@ def drop_records_after(path: Path, step: int) -> None:
     if step <= 0:
         path.unlink()
         return
-    kept = [r for r in read_jsonl(path) if isinstance(r.get("step"), int) and r["step"] <= step]
-    with written_atomically(path) as partial:
-        partial.write_text("".join(json.dumps(r, default=str) + "\n" for r in kept))
+    write_jsonl(path, [r for r in read_jsonl(path) if isinstance(r.get("step"), int) and r["step"] <= step])
 
 
 # ---------------------------------------------------------------------------------- write, then rename
