@@ -146,7 +146,11 @@ def _convert_into(directory: Path, path: Path) -> None:
     if hasattr(config, "quantization_config"):
         del config.quantization_config
     model = AutoModelForCausalLM.from_config(config, dtype=loaded.dtype)
-    missing, unexpected = model.load_state_dict(loaded.state_dict(), strict=False)
+    try:
+        missing, unexpected = model.load_state_dict(loaded.state_dict(), strict=False)
+    except RuntimeError as exc:  # shapes the file's metadata does not account for
+        raise ConfigError(f"converting {path.name} failed ({describe_exception(exc, 200)}); this GGUF layout is "
+                          f"not supported") from None
     tied = set(getattr(model, "_tied_weights_keys", None) or ())
     if unexpected or [key for key in missing if key not in tied and "lm_head" not in key]:
         raise ConfigError(f"converting {path.name} lost weights (missing {missing[:3]}, unexpected {unexpected[:3]}); "

@@ -132,6 +132,83 @@ def test_unsupported_architecture_is_one_line(tmp_path):
     assert not [p for p in (tmp_path / "cache").iterdir() if p.name.startswith("gguf-odd")]  # no half-written folder
 
 
+_GGUF_NAMES = {"embed_tokens": "token_embd", "norm": "output_norm", "lm_head": "output", "input_layernorm": "attn_norm",
+               "self_attn.q_proj": "attn_q", "self_attn.k_proj": "attn_k", "self_attn.v_proj": "attn_v",
+               "self_attn.o_proj": "attn_output", "post_attention_layernorm": "ffn_norm", "mlp.gate_proj": "ffn_gate",
+               "mlp.up_proj": "ffn_up", "mlp.down_proj": "ffn_down"}
+
+
+def write_llama_gguf(model_dir: Path, path: Path) -> None:
+    """The tiny model as a llama.cpp-style GGUF file (float32, q/k rows in llama.cpp's order)."""
+    gguf = pytest.importorskip("gguf", reason="the gguf package is not installed (pip install gguf)")
+    from safetensors.torch import load_file
+
+    config = json.loads((model_dir / "config.json").read_text())
+    tokenizer = json.loads((model_dir / "tokenizer.json").read_text())
+    tokens = [token for token, _ in sorted(tokenizer["model"]["vocab"].items(), key=lambda item: item[1])]
+    for added in tokenizer["added_tokens"]:
+        tokens += [""] * (added["id"] + 1 - len(tokens))
+        tokens[added["id"]] = added["content"]
+    special = {added["id"] for added in tokenizer["added_tokens"] if added["special"]}
+    writer = gguf.GGUFWriter(str(path), "llama")
+    writer.add_context_length(config["max_position_embeddings"])
+    writer.add_embedding_length(config["hidden_size"])
+    writer.add_block_count(config["num_hidden_layers"])
+    writer.add_feed_forward_length(config["intermediate_size"])
+    writer.add_head_count(config["num_attention_heads"])
+    writer.add_head_count_kv(config["num_key_value_heads"])
+    writer.add_layer_norm_rms_eps(config["rms_norm_eps"])
+    writer.add_rope_freq_base(config["rope_parameters"]["rope_theta"])
+    writer.add_rope_dimension_count(config["head_dim"])
+    writer.add_tokenizer_model("gpt2")
+    writer.add_token_list(tokens)
+    writer.add_token_merges([m if isinstance(m, str) else " ".join(m) for m in tokenizer["model"]["merges"]])
+    writer.add_token_types([3 if i in special else 1 for i in range(len(tokens))])
+    writer.add_bos_token_id(config["bos_token_id"])
+    writer.add_eos_token_id(config["eos_token_id"])
+    writer.add_chat_template((model_dir / "chat_template.jinja").read_text())
+    for key, tensor in load_file(str(model_dir / "model.safetensors")).items():
+        key = key.removeprefix("model.").removesuffix(".weight")
+        layer, _, rest = key.removeprefix("layers.").partition(".") if key.startswith("layers.") else ("", "", key)
+        name = f"blk.{layer}.{_GGUF_NAMES[rest]}.weight" if layer else f"{_GGUF_NAMES[rest]}.weight"
+        array = tensor.float().numpy()
+        if rest in ("self_attn.q_proj", "self_attn.k_proj"):  # llama.cpp interleaves the rotary halves
+            heads = config["num_attention_heads" if rest == "self_attn.q_proj" else "num_key_value_heads"]
+            array = array.reshape(heads, 2, array.shape[0] // heads // 2, -1).swapaxes(1, 2).reshape(array.shape)
+        writer.add_tensor(name, array)
+    writer.write_header_to_file()
+    writer.write_kv_data_to_file()
+    writer.write_tensors_to_file()
+    writer.close()
+
+
+def test_two_processes_converting_one_gguf_at_once_share_one_correct_folder(tiny_model_dir, tmp_path, monkeypatch):
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    gguf_file = tmp_path / "tiny.gguf"
+    write_llama_gguf(Path(tiny_model_dir), gguf_file)
+    env = dict(os.environ, OMP_NUM_THREADS="1", AITRAIN_CACHE_DIR=str(tmp_path / "cache"))
+    code = "import sys; from aitrain_grpo.models import resolve_model; print(resolve_model(sys.argv[1]))"
+    processes = [subprocess.Popen([sys.executable, "-c", code, str(gguf_file)], cwd=str(REPO), env=env,
+                                  stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True) for _ in range(2)]
+    outputs = [process.communicate(timeout=300) for process in processes]
+    assert [process.returncode for process in processes] == [0, 0], outputs
+    (converted,) = {Path(stdout.strip().splitlines()[-1]) for stdout, _ in outputs}
+    # One folder, and no temp folder left behind by the process that lost the race.
+    assert sorted(p.name for p in (tmp_path / "cache").iterdir()) == sorted(["gguf-hashes", converted.name])
+    ids = torch.tensor([[5, 17, 42, 99, 7]])
+    with torch.no_grad():
+        assert torch.equal(AutoModelForCausalLM.from_pretrained(converted)(ids).logits,
+                           AutoModelForCausalLM.from_pretrained(tiny_model_dir)(ids).logits)
+    # And the file trains through the CLI, from the cache.
+    monkeypatch.setenv("AITRAIN_CACHE_DIR", str(tmp_path / "cache"))
+    result = run_cli("grpo", *LETTERS, "--model", str(gguf_file), "--output-dir", str(tmp_path / "run"),
+                     "--max-steps", "1", "--batch-size", "4", "--rl-num-generations", "4", "--rl-max-new-tokens", "8")
+    assert result.returncode == 0 and "step 1/1" in result.stdout, result.stderr[-3000:]
+    assert "converting" not in result.stderr
+
+
 def test_smollm2_trains_one_grpo_step_through_the_cli(smollm2_model_dir, tmp_path):
     out = tmp_path / "run"
     result = run_cli("grpo", *LETTERS, "--model", "smollm2", "--output-dir", str(out), "--max-steps", "1",
