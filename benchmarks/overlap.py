@@ -2,9 +2,9 @@
 
 A vLLM server (`aitrain vllm-serve`) and the trainer each run pinned to one CPU core (`taskset`), the
 trainer reaching the server over HTTP with LoRA weight sync, as in a GPU deployment with one generation
-GPU and one training GPU. The workload is SmolLM2-135M-Instruct on `envs.rewrite` (two turns, the
-learning benchmark's environment), sized so that a step's generation and its training take similar
-time: that is where overlap can help most (the step becomes max(generate, train) instead of the sum).
+GPU and one training GPU. The workload is SmolLM2-135M-Instruct on `envs.letters` (two turns, score
+= share of one letter in the model's words), sized so that a step's generation and its training take
+similar time: that is where overlap can help most (the step becomes max(generate, train), not the sum).
 
 Reported per variant: seconds per step (steps 2..N; step 1 cannot overlap and carries warm-up), the
 whole run, how long the trainer waited for episodes (`async/wait_seconds`), staleness, the
@@ -71,10 +71,10 @@ def start_server(model: str, core: str | None, log: Path) -> tuple[subprocess.Po
 def train_run(args, url: str, async_steps: int, out: Path) -> dict:
     command = [
         sys.executable, "-m", "aitrain_grpo", "grpo", "--model", args.model,
-        "--rl-env-module", "envs.rewrite", "--rl-env-class", "RewriteEnv",
+        "--rl-env-module", args.env_module, "--rl-env-class", args.env_class, "--rl-env-config", args.env_config,
         "--max-steps", str(args.steps), "--batch-size", "8", "--rl-num-generations", "4",
         "--rl-max-new-tokens", str(args.max_new_tokens), "--lr", "5e-4", "--rl-kl-coef", "0",
-        "--rl-temperature", "0.7", "--rl-top-k", "0", "--seed", str(args.seed),
+        "--rl-temperature", "1.0", "--rl-top-k", "0", "--seed", str(args.seed),
         "--use-vllm", "--vllm-mode", "server", "--vllm-server-url", url, "--vllm-sync", "lora",
         "--rl-async-steps", str(async_steps), "--output-dir", str(out), "--overwrite",
     ]
@@ -126,7 +126,7 @@ def table(args, runs: dict[int, dict], load_before: str, load_after: str) -> str
     lines = [
         f"## Overlap: --rl-async-steps 1 vs 0 ({time.strftime('%Y-%m-%d %H:%M', time.gmtime())} UTC)",
         "",
-        f"`python benchmarks/overlap.py` ({args.steps} steps, {args.model}, envs.rewrite, batch 8, group 4, "
+        f"`python benchmarks/overlap.py` ({args.steps} steps, {args.model}, {args.env_module} {args.env_config}, batch 8, group 4, "
         f"{args.max_new_tokens} new tokens a turn, seed {args.seed}; server on core {args.server_core}, trainer on "
         f"core {args.trainer_core}; LoRA sync). CPU figures: no GPU here. Load average (1/5/15 min) before "
         f"{load_before}, after {load_after} (2 cores, shared with other work).",
@@ -157,7 +157,11 @@ def main() -> None:
     parser.add_argument("--model", default="smollm2")
     parser.add_argument("--steps", type=int, default=10)
     parser.add_argument("--seed", type=int, default=1)
-    parser.add_argument("--max-new-tokens", type=int, default=48)
+    parser.add_argument("--max-new-tokens", type=int, default=24)
+    parser.add_argument("--env-module", default="envs.letters")
+    parser.add_argument("--env-class", default="LetterEnv")
+    parser.add_argument("--env-config", default='{"letter": "a", "turns": 2}')
+    parser.add_argument("--variants", default="0,1", help="--rl-async-steps values to run, in order")
     parser.add_argument("--server-core", default="0")
     parser.add_argument("--trainer-core", default="1")
     parser.add_argument("--work-dir", default="/tmp/aitrain-overlap")
@@ -169,7 +173,7 @@ def main() -> None:
     server, url = start_server(args.model, args.server_core, work / "server.log")
     runs: dict[int, dict] = {}
     try:
-        for steps_ahead in (0, 1):
+        for steps_ahead in [int(v) for v in args.variants.split(",")]:
             runs[steps_ahead] = figures(train_run(args, url, steps_ahead, work / f"async{steps_ahead}"))
             print(f"--rl-async-steps {steps_ahead}: {runs[steps_ahead]}", flush=True)
     finally:
@@ -178,6 +182,8 @@ def main() -> None:
             server.wait(timeout=120)
         except subprocess.TimeoutExpired:
             server.kill()
+    if not {0, 1} <= set(runs):
+        return
     text = table(args, runs, load_before, load_average())
     if args.results == "-":
         print(text)

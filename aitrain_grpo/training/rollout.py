@@ -25,6 +25,7 @@ files a run writes (runlog/), and metrics of TRL's evaluation loop (no run confi
 from __future__ import annotations
 
 import contextlib
+import copy
 import math
 import time
 from collections import defaultdict
@@ -138,11 +139,14 @@ class TrainingRollout(TrainerCallback):
         config = self.config
         stop_ids = stop_token_ids(trainer.model, trainer.processing_class)
         backend, self.weight_sync = make_backend(trainer, config, self.generation, stop_ids)
+        tokenizer = trainer.processing_class
         if config.rl_async_steps:
             backend = versioned(backend)
+            # The worker thread tokenizes while TRL decodes; a fast tokenizer is not safe to share.
+            tokenizer = copy.deepcopy(tokenizer)
         self.engine = RolloutEngine(
             self.env,
-            trainer.processing_class,
+            tokenizer,
             backend,
             max_new_tokens=config.rl_max_new_tokens,
             max_turns=config.rl_max_turns,
