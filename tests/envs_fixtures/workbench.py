@@ -3,6 +3,8 @@
 All are "say the number" tasks: the model should answer with the row's number; `solve` does that.
 """
 
+import time
+
 from aitrain_grpo.env.base import Environment, Episode
 
 
@@ -72,7 +74,5 @@ class SlowStepEnv(NumberEnv):
     """Takes 50 ms to answer a turn (a simulated user behind a network call)."""
 
     def step(self, episode: Episode, completion: str):
-        import time
-
         time.sleep(0.05)
         return "Again." if episode.turns < 2 else None
