@@ -84,6 +84,10 @@ def gguf_problem(path: str | Path) -> str | None:
         magic = handle.read(len(GGUF_MAGIC))
     if magic != GGUF_MAGIC:
         return f"{path} is not a GGUF file (it does not start with 'GGUF'); pass a llama.cpp GGUF model file"
+    import importlib.util
+
+    if importlib.util.find_spec("gguf") is None:
+        return f"reading {path} needs the gguf package, which is not installed; install it with: pip install gguf"
     return None
 
 

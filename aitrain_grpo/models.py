@@ -30,7 +30,7 @@ def resolve_model(name_or_path: str) -> str:
         return str(tiny_model_path())
     if name_or_path == SMOLLM2_ID:
         return str(converted_gguf_path(smollm2_gguf_path()))
-    if is_gguf_name(name_or_path) and Path(name_or_path).expanduser().exists():
+    if is_gguf_name(name_or_path):
         return str(converted_gguf_path(name_or_path))
     return name_or_path
 
@@ -51,7 +51,7 @@ def local_model_problem(model: str) -> str | None:
     if model == SMOLLM2_ID:
         return smollm2_problem()
     path = Path(model).expanduser()
-    if is_gguf_name(model) and (path.exists() or looks_local(model)):
+    if is_gguf_name(model):  # no hub id ends with .gguf
         return gguf_problem(model)
     if not looks_local(model):
         return None
