@@ -155,8 +155,9 @@ def _convert_into(directory: Path, path: Path) -> None:
     except RuntimeError as exc:  # shapes the file's metadata does not account for
         raise ConfigError(f"converting {path.name} failed ({describe_exception(exc, 200)}); this GGUF layout is "
                           f"not supported") from None
-    tied = set(getattr(model, "_tied_weights_keys", None) or ())
-    if unexpected or [key for key in missing if key not in tied and "lm_head" not in key]:
+    # Only an output layer tied to the embeddings may be absent: tie_weights fills it in.
+    tied_output = {"lm_head.weight"} if getattr(config, "tie_word_embeddings", False) else set()
+    if unexpected or not set(missing) <= tied_output:
         raise ConfigError(f"converting {path.name} lost weights (missing {missing[:3]}, unexpected {unexpected[:3]}); "
                           f"this GGUF layout is not supported")
     model.tie_weights()
