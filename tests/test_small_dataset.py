@@ -51,7 +51,8 @@ def test_readme_calculator_example_trains_the_steps_it_asks_for(tmp_path, tiny_m
 
 
 def test_prompts_per_step_counts_accumulation_and_processes():
-    config = RunConfig(rl_env_module="m", rl_env_class="C", batch_size=8, rl_num_generations=4, gradient_accumulation_steps=3)
+    config = RunConfig(rl_env_module="m", rl_env_class="C", batch_size=8, rl_num_generations=4,
+                       gradient_accumulation_steps=3)
     assert small_dataset.prompts_per_step(config, processes=2) == 12
     rows = [{"prompt": "x", "n": 0}, {"prompt": "y", "n": 1}]
     assert [r["n"] for r in small_dataset.fill_one_step(rows, config, processes=2)] == [0, 1] * 6
