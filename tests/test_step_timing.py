@@ -43,7 +43,8 @@ def test_every_step_says_where_its_time_went(timed_run):
     for r in records:
         assert all(isinstance(r.get(key), float) for key in TIME_KEYS), r
         assert 0 < r["time/generate_s"] and 0 <= r["time/env_s"]
-        # Generation and the environment are parts of the rollout; rollout and optimizer make the step.
+        # With the hf backend (lockstep turns) generation and the environment are parts of the rollout;
+        # rollout and optimizer make the step.
         assert r["time/generate_s"] + r["time/env_s"] <= r["time/rollout_s"]
         assert 0 < r["time/optimizer_s"]
         assert r["time/rollout_s"] + r["time/optimizer_s"] == pytest.approx(r["time/step_s"], rel=1e-6)

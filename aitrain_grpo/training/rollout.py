@@ -15,8 +15,10 @@ trainer). It owns:
 It is also a trainer callback, to see where each optimizer step begins and ends: the step's time
 outside the rollout is `time/optimizer_s` (reference log-probabilities, forward, backward, the
 optimizer step). Timing per step: `time/rollout_s` (the whole rollout call), `time/generate_s` and
-`time/env_s` (parts of it), `time/optimizer_s`, `time/step_s`, and `time/tokens_per_s` (tokens the
-model generated per second of generation).
+`time/env_s` (wall time while a generate / environment call was under way: in lockstep, hf's schedule,
+parts of the rollout; under the continuous schedule they overlap; with --rl-async-steps they were
+mostly spent while earlier steps trained), `time/optimizer_s`, `time/step_s`, and `time/tokens_per_s`
+(tokens the model generated per second of generation).
 
 Left out: building the trainer (trainer.py), choosing and building the backend (generation.py), the
 files a run writes (runlog/), and metrics of TRL's evaluation loop (no run configures one).
