@@ -71,6 +71,32 @@ def _visible_signature(method: Callable) -> tuple[inspect.Signature, bool]:
     return signature.replace(parameters=kept, return_annotation=inspect.Signature.empty), wants_episode
 
 
+# get_json_schema insists on a docstring and on a description for every parameter; a tool without them
+# worked before it was used here and still does: the gaps are filled with this mark, removed afterwards.
+_NO_DESCRIPTION = "aitrain-no-description"
+
+
+def _complete_docstring(doc: str, parameters: list[str]) -> str:
+    """`doc` with a description and an `Args:` line for every parameter that lacks one."""
+    from transformers.utils.chat_template_utils import parse_google_format_docstring
+
+    description, documented, _ = parse_google_format_docstring(doc) if doc.strip() else (None, {}, None)
+    documented = documented or {}
+    lines = [description or _NO_DESCRIPTION, "", "Args:"]
+    lines += [f"    {name}: {documented.get(name) or _NO_DESCRIPTION}" for name in parameters]
+    return "\n".join(lines)
+
+
+def _without_placeholders(schema: dict[str, Any]) -> dict[str, Any]:
+    function = schema["function"]
+    if function.get("description") == _NO_DESCRIPTION:
+        function["description"] = ""
+    for prop in function["parameters"].get("properties", {}).values():
+        if prop.get("description") == _NO_DESCRIPTION:
+            del prop["description"]
+    return schema
+
+
 def tool_spec(method: Callable) -> ToolSpec:
     """Build a `ToolSpec` (OpenAI-style function schema) from a `@tool` method."""
     # transformers.utils pulls in torch (about 2 s); imported here so that `import aitrain_grpo` and
@@ -91,15 +117,16 @@ def tool_spec(method: Callable) -> ToolSpec:
     def stand_in(): ...
 
     stand_in.__name__ = meta.get("name") or method.__name__
-    stand_in.__doc__ = inspect.getdoc(method) or meta.get("description")
+    stand_in.__doc__ = _complete_docstring(inspect.getdoc(method) or meta.get("description") or "",
+                                           [p.name for p in signature.parameters.values()])
     stand_in.__annotations__ = {p.name: hints.get(p.name, Any) for p in signature.parameters.values()}
     stand_in.__signature__ = signature.replace(
         parameters=[p.replace(annotation=stand_in.__annotations__[p.name]) for p in signature.parameters.values()])
     try:
-        schema = get_json_schema(stand_in)
+        schema = _without_placeholders(get_json_schema(stand_in))
     except DocstringParsingException as exc:
-        raise EnvLoadError(f"{where}: {exc}; give it a docstring with an `Args:` section holding a "
-                           f"`name: description` line for each parameter the model passes") from None
+        raise EnvLoadError(f"{where}: {exc}; write its docstring in Google style (a description, then an "
+                           f"`Args:` section with a `name: description` line per parameter)") from None
     except TypeHintParsingException as exc:
         raise EnvLoadError(f"{where}: a type hint has no JSON schema ({' '.join(map(str, exc.args))}); use str, "
                            f"int, float, bool, list[...], dict[str, ...], Literal[...] or a union of them") from None
