@@ -5,6 +5,7 @@ metrics carry why episodes stopped, and the transcripts say it per episode."""
 from __future__ import annotations
 
 import io
+import re
 import json
 import time
 from contextlib import redirect_stdout
@@ -77,3 +78,16 @@ def test_stop_reasons_are_logged_and_shown_in_transcripts(timed_run):
         assert "env/truncated_turns_mean" in r
     episodes = [json.loads(line) for line in (out / "episodes.jsonl").read_text().splitlines()]
     assert episodes and all(e["stop_reason"] in STOP_REASONS for e in episodes)
+
+
+def test_the_report_charts_the_time_split_and_the_stop_reasons(timed_run, tmp_path):
+    from test_report import rendered_dom
+
+    out, _, _, _ = timed_run
+    dom = rendered_dom(out / "report.html", tmp_path)
+    for chart, legend in (("time", "optimizer (the rest)"), ("speed", "tokens/s"), ("stops", "turn_tokens")):
+        svg = re.search(rf'<svg[^>]*data-chart="{chart}".*?</svg>', dom, re.S)
+        assert svg and svg.group(0).count("<circle") >= STEPS, chart  # a point per step, per series
+        assert f"</i>{legend}</span>" in dom, legend  # in the chart's legend, not just the page's script
+    # Each transcript says why its episode ended.
+    assert re.search(r'class="badge[^"]*">stopped: (env|max_turns|turn_tokens|completion_budget|error)<', dom)
