@@ -21,7 +21,8 @@ Figures:
 6. the peak resident memory of `aitrain grpo` on HotelEnv with the tiny model, 5 steps;
 7. continuous / lockstep episodes per second on the straggler workload S (one episode in eight plays
    four times the turns, environment latency 0-100 ms), on the vLLM server and on colocated vLLM, with
-   16 episodes in play at once (lockstep: waves of 16), and lockstep with all 64 at once for reference;
+   the engine's default bound on episodes in play (all 64 at once), and with 16 in play (lockstep:
+   waves of 16);
 8. the hf backend's first-turn prefill time (a generate call for one new token) with each GRPO
    group's prompt prefilled once, against every row prefilled, on P (8 prompts x 8 generations).
 
@@ -86,6 +87,7 @@ SLOTS = 16  # episodes in play at once on workload S
 
 
 def make_engine(env, tokenizer, backend, schedule: str = "lockstep", slots: int = 256) -> RolloutEngine:
+    # 256 in play: the engine's default, so every episode of a 64-episode rollout starts at once.
     return RolloutEngine(env, tokenizer, backend, max_new_tokens=W.NEW_TOKENS, max_completion_length=1024,
                          sampling=SAMPLING, env_timeout=60.0, schedule=schedule, max_concurrent_episodes=slots)
 
@@ -191,9 +193,10 @@ def measure_stragglers(tokenizer, backends: dict[str, Any], episodes: int, reps:
     out = {}
     for name, backend in backends.items():
         engines = {
-            "continuous": make_engine(W.StragglerEnv(episodes), tokenizer, backend, "continuous", SLOTS),
-            "lockstep": make_engine(W.StragglerEnv(episodes), tokenizer, backend, "lockstep", SLOTS),
-            "lockstep, all at once": make_engine(W.StragglerEnv(episodes), tokenizer, backend, "lockstep", episodes),
+            "continuous": make_engine(W.StragglerEnv(episodes), tokenizer, backend, "continuous"),
+            "lockstep": make_engine(W.StragglerEnv(episodes), tokenizer, backend, "lockstep"),
+            f"continuous, {SLOTS} in play": make_engine(W.StragglerEnv(episodes), tokenizer, backend, "continuous", SLOTS),
+            f"lockstep, waves of {SLOTS}": make_engine(W.StragglerEnv(episodes), tokenizer, backend, "lockstep", SLOTS),
         }
         rows = engines["continuous"].env.build_dataset(tokenizer)
         out[name] = interleaved({variant: straggler_run(engine) for variant, engine in engines.items()}, rows, reps, warmup_rows=SLOTS)
