@@ -80,10 +80,13 @@ def free_port() -> int:
 
 
 def retry_on_port_clash(start: Callable[[int], subprocess.CompletedProcess], attempts: int = 4) -> subprocess.CompletedProcess:
-    """Run `start(port)` on a fresh free port, again on another one if the port was taken meanwhile."""
+    """Run `start(port)` on a fresh free port, again on another one if it failed because the port was
+    taken meanwhile. (`accelerate launch` itself moves off a port that is taken when it starts; this
+    covers the moment between its check and torch's bind.)"""
     for _ in range(attempts - 1):
         result = start(free_port())
-        if not any(marker in (result.stdout or "") + (result.stderr or "") for marker in PORT_CLASH_MARKERS):
+        output = (result.stdout or "") + (result.stderr or "")
+        if result.returncode == 0 or not any(marker in output for marker in PORT_CLASH_MARKERS):
             return result
     return start(free_port())
 
@@ -95,3 +98,10 @@ def refused_port() -> Iterator[int]:
     with socket.socket() as sock:
         sock.bind(("127.0.0.1", 0))
         yield sock.getsockname()[1]
+
+
+@pytest.fixture
+def refused_url() -> Iterator[str]:
+    """http://127.0.0.1:PORT where connections are refused for the whole test (see `refused_port`)."""
+    with refused_port() as port:
+        yield f"http://127.0.0.1:{port}"

@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import json
 import re
-import socket
 from pathlib import Path
 
 import pytest
@@ -122,7 +121,7 @@ def test_broken_tool_calls_become_error_messages_and_training_goes_on(tmp_path, 
     assert_finished_run_files(out, 2)
 
 
-def test_a_generation_server_that_dies_mid_run_stops_with_a_checkpoint(tmp_path):
+def test_a_generation_server_that_dies_mid_run_stops_with_a_checkpoint(tmp_path, refused_url):
     """The server answers two steps, then is gone (nothing listens on its port any more): the real
     server client gives up after its bounded retries, the last finished step is saved, and the
     message names the server."""
@@ -135,9 +134,7 @@ def test_a_generation_server_that_dies_mid_run_stops_with_a_checkpoint(tmp_path)
     from aitrain_grpo.training.trainer import build_trainer
     from envs.letters import LetterEnv
 
-    with socket.socket() as probe:  # a port that was free a moment ago: connection refused
-        probe.bind(("127.0.0.1", 0))
-        dead_url = f"http://127.0.0.1:{probe.getsockname()[1]}"
+    dead_url = refused_url  # held for the whole test: connection refused, and no other process can take it
 
     class ServerThatDies(GenerationBackend):
         def __init__(self, alive: HFBackend, calls_before_death: int):
