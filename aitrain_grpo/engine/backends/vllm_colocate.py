@@ -1,7 +1,8 @@
 """Generation with the vLLM engine TRL runs inside the trainer (`use_vllm=True, vllm_mode="colocate"`).
 
-TRL builds the engine (`trainer.vllm_generation.llm`) and pushes the trainer's weights into it before
-each rollout; this backend only samples from it, from token ids, one `generate` call per turn for every
+TRL builds the engine (`trainer.vllm_generation.llm`); the trainer's weights reach it before each
+rollout from TRL (CUDA) or from `training/weight_sync.py`'s layerwise reload (CPU, where vLLM repacks
+weights). This backend only samples from it, from token ids, one `generate` call per turn for every
 running episode. The log-probabilities are vLLM's processed ones (after temperature), which is what
 TRL's importance-sampling correction compares against the trainer's own.
 
