@@ -61,3 +61,24 @@ def test_colocate_training_keeps_importance_sampling_ratio_near_one(colocated_ru
         # and a tiny model's reload takes well under a second, never minutes.
         assert 0 < record["vllm/sync_seconds"] < 30, record
 
+
+
+def test_a_vllm_without_layerwise_reload_is_refused_before_anything_loads(monkeypatch, tiny_model_dir, tmp_path):
+    """An older vLLM whose model runner cannot reload weights from an iterator (simulated by giving
+    the runner 0.31's method without that argument): a one-line error naming the platform and the way
+    out, raised by the checks that run before any model loads, instead of a crash at the first sync."""
+    from vllm.v1.worker.gpu_model_runner import GPUModelRunner
+
+    from aitrain_grpo import RunConfig
+    from aitrain_grpo.errors import ConfigError
+    from aitrain_grpo.training.generation import check_server, plan_generation
+    from aitrain_grpo.training.weight_sync import colocate_reload_problem
+
+    assert colocate_reload_problem() is None  # the vLLM installed here has it
+    monkeypatch.setattr(GPUModelRunner, "reload_weights", lambda self, weights_path=None: None)
+    config = RunConfig(model=tiny_model_dir, output_dir=str(tmp_path), rl_env_module="envs.letters",
+                       rl_env_class="LetterEnv", use_vllm=True, vllm_mode="colocate")
+    with pytest.raises(ConfigError) as refused:
+        check_server(config, plan_generation(config))
+    message = str(refused.value)
+    assert "\n" not in message and "colocated vLLM on cpu" in message and "--vllm-mode server" in message
