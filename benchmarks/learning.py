@@ -45,7 +45,7 @@ WINDOW = 5  # steps averaged at each end of a curve
 # The recipe measured in issue 11's probe: LoRA (the CLI's default), lr 5e-4, no KL, temperature 0.7,
 # 8 episodes a step in groups of 4. Turns are short on purpose: CPU time goes to generated tokens.
 RECIPE = ("--model", "smollm2", "--lr", "5e-4", "--rl-kl-coef", "0", "--rl-temperature", "0.7",
-          "--batch-size", "8", "--rl-num-generations", "4", "--log-episodes-every", "5", "--overwrite")
+          "--batch-size", "8", "--rl-num-generations", "4", "--save-steps", "10", "--overwrite")
 
 
 @dataclass(frozen=True)
@@ -60,17 +60,17 @@ class Workload:
 WORKLOADS = {
     "rewrite": Workload("envs.rewrite", "RewriteEnv", 30,
                         ("--rl-max-new-tokens", "40", "--rl-max-completion-length", "128", "--rl-cut-turn", "end")),
+    # The same runs with a cut turn shown to the environment instead of ending the episode.
+    "rewrite-continue": Workload("envs.rewrite", "RewriteEnv", 30,
+                                 ("--rl-max-new-tokens", "40", "--rl-max-completion-length", "128", "--rl-cut-turn", "continue")),
     "weather": Workload("envs.weather", "WeatherEnv", 30,
                         ("--rl-max-new-tokens", "48", "--rl-max-completion-length", "192"), ("env/valid_call", "env/answered")),
 }
 
 
-def grpo_command(workload: Workload, seed: int, steps: int, output_dir: Path, cut_turn: str | None) -> list[str]:
-    options = list(workload.options)
-    if cut_turn:  # the last of a repeated flag wins
-        options += ["--rl-cut-turn", cut_turn]
+def grpo_command(workload: Workload, seed: int, steps: int, output_dir: Path) -> list[str]:
     return [sys.executable, "-m", "aitrain_grpo", "grpo", *RECIPE, "--rl-env-module", workload.module,
-            "--rl-env-class", workload.env_class, *options, "--max-steps", str(steps), "--seed", str(seed),
+            "--rl-env-class", workload.env_class, *workload.options, "--max-steps", str(steps), "--seed", str(seed),
             "--output-dir", str(output_dir)]
 
 
@@ -88,14 +88,15 @@ def run_logged(command: list[str], log: Path) -> float:
 
 
 def run_dirs(runs_dir: Path, name: str) -> list[Path]:
-    return sorted((p for p in runs_dir.glob(f"{name}-seed*") if p.is_dir()), key=lambda p: int(p.name.rsplit("seed", 1)[1]))
+    found = [p for p in runs_dir.glob(f"{name}-seed*") if p.is_dir() and p.name.rsplit("-seed", 1)[1].isdigit()]
+    return sorted(found, key=lambda p: int(p.name.rsplit("-seed", 1)[1]))
 
 
 def train(args) -> None:
     workload = WORKLOADS[args.workload]
     for seed in args.seeds:
         out = args.runs_dir / f"{args.workload}-seed{seed}"
-        command = grpo_command(workload, seed, args.steps or workload.steps, out, args.cut_turn)
+        command = grpo_command(workload, seed, args.steps or workload.steps, out)
         print("training:", " ".join(command[2:]), flush=True)
         seconds = run_logged(command, args.runs_dir / f"{out.name}.log")
         (out / "wall.json").write_text(json.dumps({"train_seconds": seconds}))
@@ -258,7 +259,6 @@ def main() -> None:
     parser.add_argument("--workload", choices=sorted(WORKLOADS), help="(train, eval) default: all of them")
     parser.add_argument("--seeds", type=int, nargs="+", default=[1, 2, 3])
     parser.add_argument("--steps", type=int, help="GRPO steps per run (default: the workload's, 30)")
-    parser.add_argument("--cut-turn", choices=("end", "continue"), help="--rl-cut-turn for the runs")
     parser.add_argument("--episodes", type=int, default=32, help="held-back tasks played by each model in eval")
     parser.add_argument("--runs-dir", type=Path, default=REPO / "benchmarks" / "runs")
     args = parser.parse_args()
