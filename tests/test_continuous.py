@@ -194,15 +194,11 @@ def test_lockstep_waves_respect_the_slot_bound(tiny_model_and_tokenizer):
     assert max(sizes) == 5
 
 
-def test_a_continuous_rollout_against_a_dead_server_names_the_server_after_its_retries(tiny_model_and_tokenizer):
-    import socket
-
+def test_a_continuous_rollout_against_a_dead_server_names_the_server_after_its_retries(tiny_model_and_tokenizer, refused_url):
     from aitrain_grpo.engine.backends.vllm_server import GenerationServerError, VLLMServerBackend, VLLMServerClient
 
     _, tokenizer = tiny_model_and_tokenizer
-    with socket.socket() as probe:  # a port that was free a moment ago: connection refused
-        probe.bind(("127.0.0.1", 0))
-        url = f"http://127.0.0.1:{probe.getsockname()[1]}"
+    url = refused_url  # held for the whole test: connection refused, and no other process can take it
     client = VLLMServerClient(url, retries=2, backoff=0.01)
     env = StaggeredEnv()
     engine = RolloutEngine(env, tokenizer, VLLMServerBackend(client, "tiny", [tokenizer.eos_token_id]), max_concurrent_episodes=1)

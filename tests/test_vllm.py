@@ -26,7 +26,7 @@ from conftest import PORT_CLASH_MARKERS, REPO, free_port, refused_port, run_cli 
 LETTERS = ["--rl-env-module", "envs.letters", "--rl-env-class", "LetterEnv", "--lr", "1e-2", "--rl-kl-coef", "0", "--rl-max-new-tokens", "24"]
 
 
-def start_vllm_serve(model: str, log: Path) -> tuple[subprocess.Popen, str] | None:
+def _start_vllm_serve_once(model: str, log: Path) -> tuple[subprocess.Popen, str] | None:
     """`aitrain vllm-serve` on a free port, once healthy; None when another process took the port first
     (vLLM binds it before loading the model, so such a server exits at once)."""
     port = free_port()
@@ -51,16 +51,19 @@ def start_vllm_serve(model: str, log: Path) -> tuple[subprocess.Popen, str] | No
     pytest.fail(f"aitrain vllm-serve exited with {process.returncode}:\n{log.read_text()[-3000:]}")
 
 
+def start_vllm_serve(model: str, log: Path, attempts: int = 4) -> tuple[subprocess.Popen, str]:
+    """A healthy `aitrain vllm-serve` (LoRA on, eager) and its URL, on a port no other process holds."""
+    for _ in range(attempts):
+        started = _start_vllm_serve_once(model, log)
+        if started is not None:
+            return started
+    pytest.fail("every port picked for aitrain vllm-serve was taken by another process")
+
+
 @pytest.fixture(scope="module")
 def vllm_server(tiny_model_dir, tmp_path_factory):
     log = tmp_path_factory.mktemp("vllm") / "server.log"
-    for _ in range(4):
-        started = start_vllm_serve(tiny_model_dir, log)
-        if started is not None:
-            break
-    else:
-        pytest.fail("every port picked for aitrain vllm-serve was taken by another process")
-    process, url = started
+    process, url = start_vllm_serve(tiny_model_dir, log)
     yield {"url": url, "process": process, "log": log}
     if process.poll() is None:
         process.send_signal(signal.SIGTERM)
