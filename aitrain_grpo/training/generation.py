@@ -99,7 +99,7 @@ def sampling_warning(config: RunConfig, plan: GenerationPlan) -> str | None:
     """vLLM reports log-probabilities of the filtered, renormalised distribution, while TRL scores the
     trainer's tokens without top-k/top-p; the importance-sampling ratio is then biased below 1
     (measured on the tiny model: mean 0.015 with top-k 50, 0.99 with top-k 0)."""
-    if plan.trl_uses_vllm and (config.rl_top_k or config.rl_top_p < 1.0):
+    if plan.backend != "hf" and (config.rl_top_k or config.rl_top_p < 1.0):  # the correction runs in every vLLM mode
         return (
             "warning: --rl-top-k/--rl-top-p filtering with vLLM biases TRL's importance-sampling correction; "
             "use --rl-top-k 0 --rl-top-p 1.0 unless you need the filter"
