@@ -202,7 +202,8 @@ def train(config: RunConfig, env: Environment | None = None, *, callbacks: list 
     try:
         with clean_stops(trainer):  # early stops (signals, error rate, backend) raise TrainingStopped
             trainer.train(resume_from_checkpoint=trainer.plan.resume)
-            trainer.rollout.sync_weights(trainer)  # leave a server serving the final weights
+            if trainer.plan.generation.backend == "vllm_server":
+                trainer.rollout.sync_weights(trainer)  # leave the server serving the final weights
     finally:
         trainer.rollout.close()
     output_dir = trainer.plan.output_dir
