@@ -50,6 +50,7 @@ VLLM_SYNC = ("auto", "nccl", "lora", "disk")
 REPORT_TO = ("none", "tensorboard", "wandb", "trackio")
 LOSS_TYPES = ("grpo", "dr_grpo", "dapo", "bnpo", "cispo", "sapo")
 CUT_TURN = ("end", "continue")
+ROLLOUT_SCHEDULES = ("auto", "continuous", "lockstep")
 ZERO_STD_GROUPS = ("keep", "drop", "refill")
 
 
@@ -73,6 +74,7 @@ class RunConfig:
     rl_top_p: float = _opt(1.0, "Nucleus sampling (1.0 = off).")
     rl_env_timeout: float = _opt(60.0, "Seconds one environment call (reset/step/score_episode) may take.")
     rl_cut_turn: str = _opt("end", "A model turn cut off by --rl-max-new-tokens: end the episode, or continue (the environment sees the cut turn).")
+    rl_rollout_schedule: str = _opt("auto", "continuous: each episode's next turn goes out as soon as its environment replied; lockstep: one batched turn for all episodes; auto: continuous with vLLM, lockstep with hf.")
     rl_async_steps: int = _opt(0, "Play the episodes of the next N steps while a step trains, on weights at most N steps old (needs a vLLM server; 0 = on-policy).")
     rl_zero_std_groups: str = _opt("keep", "Groups whose episodes all scored the same: keep, drop (out of the loss) or refill (play more prompts).")
     rl_refill_max_episodes: int | None = _opt(None, "Cap on the extra episodes --rl-zero-std-groups refill plays per step (default: twice the step's episodes).")
@@ -244,6 +246,8 @@ class RunConfig:
             raise ConfigError(f"--lora-dropout must be in [0, 1), got {self.lora_dropout}")
         if self.rl_cut_turn not in CUT_TURN:
             raise ConfigError(f"--rl-cut-turn {self.rl_cut_turn!r} is not one of {', '.join(CUT_TURN)}")
+        if self.rl_rollout_schedule not in ROLLOUT_SCHEDULES:
+            raise ConfigError(f"--rl-rollout-schedule {self.rl_rollout_schedule!r} is not one of {', '.join(ROLLOUT_SCHEDULES)}")
         if self.rl_zero_std_groups not in ZERO_STD_GROUPS:
             raise ConfigError(f"--rl-zero-std-groups {self.rl_zero_std_groups!r} is not one of {', '.join(ZERO_STD_GROUPS)}")
         if self.rl_refill_max_episodes is not None and (isinstance(self.rl_refill_max_episodes, bool) or self.rl_refill_max_episodes < 0):

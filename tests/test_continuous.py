@@ -207,3 +207,24 @@ def test_a_continuous_rollout_against_a_dead_server_names_the_server_after_its_r
             engine.run(env.build_dataset(tokenizer)[:1])
     finally:
         engine.close()
+
+
+def test_the_rollout_schedule_flag_reaches_the_engine_and_a_bad_value_is_one_line(tmp_path):
+    from aitrain_grpo.config import RunConfig
+    from aitrain_grpo.training.trainer import build_trainer
+    from conftest import run_cli
+    from envs.letters import LetterEnv
+
+    config = RunConfig(rl_env_module="envs.letters", rl_env_class="LetterEnv", output_dir=str(tmp_path / "run"), max_steps=1,
+                       rl_rollout_schedule="continuous")
+    trainer = build_trainer(config, env=LetterEnv(num_tasks=8))
+    engine = trainer.rollout._start(trainer)
+    try:
+        assert engine.schedule == "continuous"  # the hf backend alone would have been lockstep
+    finally:
+        engine.close()
+
+    result = run_cli("grpo", "--rl-env-module", "envs.letters", "--rl-env-class", "LetterEnv", "--rl-rollout-schedule", "sideways",
+                     "--output-dir", str(tmp_path / "bad"))
+    assert result.returncode == 2
+    assert "--rl-rollout-schedule 'sideways' is not one of auto, continuous, lockstep" in result.stderr

@@ -29,6 +29,7 @@ import time
 from dataclasses import dataclass, field
 from typing import Any
 
+from aitrain_grpo.config import ROLLOUT_SCHEDULES
 from aitrain_grpo.engine.backends.base import GenerationBackend, RequestBackend, Sample, SamplingParams
 from aitrain_grpo.engine.chat import ChatRenderer
 from aitrain_grpo.engine.turn_batcher import TurnBatcher
@@ -89,7 +90,7 @@ class RolloutBatch:
         }
 
 
-SCHEDULES = ("auto", "continuous", "lockstep")
+SCHEDULES = ROLLOUT_SCHEDULES  # what --rl-rollout-schedule accepts
 
 
 @dataclass

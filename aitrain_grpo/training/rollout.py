@@ -156,6 +156,7 @@ class TrainingRollout(TrainerCallback):
             sampling=SamplingParams(config.rl_temperature, config.rl_top_k, config.rl_top_p),
             env_timeout=config.rl_env_timeout,
             cut_turn=config.rl_cut_turn,
+            schedule=config.rl_rollout_schedule,
         )
         if config.rl_async_steps:
             self.async_rollout = start_async_rollout(self.engine, backend, self.weight_sync, trainer, config)
