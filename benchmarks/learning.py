@@ -63,8 +63,10 @@ WORKLOADS = {
     # The same runs with a cut turn shown to the environment instead of ending the episode.
     "rewrite-continue": Workload("envs.rewrite", "RewriteEnv", 30,
                                  ("--rl-max-new-tokens", "40", "--rl-max-completion-length", "128", "--rl-cut-turn", "continue")),
+    # continue: a first turn that writes a <tool_call> block and runs past its tokens still has the call
+    # parsed (with `end` the episode stops before the call is read, and scores 0).
     "weather": Workload("envs.weather", "WeatherEnv", 30,
-                        ("--rl-max-new-tokens", "48", "--rl-max-completion-length", "192"), ("env/valid_call", "env/answered")),
+                        ("--rl-max-new-tokens", "48", "--rl-max-completion-length", "192", "--rl-cut-turn", "continue"), ("env/tried_call", "env/valid_call")),
 }
 
 
@@ -76,7 +78,7 @@ def grpo_command(workload: Workload, seed: int, steps: int, output_dir: Path) ->
 
 def run_logged(command: list[str], log: Path) -> float:
     """Run a command from the repository root with its output in `log`; return its wall seconds."""
-    env = dict(os.environ, OMP_NUM_THREADS=os.environ.get("OMP_NUM_THREADS", "1"), PYTHONUNBUFFERED="1")
+    env = dict(os.environ, OMP_NUM_THREADS="1", PYTHONUNBUFFERED="1")
     started = time.time()
     with log.open("w") as out:
         out.write("$ " + " ".join(command) + "\n")
@@ -194,7 +196,7 @@ def machine() -> str:
         model = re.search(r"Model name:\s*(.+)", lscpu).group(1).strip()
     except (OSError, AttributeError):
         model = platform.processor() or "unknown CPU"
-    return f"{model}, {os.cpu_count()} cores, OMP_NUM_THREADS={os.environ.get('OMP_NUM_THREADS', 'unset')}"
+    return f"{model}, {os.cpu_count()} cores; every run with one torch thread (OMP_NUM_THREADS=1)"
 
 
 def transcript(record: dict, limit: int = 240) -> str:

@@ -5,11 +5,13 @@ result, and answer with the number. The temperatures come from `random.Random(se
 cannot be guessed without the tool. Graded, so that a group of attempts differs in reward even while
 the model rarely gets everything right:
 
-    a well-formed call of get_temperature with valid arguments      0.4
+    a <tool_call> block, even a broken one                          0.1
+    a well-formed call of get_temperature with valid arguments      +0.3
     ... whose city is the one asked about                           +0.2
     a later answer that states the tool's temperature               +0.4
 
-Metrics (logged as env/<name>): `valid_call` (the episode made a valid call), `right_city`, `answered`.
+Metrics (logged as env/<name>): `tried_call` (a <tool_call> block was written), `valid_call` (the episode
+made a valid call), `right_city`, `answered`.
 Cities are split: `split="held_out"` gives cities that `split="train"` never shows. Used by
 benchmarks/learning.py:
 
@@ -35,6 +37,9 @@ QUESTIONS = (
     "How warm is it in {city} today?",
     "Tell me the current temperature in {city}.",
 )
+# The base SmolLM2-135M-Instruct never called the tool when only the system message described it
+# (0 valid calls in 24 episodes): a hint in the question gives GRPO something to start from.
+HINT = " Look it up with the get_temperature tool first, then tell me the number."
 
 
 class WeatherEnv(ToolEnvironment):
@@ -60,7 +65,7 @@ class WeatherEnv(ToolEnvironment):
         rows = []
         for repeat in range(self.repeats):
             for c, city in enumerate(self.cities()):
-                question = QUESTIONS[(c + repeat) % len(QUESTIONS)].format(city=city)
+                question = QUESTIONS[(c + repeat) % len(QUESTIONS)].format(city=city) + HINT
                 rows.append({"prompt": [{"role": "user", "content": question}], "city": city})
         return rows
 
@@ -92,7 +97,9 @@ class WeatherEnv(ToolEnvironment):
                     seen_result = True
                 elif seen_result and message["role"] == "assistant" and "<tool_call>" not in message["content"]:
                     answered = answered or re.search(rf"(?<![\d-]){re.escape(wanted)}(?!\d)", message["content"]) is not None
+        tried_call = episode.num_tool_calls > 0
+        episode.metrics["tried_call"] = float(tried_call)
         episode.metrics["valid_call"] = float(valid_call)
         episode.metrics["right_city"] = float(right_city)
         episode.metrics["answered"] = float(answered)
-        return 0.4 * valid_call + 0.2 * right_city + 0.4 * answered
+        return 0.1 * tried_call + 0.3 * valid_call + 0.2 * right_city + 0.4 * answered
