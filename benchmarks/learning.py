@@ -199,6 +199,11 @@ def machine() -> str:
     return f"{model}, {os.cpu_count()} cores; every run with one torch thread (OMP_NUM_THREADS=1)"
 
 
+def shown(value: float, spec: str, unit: str = "") -> str:
+    """A table cell: the number, or '-' where nothing was measured (NaN)."""
+    return "-" if value != value else f"{value:{spec}}{unit}"
+
+
 def transcript(record: dict, limit: int = 240) -> str:
     lines = [f"score {record.get('score', 0):.2f}"]
     for message in record.get("messages", []):
@@ -218,10 +223,11 @@ def results_block(runs_by_workload: dict[str, list[Run]]) -> str:
                 "train wall | eval wall |", "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |"]
         for run in runs:
             trained, base = (mean(r["score"] for r in run.heldout[k]) for k in ("model", "baseline"))
+            minutes = [run.wall.get(k, float("nan")) / 60 for k in ("train_seconds", "eval_seconds")]
             out.append(
                 f"| {run.seed} | {len(run.scores)} | {run.first:.3f} | {run.last:.3f} | {run.last - run.first:+.3f} | "
-                f"{mean(run.step_seconds):.0f} | {trained:.3f} | {base:.3f} | "
-                f"{run.wall.get('train_seconds', float('nan')) / 60:.0f} min | {run.wall.get('eval_seconds', float('nan')) / 60:.0f} min |")
+                f"{mean(run.step_seconds):.0f} | {shown(trained, '.3f')} | {shown(base, '.3f')} | "
+                f"{shown(minutes[0], '.0f', ' min')} | {shown(minutes[1], '.0f', ' min')} |")
         for key in WORKLOADS[name].extra_curves:
             out += ["", f"`{key}` first-5 -> last-5: " + ", ".join(
                 f"seed {r.seed} {mean(r.curves[key][:WINDOW]):.2f} -> {mean(r.curves[key][-WINDOW:]):.2f}" for r in runs)]
