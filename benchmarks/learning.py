@@ -1,6 +1,6 @@
 """Learning benchmark: does GRPO make a real model better? SmolLM2-135M-Instruct, trained through the CLI.
 
-    OMP_NUM_THREADS=1 python benchmarks/learning.py all                 # both workloads, 3 seeds each
+    OMP_NUM_THREADS=1 python benchmarks/learning.py all                 # every workload, 3 seeds each
     python benchmarks/learning.py train --workload rewrite --seeds 1 2 3   # or one phase at a time
     python benchmarks/learning.py eval --workload rewrite
     python benchmarks/learning.py report
@@ -16,8 +16,9 @@ training, the machine and the wall time.
 
 Workloads: `rewrite` (envs/rewrite.py: answer, then rewrite the answer under a constraint; target:
 every seed's last-5 mean at least 0.2 above its first-5 mean within 30 steps, and the trained model
-above the base on held-back tasks) and `weather` (envs/weather.py: one tool call and an answer; no
-target, the report says what moved).
+above the base on held-back tasks), `rewrite-continue` (the same with `--rl-cut-turn continue`, the
+measurement behind that option's default) and `weather` (envs/weather.py: one tool call and an answer;
+no target, the report says what moved).
 
 Left out: GPUs (the options are sized for a CPU), statistical tests, and running seeds in parallel (on a
 shared CPU they only slow each other down).
@@ -66,7 +67,8 @@ WORKLOADS = {
     # continue: a first turn that writes a <tool_call> block and runs past its tokens still has the call
     # parsed (with `end` the episode stops before the call is read, and scores 0).
     "weather": Workload("envs.weather", "WeatherEnv", 30,
-                        ("--rl-max-new-tokens", "48", "--rl-max-completion-length", "192", "--rl-cut-turn", "continue"), ("env/tried_call", "env/valid_call")),
+                        ("--rl-max-new-tokens", "48", "--rl-max-completion-length", "192", "--rl-cut-turn", "continue"),
+                        ("env/tried_call", "env/valid_call")),
 }
 
 

@@ -62,7 +62,7 @@ def question_form(text: str) -> float:
 
 
 # name -> (the instruction for turn 2, the graded check of turn 2). The base SmolLM2-135M-Instruct
-# (temperature 0.7) scores about 0.3 on lowercase and no_commas, and under 0.1 on capitals and question.
+# (temperature 0.7, 48 episodes) scored 0.18 on lowercase and 0.37 on no_commas, 0.02 on capitals and 0.08 on question.
 CONSTRAINTS = {
     "lowercase": ("Now write the same sentence again, all in lowercase letters.",
                   lambda text: without(sum(c.isupper() for c in text))),
