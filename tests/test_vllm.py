@@ -30,7 +30,9 @@ def _start_vllm_serve_once(model: str, log: Path) -> tuple[subprocess.Popen, str
     """`aitrain vllm-serve` on a free port, once healthy; None when another process took the port first
     (vLLM binds it before loading the model, so such a server exits at once)."""
     port = free_port()
-    env = dict(os.environ, OMP_NUM_THREADS="1", VLLM_CPU_KVCACHE_SPACE="1")
+    # Importing TRL (any earlier test does) sets VLLM_LOGGING_LEVEL=ERROR in this process; the server's
+    # INFO lines are what tests read its adapter loads from.
+    env = dict(os.environ, OMP_NUM_THREADS="1", VLLM_CPU_KVCACHE_SPACE="1", VLLM_LOGGING_LEVEL="INFO")
     with open(log, "wb") as sink:
         process = subprocess.Popen(
             [sys.executable, "-m", "aitrain_grpo", "vllm-serve", "--model", model, "--port", str(port), "--enable-lora", "--enforce-eager"],
