@@ -110,6 +110,13 @@ def assert_plausible_sync_seconds(records: list[dict]) -> None:
         assert 0 < record["vllm/sync_seconds"] < 30, record
 
 
+def in_sync(ratio: float) -> bool:
+    """An importance-sampling ratio mean of a server that holds the trainer's weights. The server samples in
+    bfloat16 on a CPU and the trainer scores in float32, so at lr 1e-2 the tiny model's ratio wanders:
+    0.78-1.03 measured after syncs; a server left on stale weights gives 0.004-0.11 (the stale tests)."""
+    return 0.6 <= ratio <= 1.5
+
+
 def loaded_adapters(server_log: Path, sync_dir: Path) -> list[str]:
     """Names of the LoRA adapters the server loaded from `sync_dir`, once per load, in order."""
     names = []
@@ -143,7 +150,7 @@ def test_server_training_moves_the_servers_weights(sync, vllm_server, tiny_model
     for record in records:
         # TRL's correction compares the server's log-probabilities with the trainer's (issue 12 item 3):
         # after a sync both hold the same weights, so the ratio stays near 1.
-        assert 0.8 <= record["sampling/importance_sampling_ratio/mean"] <= 1.25, record
+        assert in_sync(record["sampling/importance_sampling_ratio/mean"]), record
 
     base, tokenizer = tiny_model_and_tokenizer
     if sync == "lora":
@@ -180,7 +187,7 @@ def test_server_importance_sampling_ratio_leaves_one_when_a_sync_is_skipped(vllm
         vllm_server_url=vllm_server["url"], vllm_sync="lora",
     ))
     records = metrics(out)
-    assert 0.8 <= records[0]["sampling/importance_sampling_ratio/mean"] <= 1.25, records[0]  # nothing trained yet
+    assert in_sync(records[0]["sampling/importance_sampling_ratio/mean"]), records[0]  # nothing trained yet
     assert abs(records[-1]["sampling/importance_sampling_ratio/mean"] - 1) > 0.5, records[-1]
 
 
@@ -274,7 +281,7 @@ def test_nccl_sync_protocol_moves_the_servers_weights_with_only_nccl_mocked(vllm
 
     assert len(pushes) == 3  # before each step's rollout: the start weights, then after steps 1 and 2
     records = metrics(out)
-    assert all(0.8 <= r["sampling/importance_sampling_ratio/mean"] <= 1.25 for r in records), records
+    assert all(in_sync(r["sampling/importance_sampling_ratio/mean"]) for r in records), records
     base, tokenizer = tiny_model_and_tokenizer
     prompt = fixed_prompt(tokenizer)
     tokens, from_server = server_logprobs(vllm_server["url"], tiny_model_dir, prompt)
@@ -292,7 +299,7 @@ def test_nccl_sync_moves_weights_on_gpu(vllm_server, tiny_model_dir, tiny_model_
     records = metrics(tmp_path)
     # TRL's push before each rollout kept the server on the trainer's weights (ratio near 1 at every
     # step), and those weights moved: the server, last synced before step 3, is far from the base model.
-    assert all(0.8 <= r["sampling/importance_sampling_ratio/mean"] <= 1.25 for r in records), records
+    assert all(in_sync(r["sampling/importance_sampling_ratio/mean"]) for r in records), records
     base, tokenizer = tiny_model_and_tokenizer
     prompt = fixed_prompt(tokenizer)
     tokens, from_server = server_logprobs(vllm_server["url"], tiny_model_dir, prompt)

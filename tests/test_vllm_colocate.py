@@ -15,6 +15,7 @@ pytest.importorskip("vllm", reason="vLLM is not installed: pip install -e '.[vll
 
 from colocate_probe import policy_logprobs  # noqa: E402
 from conftest import REPO  # noqa: E402
+from test_vllm import in_sync  # noqa: E402
 
 STEPS = 3
 LR = "1e-2"  # high, so that two optimizer steps move the policy far from the base model
@@ -55,7 +56,7 @@ def test_colocate_training_keeps_importance_sampling_ratio_near_one(colocated_ru
     records = colocated_run["metrics"]
     assert [r["step"] for r in records] == list(range(1, STEPS + 1))
     for record in records:
-        assert 0.8 <= record["sampling/importance_sampling_ratio/mean"] <= 1.25, record
+        assert in_sync(record["sampling/importance_sampling_ratio/mean"]), record
         assert record["env/episodes"] == 8
         # Every step synced (the optimizer stepped before steps 2 and 3; step 1 loads the start weights),
         # and a tiny model's reload takes well under a second, never minutes.
