@@ -7,7 +7,9 @@ score checks content as well as form, so no degenerate answer can earn it:
     score = substance(turn 1) * kept(turn 1 -> turn 2) * constraint(turn 2)
 
 - substance: how many distinct key words (4+ letters, not a common word) turn 1 has; one key word or
-  fewer scores 0, four or more score 1. An empty or one-word answer therefore scores 0.
+  fewer scores 0, four or more score 1. An empty or one-word answer therefore scores 0, and so does a
+  turn 1 that is not ordinary prose (its first letter is not a capital): otherwise a model learns to
+  write turn 1 in lowercase already and pass the `lowercase` rewrite by copying it.
 - kept: the share of turn 1's key words (up to eight) that turn 2 repeats (case-insensitive), so turn 2
   must rewrite the same sentence, not write a new or shorter one.
 - constraint: how far turn 2 meets the constraint, from 0 to 1 (e.g. the share of its letters that are
@@ -54,6 +56,12 @@ def capitals_share(text: str) -> float:
 def without(violations: int) -> float:
     """1 for none, 1/2 for one, 1/3 for two, ...: every violation counts, the first one most."""
     return 1.0 / (1 + violations)
+
+
+def starts_as_prose(text: str) -> bool:
+    """Whether the first letter of the text is a capital, as a sentence of ordinary prose begins."""
+    first = next((c for c in text if c.isalpha()), "")
+    return first.isupper()
 
 
 def question_form(text: str) -> float:
@@ -133,7 +141,7 @@ class RewriteEnv(Environment):
         first = answers[0] if answers else ""
         second = answers[1] if len(answers) > 1 else ""
         first_keys = key_words(first)
-        substance = min(1.0, max(0.0, (len(first_keys) - 1) / 3))
+        substance = min(1.0, max(0.0, (len(first_keys) - 1) / 3)) if starts_as_prose(first) else 0.0
         second_words = set(re.findall(r"[a-z]+", second.lower()))
         kept = sum(w in second_words for w in first_keys) / len(first_keys) if first_keys else 0.0
         constraint = CONSTRAINTS[episode.row["constraint"]][1](second) if second else 0.0

@@ -42,6 +42,11 @@ def test_rewrite_degenerate_answers_score_zero(degenerate):
         assert rewrite_score(constraint, degenerate, degenerate.lower()) == 0.0
 
 
+def test_rewrite_first_turn_in_lowercase_cannot_pass_the_lowercase_rewrite_by_copying():
+    assert rewrite_score("lowercase", SENTENCE.lower(), SENTENCE.lower()) == 0.0
+    assert rewrite_score("lowercase", SENTENCE, SENTENCE.lower()) == 1.0
+
+
 def test_rewrite_held_out_topics_are_never_trained_on():
     train = {row["topic"] for row in RewriteEnv().build_dataset(None)}
     held_out = {row["topic"] for row in RewriteEnv(split="held_out").build_dataset(None)}
