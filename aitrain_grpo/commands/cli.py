@@ -40,6 +40,7 @@ from aitrain_grpo.commands.options import (
 )
 from aitrain_grpo.commands.vllm_serve import ServeOptions, start_server, stop_server, trainer_flags, wait_for_server
 from aitrain_grpo.config import RunConfig
+from aitrain_grpo.env.aitraining import describe_interface
 from aitrain_grpo.env.loading import load_environment
 from aitrain_grpo.errors import EXIT_USAGE, ConfigError, UserError, one_line
 from aitrain_grpo.runlog.report import write_report
@@ -102,6 +103,7 @@ def grpo(**kwargs) -> None:
 
         plan = plan_run(config)  # a bad option or a clobbered output dir fails before the environment loads
         env = load_environment(config.rl_env_module, config.rl_env_class, config.rl_env_config)
+        out.print(f"environment {type(env).__name__}: {describe_interface(env)}", markup=False, highlight=False)
         from aitrain_grpo.training.trainer import train  # after the checks: TRL imports vLLM, which prints
 
         summary = train(config, env=env, plan=plan)

