@@ -5,7 +5,8 @@
 - `eval`: measure a model or a training run in an environment, optionally against a baseline;
 - `report`: write report.html for a training output directory;
 - `vllm-serve`: start a vLLM server set up for training against it;
-- `tiny-model`: build the tiny local demo model into a folder.
+- `tiny-model`: build the tiny local demo model into a folder;
+- `init`: write a new environment and its test, ready to edit (commands/scaffold.py).
 
 Every option of `aitrain grpo` is a `RunConfig` field, and so is every run option of `eval` and `env
 check`: their flags are generated from those fields (options.py), so names, defaults and help texts
@@ -38,6 +39,7 @@ from aitrain_grpo.commands.evaluation import RUN_FLAGS, run_eval
 from aitrain_grpo.commands.options import (
     as_in_grpo, command_option, field_option, from_training_run, grpo_parameters, with_default,
 )
+from aitrain_grpo.commands.scaffold import init_command
 from aitrain_grpo.commands.vllm_serve import ServeOptions, start_server, stop_server, trainer_flags, wait_for_server
 from aitrain_grpo.config import RunConfig
 from aitrain_grpo.env.aitraining import describe_interface
@@ -309,6 +311,9 @@ def report_command(
     if not (Path(output_dir) / "metrics.jsonl").is_file():
         fail(f"{output_dir} has no metrics.jsonl; pass the --output-dir of a training run that has logged a step")
     out.print(f"report written to {write_report(output_dir, output)}", markup=False)
+
+
+app.command("init")(init_command)  # scaffold.py: envs/NAME.py + tests/test_NAME.py, then the next commands
 
 
 # ------------------------------------------------------------------------------ aitrain tiny-model
