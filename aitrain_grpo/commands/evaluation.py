@@ -77,8 +77,9 @@ def open_vllm_backend(source: ModelSource) -> tuple[GenerationBackend, Any]:
 
 
 def open_backend(source: ModelSource, *, use_vllm: bool = False) -> tuple[GenerationBackend, Any, Any]:
-    """The generation backend, tokenizer and (hf only, else None) model evaluation uses. The one place a backend is chosen:
-    a vLLM backend for evaluation plugs in here, behind the same `GenerationBackend` interface."""
+    """The generation backend, tokenizer and model (hf only; None with vLLM) evaluation uses. The one
+    place a backend is chosen: a vLLM backend for evaluation plugs in here, behind the same
+    `GenerationBackend` interface."""
     if use_vllm:
         if importlib.util.find_spec("vllm") is None:
             raise ConfigError("--use-vllm needs vLLM, which is not installed: pip install 'aitrain-grpo[vllm]' (CUDA) "
