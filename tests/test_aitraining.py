@@ -115,6 +115,8 @@ def test_tools_reach_the_prompt_and_tool_calls_are_parsed_but_never_run(aitrain,
 
 def test_the_interface_is_read_from_the_signature(aitrain):
     assert isinstance(load_environment(MODULE, "DefaultsEnv"), AITrainingEnvironment)
+    env = load_environment(MODULE, "AsyncScoreEnv")  # async def score_episode: awaited, still under no_grad
+    assert [ep.score for ep in play(env, build_rows(env, None), lambda episode: "y")] == [0.25]
     duck = load_environment("envs_fixtures.duck", "DuckEnv")  # score_episode(self, episode): ours, as it is
     assert not isinstance(duck, AITrainingEnvironment)
     with pytest.raises(EnvLoadError) as bad:

@@ -106,6 +106,16 @@ class DefaultsEnv:
         return 0.5
 
 
+class AsyncScoreEnv:
+    """An `async def score_episode` with AITraining's parameters (AITraining itself would not await it)."""
+
+    def build_dataset(self, tokenizer):
+        return Dataset.from_dict({"prompt": ["x"]})
+
+    async def score_episode(self, model, tokenizer, completion, case_idx):
+        return 0.25 if torch.is_grad_enabled() is False else 0.0
+
+
 class TwoArgumentEnv:
     """A score_episode that fits neither interface."""
 
