@@ -52,6 +52,48 @@ LOSS_TYPES = ("grpo", "dr_grpo", "dapo", "bnpo", "cispo", "sapo")
 CUT_TURN = ("end", "continue")
 ROLLOUT_SCHEDULES = ("auto", "continuous", "lockstep")
 ZERO_STD_GROUPS = ("keep", "drop", "refill")
+REWARD_FUNC_EXAMPLE = "aitrain_grpo.rewards:length_penalty"
+
+
+def reward_func_specs(text: str | None) -> list[tuple[str, str]]:
+    """`--rl-reward-funcs module:func[,module:func...]` as (module, attribute) pairs, checked for form
+    only (importing is training/reward_funcs.py's). The attribute's name is what TRL logs it under, so two
+    with one name, or one named like the environment's score, are refused."""
+    specs: list[tuple[str, str]] = []
+    for entry in (text or "").split(",") if (text or "").strip() else []:
+        module, colon, attr = entry.strip().partition(":")
+        if not (colon and module.strip() and attr.strip().isidentifier()):
+            raise ConfigError(f"--rl-reward-funcs entry {entry.strip()!r} is not module:function; write e.g. "
+                              f"{REWARD_FUNC_EXAMPLE} (entries separated by commas)")
+        name = attr.strip()
+        if name == "episode_score" or name in [a for _, a in specs]:
+            raise ConfigError(f"--rl-reward-funcs has two rewards named {name!r} (rewards are logged by name, and "
+                              f"episode_score is the environment's); bind one to another name in your module, "
+                              f"e.g. my_{name} = {name}")
+        specs.append((module.strip(), name))
+    return specs
+
+
+def reward_weights(text: str | None, num_funcs: int) -> list[float] | None:
+    """`--rl-reward-weights w_env,w1,...` as floats, one per reward (the environment's score first);
+    None when not given (every weight 1)."""
+    if text is None or not str(text).strip():
+        return None
+    weights = []
+    for entry in str(text).split(","):
+        try:
+            weight = float(entry)
+        except ValueError:
+            weight = math.nan
+        if not math.isfinite(weight):
+            raise ConfigError(f"--rl-reward-weights entry {entry.strip()!r} is not a number; write numbers separated "
+                              f"by commas, the environment's score first, e.g. 1,0.5")
+        weights.append(weight)
+    if len(weights) != num_funcs + 1:
+        raise ConfigError(f"--rl-reward-weights has {len(weights)} weight(s) for {num_funcs + 1} reward(s) (the "
+                          f"environment's score, then {num_funcs} from --rl-reward-funcs); give one per reward, "
+                          f"the environment's score first")
+    return weights
 
 
 @dataclass
@@ -80,6 +122,8 @@ class RunConfig:
     rl_refill_max_episodes: int | None = _opt(None, "Cap on the extra episodes --rl-zero-std-groups refill plays per step (default: twice the step's episodes).")
     rl_max_error_rate: float = _opt(0.5, "Stop (after saving a checkpoint) when more than this share of the episodes of the last 4 steps failed; 1 never stops.")
     # GRPO
+    rl_reward_funcs: str | None = _opt(None, "Rewards added to the environment's score: module:func[,module:func...], each called with TRL's reward arguments plus `episodes` and logged as rewards/<func>/mean (--rl-zero-std-groups still looks at the environment's score alone).")
+    rl_reward_weights: str | None = _opt(None, "Weights of the rewards, the environment's score first: w_env,w1,... (default: 1 each).")
     rl_kl_coef: float = _opt(0.1, "KL penalty against the reference model (TRL's beta).")
     rl_clip_range: float = _opt(0.2, "PPO-style clip range (TRL's epsilon).")
     rl_entropy_coef: float = _opt(0.0, "Entropy bonus in the loss (TRL's entropy_coef): keeps exploring instead of collapsing onto one answer.")
@@ -256,6 +300,7 @@ class RunConfig:
             raise ConfigError(f"--rl-async-steps must be an integer >= 0 (0 = on-policy), got {self.rl_async_steps!r}")
         if not 0 <= self.rl_max_error_rate <= 1:
             raise ConfigError(f"--rl-max-error-rate must be in [0, 1] (a share of episodes; 1 never stops), got {self.rl_max_error_rate}")
+        reward_weights(self.rl_reward_weights, len(reward_func_specs(self.rl_reward_funcs)))
         if self.resume_from_checkpoint is not None and not self.resume_from_checkpoint.strip():
             raise ConfigError("--resume-from-checkpoint needs a value: auto, or a checkpoint-N folder")
         self._check_model_path()

@@ -118,7 +118,7 @@ def parse_config_json(text: str | Mapping | None) -> dict[str, Any]:
 # ------------------------------------------------------------------------------------ module & class
 
 
-def _missing_module_message(module: str, missing: str) -> str:
+def _missing_module_message(module: str, missing: str, flag: str = "--rl-env-module") -> str:
     """The module itself (or a package on its path) does not exist: say where we looked, suggest."""
     parent_name, _, leaf = missing.rpartition(".")
     parent = sys.modules.get(parent_name) if parent_name else None
@@ -128,7 +128,7 @@ def _missing_module_message(module: str, missing: str) -> str:
         siblings = sorted(m.name for m in pkgutil.iter_modules(list(parent.__path__)))
         where = ", ".join(list(parent.__path__)) or "?"
         best = _closest(leaf, siblings)
-        fix = f"did you mean '{parent_name}.{best}'?" if best else "check the module path (--rl-env-module)"
+        fix = f"did you mean '{parent_name}.{best}'?" if best else f"check the module path ({flag})"
         listed = ", ".join(siblings) if siblings else "none"
         return (f"module {module!r} not found: package {parent_name!r} (at {where}) has no module {leaf!r} "
                 f"(it has: {one_line(listed, 200)}); {fix}")
@@ -138,19 +138,20 @@ def _missing_module_message(module: str, missing: str) -> str:
     top = missing.split(".")[0]
     return (f"module {module!r} not found: no module or package {top!r} in the current directory "
             f"({os.getcwd()}) or on sys.path; run from your project's root folder or fix the module path "
-            f"(--rl-env-module)")
+            f"({flag})")
 
 
-def _import_module(module: str):
+def import_user_module(module: str, flag: str = "--rl-env-module", what: str = "environment module"):
+    """Import a user's module by dotted path from the current directory; every failure is a one-line
+    `EnvLoadError` naming `flag`. Also imports reward functions (training/reward_funcs.py)."""
     if not module or not module.strip():
-        raise EnvLoadError("no environment module given; pass a dotted module path such as envs.hotel "
-                           "(--rl-env-module)")
+        raise EnvLoadError(f"no {what} given; pass a dotted module path such as envs.hotel ({flag})")
     if "/" in module or "\\" in module or module.endswith(".py"):
         dotted = module.removesuffix(".py").replace("\\", "/").strip("/").replace("/", ".")
-        raise EnvLoadError(f"environment module must be a dotted module path, not a file path: got "
+        raise EnvLoadError(f"{what} must be a dotted module path, not a file path: got "
                            f"{module!r}; use {dotted!r} and run from the folder that contains it")
     if module.startswith("."):
-        raise EnvLoadError(f"environment module {module!r} is relative; use the full dotted path, e.g. "
+        raise EnvLoadError(f"{what} {module!r} is relative; use the full dotted path, e.g. "
                            f"envs.hotel")
     if os.getcwd() not in sys.path:  # console scripts start with their bin folder there, not the cwd
         sys.path.insert(0, os.getcwd())
@@ -164,7 +165,7 @@ def _import_module(module: str):
         # Only a miss on the module itself or one of its parent packages means "not found"; any other
         # missing name was imported by code inside the module.
         if missing and (module == missing or module.startswith(missing + ".")):
-            raise EnvLoadError(_missing_module_message(module, missing)) from exc
+            raise EnvLoadError(_missing_module_message(module, missing, flag)) from exc
         location = user_location(exc) or "?"
         raise EnvLoadError(f"module {module!r} failed to import: {one_line(exc)} (imported from "
                            f"{location}); install it or fix the import") from exc
@@ -284,7 +285,7 @@ def _check_arguments(cls: type, kwargs: dict[str, Any]) -> None:
 def load_environment(module: str, class_name: str, config: str | Mapping | None = None) -> Environment:
     """Import `module`, find `class_name`, and return `cls(**config)`; see `parse_config_json`."""
     kwargs = parse_config_json(config)
-    mod = _import_module(module)
+    mod = import_user_module(module)
     cls = _find_class(mod, class_name)
     aitraining_style = _check_is_environment(cls, mod.__name__)
     _check_arguments(cls, kwargs)

@@ -6,7 +6,8 @@ the optimizer); this module only wires our pieces into it:
 - the environment's dataset becomes `train_dataset`;
 - `rollout_func` is the `TrainingRollout` (rollout.py), which plays each batch's episodes; it is built
   first and handed to the callbacks that read it, and the error-rate stop watches its episodes;
-- `episode_score` (the reward function) hands TRL the scores the rollout computed.
+- `episode_score` (the first reward function) hands TRL the scores the rollout computed; the rewards of
+  `--rl-reward-funcs` follow it, weighted by `--rl-reward-weights` (reward_funcs.py).
 
 `EpisodeGRPOTrainer` is TRL's trainer plus what only a subclass can do: hand each batch's dataset rows
 to the rollout (TRL gives `rollout_func` only the prompts), merge the rollout's metrics into each log
@@ -33,7 +34,7 @@ from peft import LoraConfig
 from transformers.trainer_callback import PrinterCallback, ProgressCallback
 from trl import GRPOConfig, GRPOTrainer
 
-from aitrain_grpo.config import RunConfig
+from aitrain_grpo.config import RunConfig, reward_func_specs, reward_weights
 from aitrain_grpo.env.base import Environment
 from aitrain_grpo.env.dataset import build_rows
 from aitrain_grpo.env.loading import load_environment
@@ -48,6 +49,7 @@ from aitrain_grpo.training.generation import grpo_kwargs as generation_grpo_kwar
 from aitrain_grpo.training.generation import sampling_warning
 from aitrain_grpo.training.groups import DroppedRowsLoss
 from aitrain_grpo.training.plan import RunPlan, plan_run
+from aitrain_grpo.training.reward_funcs import check_required_arguments, episode_rewards, load_reward_funcs
 from aitrain_grpo.training.rollout import TrainingRollout
 from aitrain_grpo.training.signals import SignalStop
 from aitrain_grpo.training.stopping import ErrorRateStop, clean_stops
@@ -123,6 +125,9 @@ def grpo_config(config: RunConfig, plan: RunPlan) -> GRPOConfig:
     kwargs.update(generation_grpo_kwargs(config, plan.generation))
     if config.rl_loss_type:
         kwargs["loss_type"] = config.rl_loss_type
+    weights = reward_weights(config.rl_reward_weights, len(reward_func_specs(config.rl_reward_funcs)))
+    if weights is not None:
+        kwargs["reward_weights"] = weights  # the environment's score first, as reward_funcs are ordered
     if on_cpu:
         # TRL's defaults assume a GPU; on a CPU they are slower (checkpointing) or unsupported (bf16).
         checkpointing = "activation_checkpointing" if "activation_checkpointing" in GRPOConfig.__dataclass_fields__ else "gradient_checkpointing"
@@ -162,9 +167,11 @@ def build_trainer(config: RunConfig, env: Environment | None = None, *, callback
     if env is None:
         env = load_environment(config.rl_env_module, config.rl_env_class, config.rl_env_config)
     os.environ.setdefault("TRL_EXPERIMENTAL_SILENCE", "1")
+    extra_rewards = load_reward_funcs(config.rl_reward_funcs)  # before the model: a bad one fails fast
 
     model, tokenizer = load_model_and_tokenizer(config.model)
     dataset = Dataset.from_list(small_dataset.fill_one_step(build_rows(env, tokenizer), config))
+    check_required_arguments(extra_rewards, dataset.column_names)
     prepare_output_dir(plan.output_dir, plan.resume)
     (plan.output_dir / "run_config.json").write_text(json.dumps(redact(config.to_dict()), indent=2, default=str) + "\n")
 
@@ -179,7 +186,7 @@ def build_trainer(config: RunConfig, env: Environment | None = None, *, callback
         args=grpo_config(config, plan),
         train_dataset=dataset,
         processing_class=tokenizer,
-        reward_funcs=[episode_score],
+        reward_funcs=[episode_score, *episode_rewards(extra_rewards, rollout)],
         peft_config=_peft_config(config),
         callbacks=[rollout, *training_callbacks(config, plan.output_dir, rollout), SignalStop(), error_stop,
                    *(callbacks or [])],

@@ -1,0 +1,43 @@
+"""Reward functions for tests/test_reward_funcs.py: one that records what it was given (to the file named
+by $AITRAIN_REWARD_PROBE), one that always raises, and ones the loading checks must refuse."""
+
+from __future__ import annotations
+
+import json
+import os
+
+
+def recorded(prompts, completions, episodes, **kwargs):
+    """Writes one JSON line per call; rewards each episode by its message count (so it varies)."""
+    with open(os.environ["AITRAIN_REWARD_PROBE"], "a", encoding="utf-8") as log:
+        log.write(json.dumps({
+            "completions": len(completions),
+            "episodes": len(episodes),
+            "episode_type": type(episodes[0]).__name__,
+            "roles": [[m["role"] for m in ep.messages] for ep in episodes],
+            "scores": [ep.score for ep in episodes],
+            "model_tokens": kwargs["model_tokens"],
+            "city": kwargs.get("city"),
+            "rows_match": [ep.row.get("city") for ep in episodes] == kwargs.get("city"),
+            "keywords": sorted(kwargs),
+        }) + "\n")
+    return [min(1.0, len(ep.messages) / 10) for ep in episodes]
+
+
+def broken(**kwargs):
+    raise ValueError("probe failure")
+
+
+def abstains(episodes, **kwargs):
+    return [None for _ in episodes]
+
+
+def no_kwargs(completions):
+    return [0.0 for _ in completions]
+
+
+def needs_unknown(completions, secret_sauce, **kwargs):
+    return [0.0 for _ in completions]
+
+
+not_a_function = 3
