@@ -70,6 +70,7 @@ def test_reward_functions_receive_the_finished_episodes(run):
         assert all(isinstance(s, float) and 0.0 <= s <= 1.0 for s in call["scores"])  # scored before rewards
         assert all(n > 0 for n in call["model_tokens"])
         assert call["rows_match"] and len(call["city"]) == 8  # the row's columns, in the episodes' order
+        assert call["in_order"]  # episode i is the one TRL's completion i came from
         for keyword in ("completion_ids", "episode_score", "model_tokens", "trainer_state", "log_metric", "city"):
             assert keyword in call["keywords"], keyword
 

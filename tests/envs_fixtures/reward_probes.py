@@ -19,9 +19,15 @@ def recorded(prompts, completions, episodes, **kwargs):
             "model_tokens": kwargs["model_tokens"],
             "city": kwargs.get("city"),
             "rows_match": [ep.row.get("city") for ep in episodes] == kwargs.get("city"),
+            # Episode i is completion i: its longest model turn is in the completion's text.
+            "in_order": all(max(turns(ep), key=len) in str(c) for ep, c in zip(episodes, completions)),
             "keywords": sorted(kwargs),
         }) + "\n")
     return [min(1.0, len(ep.messages) / 10) for ep in episodes]
+
+
+def turns(episode):
+    return [str(m["content"] or "") for m in episode.messages if m["role"] == "assistant"]
 
 
 def broken(**kwargs):
