@@ -9,6 +9,7 @@ import functools
 import json
 import math
 import os
+import re
 import subprocess
 import sys
 from types import SimpleNamespace
@@ -166,3 +167,14 @@ def test_wrapper_names_passes_episodes_and_the_episodes_own_rows():
 def test_bad_return_values_are_named(values, problem):
     with pytest.raises(ValueError, match=problem.replace("(", r"\(")):
         checked_values(values, 2)
+
+
+def test_readme_examples_are_reward_functions():
+    blocks = re.findall(r"```python\n(.*?)```", (REPO / "README.md").read_text(), flags=re.S)
+    namespace: dict = {}
+    for block in [b for b in blocks if "# my_rewards.py" in b]:
+        exec(compile(block, "README.md:my_rewards", "exec"), namespace)  # our own documentation
+    episodes = [Episode(row={}, messages=[{"role": "assistant", "content": text}], turns=1)
+                for text in ("Please wait.", "No.")]
+    assert namespace["polite"](completions=["", ""], episodes=episodes) == [0.1, 0.0]
+    assert namespace["short"](model_tokens=[32, 80, 500], episodes=episodes) == [0.0, -0.5, -1.0]
