@@ -46,7 +46,7 @@ def run_export(options: dict[str, Any], console) -> ExportResult:
     token = check_hub_repo(repo) if repo else None  # before any model is loaded
     result = export_model(options["run_dir"], options["to"], dtype=options["dtype"], base=options.get("base"),
                           overwrite=options["overwrite"])
-    for line in describe_check(result):
+    for line in [*result.notes, *describe_check(result)]:
         console.print(line, markup=False)
     what = f"merged into {result.base}" if result.base else "full model"
     console.print(f"exported {options['run_dir']} ({what}) to {result.folder} as {result.check.dtype}; use it with "

@@ -47,6 +47,7 @@ class ExportResult:
     source: str
     base: str | None  # the base model the adapter was merged into (None: a full model)
     check: CheckResult
+    notes: tuple[str, ...] = ()  # what a person should know (a base found another way)
 
 
 def check_destination(to: str, overwrite: bool, protected: list[Path]) -> Path:
@@ -83,6 +84,18 @@ def resolve_run(run_dir: str, base: str | None) -> ModelSource:
     return source
 
 
+def base_note(source: ModelSource, base: str | None) -> str | None:
+    """A note when the adapter is merged into another base than the folder its adapter_config.json names
+    (that folder is gone and run_config.json's model was resolved again): say which was used."""
+    if not source.adapter or base:
+        return None
+    named = json.loads((Path(source.adapter) / "adapter_config.json").read_text()).get("base_model_name_or_path")
+    if not named or resolve_model(named) == source.weights:
+        return None
+    return (f"note: the adapter's base {named} is gone; merged into {source.weights} (the model run_config.json "
+            f"names, {source.run_config.get('model')!r}); pass --base to choose another")
+
+
 def config_dtype(weights: str) -> str:
     """The dtype a model's config.json records (following adapters down to their base), else float32."""
     from transformers import AutoConfig
@@ -107,6 +120,7 @@ def export_model(run_dir: str, to: str, *, dtype: str = "auto", base: str | None
     if dtype not in DTYPES:
         raise ConfigError(f"--dtype {dtype} is not supported; use one of {', '.join(DTYPES)}")
     source = resolve_run(run_dir, base)
+    note = base_note(source, base)
     protected = [Path(run_dir)] + ([Path(source.weights)] if looks_local(source.weights) else [])
     folder = check_destination(to, overwrite, protected)
     chosen = config_dtype(source.weights) if dtype == "auto" else dtype
@@ -149,7 +163,7 @@ def export_model(run_dir: str, to: str, *, dtype: str = "auto", base: str | None
             raise ExportCheckFailed(f"the exported model does not reproduce {run_dir}: {problem}; "
                                     f"{folder} was not written")
         result = ExportResult(str(folder.resolve()), str(Path(run_dir).resolve()),
-                              source.weights if source.adapter else None, check)
+                              source.weights if source.adapter else None, check, (note,) if note else ())
         info = {**asdict(result), "passed": True, "created": datetime.now(timezone.utc).isoformat(timespec="seconds")}
         (temp / INFO_FILE).write_text(json.dumps(info, indent=2) + "\n")
         _move_into_place(temp, folder)
