@@ -4,6 +4,7 @@ plays the same prompts as an uninterrupted one."""
 
 from __future__ import annotations
 
+import json
 import shutil
 import signal
 
@@ -72,7 +73,7 @@ def async_run(tiny_model_dir, out, url, *, steps_ahead=1, max_steps=4, **options
 
 
 def test_async_episodes_carry_weight_versions_at_most_n_steps_old(vllm_server, tiny_model_dir, tmp_path):
-    recorder, logs = async_run(tiny_model_dir, tmp_path, vllm_server, steps_ahead=1)
+    recorder, logs = async_run(tiny_model_dir, tmp_path, vllm_server, steps_ahead=1, log_episodes_every=1)
     assert sorted(recorder.versions) == [0, 1, 2, 3]
     staleness = []
     for step, versions in recorder.versions.items():
@@ -87,6 +88,14 @@ def test_async_episodes_carry_weight_versions_at_most_n_steps_old(vllm_server, t
         assert log["async/plan_misses"] == 0  # each step played the prompts TRL handed over
         assert "sampling/importance_sampling_ratio/mean" in log  # the correction is on
         assert 0 <= log["sampling/is_masked_frac"] <= 1
+    # The transcripts a user reads say which weights sampled each episode (episodes.jsonl, report.html).
+    records = [json.loads(line) for line in (tmp_path / "episodes.jsonl").read_text().splitlines()]
+    assert sorted({r["step"] for r in records}) == [1, 2, 3, 4]
+    for record in records:
+        assert record["weight_version"] in recorder.versions[record["step"] - 1]
+        assert record["staleness"] == record["step"] - 1 - record["weight_version"] in (0, 1)
+    assert any(r["staleness"] == 1 for r in records)
+    assert '"weight_version"' in (tmp_path / "report.html").read_text()
 
 
 def test_resumed_async_run_replays_the_same_prompts(vllm_server, tiny_model_dir, tmp_path):

@@ -228,3 +228,15 @@ def test_the_rollout_schedule_flag_reaches_the_engine_and_a_bad_value_is_one_lin
                      "--output-dir", str(tmp_path / "bad"))
     assert result.returncode == 2
     assert "--rl-rollout-schedule 'sideways' is not one of auto, continuous, lockstep" in result.stderr
+
+
+def test_eval_takes_the_rollout_schedule_flag_and_names_the_schedule(tiny_model_dir, tmp_path):
+    from conftest import run_cli
+
+    letters = ["--rl-env-module", "envs.letters", "--rl-env-class", "LetterEnv", "--episodes", "2", "--rl-max-new-tokens", "8"]
+    result = run_cli("eval", "--model", tiny_model_dir, *letters)
+    assert result.returncode == 0, result.stderr[-2000:]
+    assert "lockstep rollouts" in " ".join(result.stdout.split())  # Hugging Face generate batches its turns
+    result = run_cli("eval", "--model", tiny_model_dir, *letters, "--rl-rollout-schedule", "sideways")
+    assert result.returncode == 2
+    assert result.stderr.strip() == "error: --rl-rollout-schedule 'sideways' is not one of auto, continuous, lockstep"

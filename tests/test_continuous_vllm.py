@@ -45,3 +45,24 @@ def test_continuous_rollout_with_a_max_turn_cap_on_the_server(vllm_server, tiny_
     capped = play(model, tokenizer, "continuous", backend=backend, env=StaggeredEnv(), max_turns=2)
     assert [ep.stop_reason for ep in capped.episodes] == ["env" if 1 + ep.row["task"] % 4 <= 2 else "max_turns"
                                                           for ep in capped.episodes]
+
+
+@pytest.mark.slow  # two colocated vLLM engines start (about 2.5 minutes on two busy cores)
+def test_eval_with_vllm_plays_continuous_rollouts_like_training(tiny_model_dir, tmp_path):
+    """`aitrain eval --use-vllm` takes training's schedule choice: continuous unless told otherwise, and
+    greedy episodes come out the same under either schedule."""
+    import json
+
+    from conftest import run_cli
+
+    letters = ["--rl-env-module", "envs.letters", "--rl-env-class", "LetterEnv", "--rl-max-new-tokens", "24",
+               "--episodes", "6", "--rl-temperature", "0", "--use-vllm"]
+    transcripts = {}
+    for schedule in ("auto", "lockstep"):
+        out = tmp_path / f"{schedule}.jsonl"
+        result = run_cli("eval", "--model", tiny_model_dir, *letters, "--rl-rollout-schedule", schedule, "--output", str(out))
+        assert result.returncode == 0, result.stderr[-3000:]
+        played = "continuous" if schedule == "auto" else "lockstep"
+        assert f"{played} rollouts" in " ".join(result.stdout.split()), result.stdout[-2000:]
+        transcripts[schedule] = [(r["messages"], r["score"]) for r in map(json.loads, out.read_text().splitlines())]
+    assert len(transcripts["auto"]) == 6 and transcripts["auto"] == transcripts["lockstep"]

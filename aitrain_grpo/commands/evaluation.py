@@ -29,7 +29,7 @@ from typing import Any
 from rich.table import Table
 
 from aitrain_grpo.commands.options import check_positive
-from aitrain_grpo.config import RunConfig, check_episode_options
+from aitrain_grpo.config import ROLLOUT_SCHEDULES, RunConfig, check_episode_options
 from aitrain_grpo.engine.backends.base import GenerationBackend, SamplingParams
 from aitrain_grpo.engine.rollout import RolloutEngine
 from aitrain_grpo.env.aitraining import AITrainingEnvironment, use_policy
@@ -43,7 +43,7 @@ from aitrain_grpo.runlog.records import episode_record, write_jsonl
 
 # Sampling and budget flags of `aitrain eval`: not given, a training run's own value is used.
 RUN_FLAGS = ("rl_max_new_tokens", "rl_max_turns", "rl_max_completion_length", "rl_temperature", "rl_top_k",
-             "rl_top_p", "rl_env_timeout")
+             "rl_top_p", "rl_env_timeout", "rl_rollout_schedule")
 
 
 def open_vllm_backend(source: ModelSource) -> tuple[GenerationBackend, Any]:
@@ -55,7 +55,7 @@ def open_vllm_backend(source: ModelSource) -> tuple[GenerationBackend, Any]:
     from vllm import LLM
     from vllm.lora.request import LoRARequest
 
-    from aitrain_grpo.engine.backends.vllm_colocate import VLLMColocateBackend
+    from aitrain_grpo.engine.backends.vllm_colocate import VLLMColocateRequests
 
     tokenizer = load_tokenizer(source)
     lora_kwargs: dict[str, Any] = {}
@@ -73,7 +73,8 @@ def open_vllm_backend(source: ModelSource) -> tuple[GenerationBackend, Any]:
         raise ConfigError(f"vLLM could not load {source.spec}: {' '.join(str(exc).split())[:300]}") from None
     generation_config = GenerationConfig.from_model_config(AutoConfig.from_pretrained(source.weights))
     stop_ids = stop_token_ids(SimpleNamespace(generation_config=generation_config), tokenizer)
-    return VLLMColocateBackend(llm, stop_ids, lora_request=lora_request), tokenizer
+    # One turn at a time as well as batched: the continuous schedule (training's choice with vLLM) can run.
+    return VLLMColocateRequests(llm, stop_ids, lora_request=lora_request), tokenizer
 
 
 def open_backend(source: ModelSource, *, use_vllm: bool = False) -> tuple[GenerationBackend, Any, Any]:
@@ -102,6 +103,7 @@ class EvalResult:
     episodes: list[Episode]
     tasks: list[int]          # the dataset row index of each episode
     samples: int
+    schedule: str = "lockstep"  # how the episodes were played (engine/rollout.py)
     generated_tokens: int = 0
     generate_seconds: float = 0.0
     wall_seconds: float = 0.0
@@ -156,6 +158,7 @@ def evaluate(
     batch_size: int = 32,
     seed: int = 0,
     cut_turn: str = "end",
+    schedule: str = "auto",
 ) -> EvalResult:
     """Play every row `samples` times with the backend's model, `batch_size` episodes at a time."""
     from transformers import set_seed  # imports torch (seconds): only once episodes are played
@@ -164,9 +167,10 @@ def evaluate(
     engine = RolloutEngine(
         env, tokenizer, backend, max_new_tokens=max_new_tokens, max_turns=max_turns,
         max_completion_length=max_completion_length, sampling=sampling, env_timeout=env_timeout, cut_turn=cut_turn,
+        schedule=schedule,  # as in training: continuous with vLLM, lockstep with hf, unless the run said otherwise
     )
     tasks = [index for index in range(len(rows)) for _ in range(samples)]
-    result = EvalResult(label=label, episodes=[], tasks=tasks, samples=samples)
+    result = EvalResult(label=label, episodes=[], tasks=tasks, samples=samples, schedule=engine.schedule)
     started = time.perf_counter()
     try:
         for start in range(0, len(tasks), batch_size):
@@ -226,6 +230,8 @@ def run_eval(*, model: str, baseline: str | None, module: str | None, class_name
                               f"run_config.json to take them from)")
     env = load_environment(module, class_name, env_config)
     settings = {name: _option(options.get(name), run_config, name) for name in (*RUN_FLAGS, "rl_cut_turn")}
+    if settings["rl_rollout_schedule"] not in ROLLOUT_SCHEDULES:
+        raise ConfigError(f"--rl-rollout-schedule {settings['rl_rollout_schedule']!r} is not one of {', '.join(ROLLOUT_SCHEDULES)}")
     sampling = SamplingParams(settings["rl_temperature"], settings["rl_top_k"], settings["rl_top_p"])
     labels = ["model", "baseline"]
     results: list[EvalResult] = []
@@ -242,6 +248,7 @@ def run_eval(*, model: str, baseline: str | None, module: str | None, class_name
             max_new_tokens=settings["rl_max_new_tokens"], max_turns=settings["rl_max_turns"],
             max_completion_length=settings["rl_max_completion_length"], sampling=sampling,
             env_timeout=settings["rl_env_timeout"], batch_size=batch_size, seed=seed, cut_turn=settings["rl_cut_turn"],
+            schedule=settings["rl_rollout_schedule"],
         ))
         del backend  # the model's memory goes before the next one loads
     show_results(results, console, env_name=f"{module}.{class_name}", sampling=sampling)
@@ -253,7 +260,7 @@ def run_eval(*, model: str, baseline: str | None, module: str | None, class_name
 def show_results(results: list[EvalResult], console, *, env_name: str, sampling: SamplingParams) -> None:
     summaries = [r.summary() for r in results]
     table = Table(title=f"{env_name}: temperature {sampling.temperature:g}, top-k {sampling.top_k}, "
-                        f"top-p {sampling.top_p:g}", title_justify="left")
+                        f"top-p {sampling.top_p:g}, {results[0].schedule} rollouts", title_justify="left")
     table.add_column("metric")
     for result, name in zip(results, ("model", "baseline")):
         table.add_column(f"{name}: {result.label}", justify="right", overflow="fold")

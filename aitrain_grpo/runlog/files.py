@@ -7,7 +7,8 @@ files hold the main process's share of each batch):
 - `scores.jsonl`: every episode score of every step (`{"step", "scores"}`), for the score distribution.
 - `episodes.jsonl`: at step 1 and every `--log-episodes-every` steps, a sample of whole episodes (the
   best and worst of the batch and random others) in `records.episode_record`'s format: messages, score,
-  turns, why the episode stopped, error, step.
+  turns, why the episode stopped, error, step; in an `--rl-async-steps` run also `weight_version` (the
+  optimizer steps the weights it was sampled with had taken) and `staleness` (steps behind the trainer).
 - `report.html`: regenerated whenever episodes are sampled and at the end of training (report.py).
 
 A resumed run starts these files again from its checkpoint's step: records of later steps, which the
@@ -78,6 +79,15 @@ class RolloutSource(Protocol):
     @property
     def last_batch(self) -> RolloutBatch | None: ...
 
+    # Per episode of last_batch, the optimizer steps its sampling weights had taken (async runs; else None).
+    last_weight_versions: list[int] | None
+
+
+def weight_fields(version: int, step: int) -> dict[str, int]:
+    """An async run's episode: the weights it was sampled with (optimizer steps they had taken) and how
+    many steps behind the weights that step `step` (1-based) trained from they were."""
+    return {"weight_version": version, "staleness": step - 1 - version}
+
 
 class EpisodeLogCallback(TrainerCallback):
     """Writes each step's scores to `scores.jsonl` and, every `every` steps, sampled whole episodes to
@@ -111,8 +121,10 @@ class EpisodeLogCallback(TrainerCallback):
         scores = batch.scores
         append_jsonl(self.scores_path, [{"step": step, "scores": [round(s, 4) for s in scores]}])
         if self.wants_episodes(step):
+            versions = getattr(self.rollout, "last_weight_versions", None)
             append_jsonl(self.episodes_path, [
-                episode_record(batch.episodes[i], step=step, index=i, group=i // self.group_size)
+                episode_record(batch.episodes[i], step=step, index=i, group=i // self.group_size,
+                               **({} if versions is None else weight_fields(versions[i], step)))
                 for i in sample_indices(scores, self.count, self.rng)
             ])
 

@@ -1,7 +1,8 @@
 """The formats of a run's files and the few ways they are written and read, each said once.
 
 - `episode_record`: one episode as a JSON-ready dict, the line format of `episodes.jsonl` (training)
-  and of `aitrain eval --output`; it carries the stop reason, and secrets are redacted from it.
+  and of `aitrain eval --output`; it carries the stop reason, and secrets are redacted from it. Callers add
+  their own keys (step, group, an async run's `weight_version` and `staleness`: runlog/files.py).
 - `json_safe`: non-finite floats become None anywhere inside a value (JSON has no NaN).
 - `append_jsonl`, `write_jsonl`, `read_jsonl`, `drop_records_after`: JSONL files written a line per
   record (appended, or whole and atomically), read back skipping a torn last line, and cut back to a

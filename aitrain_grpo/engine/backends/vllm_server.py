@@ -3,12 +3,19 @@ with dev mode on), plus the few control calls weight synchronisation needs.
 
 Prompts go out as token ids through `/v1/completions` and come back as token ids
 (`return_tokens_as_token_ids`) with each sampled token's log-probability. Two ways to ask:
-`generate` sends one request carrying a whole batch (the engine's lockstep schedule), `generate_one`
-sends one request per episode turn on an `httpx.AsyncClient`, many at once, and the server's
+`generate` sends one request carrying a whole batch (the engine's lockstep schedule; `httpx`, like the
+control calls), `generate_one` sends one request per episode turn, many at once, and the server's
 continuous batching does the rest (the continuous schedule). Both have a timeout per request and retry
 transient failures (connection refused or reset, timeouts, 5xx) a bounded number of times with
 exponential backoff; then `GenerationServerError` names the server and what failed, so a run stops
 with a message instead of hanging. A 4xx answer is not retried: asking again would not help.
+
+The per-turn requests go out on `aiohttp`, not `httpx.AsyncClient`: httpcore 1.0's connection pool
+rescans every connection on each request event (O(connections x requests), encode/httpcore#1035),
+which with 64 turns in flight cost the client 2-10 ms of CPU a request (0.15-0.7 s per 64 turns,
+profiled: `_assign_requests_to_connections`), against about 0.4 ms with aiohttp; on a machine whose
+cores the server shares, that CPU came out of generation. Its session lives for one rollout
+(`rollout_session`), on the engine's event loop.
 
 Left out: streaming, `n > 1` sampling (each episode is its own request row), multimodal prompts, and
 the OpenAI client (its retry policy and types add nothing the token-id protocol needs).
@@ -17,9 +24,10 @@ the OpenAI client (its retry policy and types add nothing the token-id protocol 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import time
-from typing import Any
+from typing import Any, Iterator
 
 import httpx
 
@@ -41,19 +49,19 @@ class _Failed(Exception):
         self.retry = retry
 
 
-def _answer(path: str, response: httpx.Response) -> Any:
+def _answer(path: str, status: int, text: str) -> Any:
     """The decoded body of a response, or `_Failed` for an error status."""
-    if response.status_code >= 400:
-        detail = " ".join(response.text[:300].split())
-        raise _Failed(f"HTTP {response.status_code} from {path}: {detail}", retry=response.status_code >= 500)
-    text = response.text or "null"
+    if status >= 400:
+        detail = " ".join(text[:300].split())
+        raise _Failed(f"HTTP {status} from {path}: {detail}", retry=status >= 500)
+    text = text or "null"
     try:
         return json.loads(text)
     except json.JSONDecodeError:
         return text
 
 
-def _transport_failure(path: str, exc: httpx.HTTPError) -> _Failed:
+def _transport_failure(path: str, exc: Exception) -> _Failed:
     reason = str(exc) or type(exc).__name__
     return _Failed(f"{path} failed: {reason}", retry=True)
 
@@ -65,8 +73,9 @@ class VLLMServerClient:
         self.retries = retries
         self.backoff = backoff
         self._client: httpx.Client | None = None
-        # An AsyncClient belongs to the event loop it first ran on: one per loop, made on first use.
-        self._async_client: tuple[asyncio.AbstractEventLoop, httpx.AsyncClient] | None = None
+        # An aiohttp session belongs to the event loop it was made on: made on first use, closed after
+        # each rollout (close_session), so none is left open when the engine's loop closes.
+        self._session: tuple[asyncio.AbstractEventLoop, Any] | None = None
 
     # ------------------------------------------------------------------------------ HTTP
 
@@ -87,27 +96,47 @@ class VLLMServerClient:
                     response = self._client.request(method, f"{self.base_url}{path}", json=body, timeout=self._timeout(timeout))
                 except httpx.HTTPError as exc:
                     raise _transport_failure(path, exc) from exc
-                return _answer(path, response)
+                return _answer(path, response.status_code, response.text)
             except _Failed as failure:
                 if not failure.retry or attempt + 1 == attempts:
                     raise self._error(failure) from None
             time.sleep(self.backoff * 2**attempt)
         raise AssertionError("unreachable")
 
-    async def _request_async(self, path: str, body: Any) -> Any:
+    def _async_session(self):
+        import aiohttp  # a vLLM dependency; only the continuous schedule needs it
+
         loop = asyncio.get_running_loop()
-        if self._async_client is None or self._async_client[0] is not loop:
-            limits = httpx.Limits(max_connections=MAX_CONNECTIONS, max_keepalive_connections=MAX_CONNECTIONS)
-            self._async_client = (loop, httpx.AsyncClient(limits=limits))
-        client = self._async_client[1]
+        if self._session is None or self._session[0] is not loop:
+            self.close_session()
+            # No timeout on waiting for a free connection (queued work, not a failure); connecting and
+            # reading the answer each get the request timeout.
+            timeout = aiohttp.ClientTimeout(total=None, sock_connect=self.request_timeout, sock_read=self.request_timeout)
+            self._session = (loop, aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=MAX_CONNECTIONS), timeout=timeout))
+        return self._session[1]
+
+    def close_session(self) -> None:
+        """Close the per-turn requests' session, if one is open and its event loop is idle."""
+        if self._session is None:
+            return
+        loop, session = self._session
+        self._session = None
+        if not loop.is_closed() and not loop.is_running():
+            loop.run_until_complete(session.close())
+
+    async def _request_async(self, path: str, body: Any) -> Any:
+        import aiohttp
+
+        session = self._async_session()
         attempts = self.retries + 1
         for attempt in range(attempts):
             try:
                 try:
-                    response = await client.post(f"{self.base_url}{path}", json=body, timeout=self._timeout(None))
-                except httpx.HTTPError as exc:
+                    async with session.post(f"{self.base_url}{path}", json=body) as response:
+                        status, text = response.status, await response.text()
+                except (aiohttp.ClientError, asyncio.TimeoutError) as exc:
                     raise _transport_failure(path, exc) from exc
-                return _answer(path, response)
+                return _answer(path, status, text)
             except _Failed as failure:
                 if not failure.retry or attempt + 1 == attempts:
                     raise self._error(failure) from None
@@ -214,6 +243,13 @@ class VLLMServerBackend(GenerationBackend):
         if not prompts:
             return []
         return self.client.complete(self.model, prompts, max_tokens, sampling, self.stop_ids)
+
+    @contextlib.contextmanager
+    def rollout_session(self) -> Iterator[None]:
+        try:
+            yield
+        finally:
+            self.client.close_session()
 
     async def generate_one(self, prompt: list[int], max_tokens: int, sampling: SamplingParams) -> Sample:
         return await self.client.complete_one(self.model, prompt, max_tokens, sampling, self.stop_ids)
