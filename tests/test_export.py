@@ -256,7 +256,7 @@ def test_vllm_serves_the_exported_model(exported, tmp_path):
     assert len(tokens) == 12 and max(abs(a - b) for a, b in zip(served, local)) < 0.15
 
 
-@pytest.mark.slow  # a SmolLM2 step and export: about 2 minutes on two CPU cores
+@pytest.mark.slow  # a SmolLM2 step and export: 40 s here, more under load
 def test_smollm2_export_keeps_its_tied_embeddings(smollm2_model_dir, tmp_path):
     """SmolLM2 ties its output layer to its input embeddings: the export must store one matrix and
     load back with the output layer tied (a lost tie scores text with a random output layer)."""
