@@ -133,6 +133,11 @@ def render(results: dict, *, label: str, command: str) -> str:
         bounded = ratio(f"continuous, {slots} in play", f"lockstep, waves of {slots}")
         lines.append(f"| 7 | episodes/s, continuous / lockstep, all {episodes} in play, {name} | S | {spread(default, '.2f')} x | >= 1.5 x | {_mark(median(default) >= 1.5)} |")
         lines.append(f"| 7a | the same with {slots} in play (lockstep: waves of {slots}), {name} | S | {spread(bounded, '.2f')} x | | |")
+    if results["backends"].get("stragglers") and "straggler_bound" in results:
+        bound = results["straggler_bound"]
+        lines.append(f"| 7b | upper bound of figure 7 were generation free: lockstep's environment waits / the longest "
+                     f"episode's ({bound['lockstep']:.3f} s / {bound['continuous']:.3f} s) | S | "
+                     f"{bound['lockstep'] / bound['continuous']:.2f} x | | |")
     if "group_prefill" in results:
         prefill = results["group_prefill"]
         ratio = [a["prefill"] / b["prefill"] for a, b in zip(prefill["runs"]["shared"], prefill["runs"]["per row"])]
@@ -153,10 +158,14 @@ def render(results: dict, *, label: str, command: str) -> str:
     if stragglers:
         lines += ["", f"Workload S (medians): {episodes} episodes, one in eight plays 8 turns and the others 2, each "
                   "`step` awaits 0-100 ms; 32 tokens per turn", "",
-                  "| backend | schedule | wall s | episodes/s |", "| --- | --- | --- | --- |"]
+                  "| backend | schedule | wall s | episodes/s | generation requests | engine steps (server) |",
+                  "| --- | --- | --- | --- | --- | --- |"]
         for name, variants in stragglers.items():
             for variant, runs in variants.items():
-                lines.append(f"| {name} | {variant} | {median(r['wall'] for r in runs):.3f} | {median(r['episodes_per_s'] for r in runs):.2f} |")
+                steps = f"{median(r['engine_steps'] for r in runs):.0f}" if "engine_steps" in runs[0] else ""
+                requests = f"{median(r['requests'] for r in runs):.0f}" if "requests" in runs[0] else ""
+                lines.append(f"| {name} | {variant} | {median(r['wall'] for r in runs):.3f} | "
+                             f"{median(r['episodes_per_s'] for r in runs):.2f} | {requests} | {steps} |")
     if "group_prefill" in results:
         runs = results["group_prefill"]["runs"]
         lines += ["", "Workload P (medians): seconds of the first turn's prefill per rollout, hf backend", "",

@@ -178,20 +178,39 @@ def measure_rollouts(model, tokenizer, episodes: int, reps: int) -> dict:
     }
 
 
-def straggler_run(engine: RolloutEngine) -> Callable[[list], dict]:
+def straggler_run(engine: RolloutEngine, engine_steps: Callable[[], float] | None = None) -> Callable[[list], dict]:
     def run(rows: list) -> dict:
+        steps_before = engine_steps() if engine_steps else None
         batch = engine.run(rows)
         for ep in batch.episodes:
             if ep.error or ep.truncated or ep.turns != W.StragglerEnv.turns(ep.row["task"]):
                 raise RuntimeError(f"a straggler-workload episode did not play its turns: {ep.turns} {ep.error}")
-        return {"wall": batch.wall_seconds, "episodes_per_s": len(rows) / batch.wall_seconds}
+        out = {"wall": batch.wall_seconds, "episodes_per_s": len(rows) / batch.wall_seconds,
+               "requests": batch.generate_calls}
+        if engine_steps:
+            out["engine_steps"] = engine_steps() - steps_before
+        return out
     return run
 
 
-def measure_stragglers(tokenizer, backends: dict[str, Any], episodes: int, reps: int) -> dict:
-    """Figure 7: continuous vs lockstep on workload S, per vLLM backend, variants in turn."""
+def server_engine_steps(url: str) -> Callable[[], float]:
+    """The vLLM server's count of engine steps so far (its `iteration_tokens_total` histogram)."""
+    import re
+    import urllib.request
+
+    def count() -> float:
+        text = urllib.request.urlopen(f"{url}/metrics", timeout=30).read().decode()
+        return sum(float(v) for v in re.findall(r"^vllm:iteration_tokens_total_count\{[^}]*\} (\S+)", text, re.M))
+    return count
+
+
+def measure_stragglers(tokenizer, backends: dict[str, Any], episodes: int, reps: int,
+                       engine_steps: dict[str, Callable[[], float]] | None = None) -> dict:
+    """Figure 7: continuous vs lockstep on workload S, per vLLM backend, variants in turn (and, where
+    `engine_steps` can count them, the engine steps each rollout took)."""
     out = {}
     for name, backend in backends.items():
+        steps = (engine_steps or {}).get(name)
         engines = {
             "continuous": make_engine(W.StragglerEnv(episodes), tokenizer, backend, "continuous"),
             "lockstep": make_engine(W.StragglerEnv(episodes), tokenizer, backend, "lockstep"),
@@ -199,7 +218,7 @@ def measure_stragglers(tokenizer, backends: dict[str, Any], episodes: int, reps:
             f"lockstep, waves of {SLOTS}": make_engine(W.StragglerEnv(episodes), tokenizer, backend, "lockstep", SLOTS),
         }
         rows = engines["continuous"].env.build_dataset(tokenizer)
-        out[name] = interleaved({variant: straggler_run(engine) for variant, engine in engines.items()}, rows, reps, warmup_rows=SLOTS)
+        out[name] = interleaved({variant: straggler_run(engine, steps) for variant, engine in engines.items()}, rows, reps, warmup_rows=SLOTS)
         for engine in engines.values():
             engine.close()
     return out
@@ -257,6 +276,7 @@ def measure_backends(model, tokenizer, model_path: str, episodes: int, reps: int
         "hf, fresh prefill each turn": W.FullLengthTurns(W.HFNoStop.for_model(model, tokenizer), eos, sessions=False),
     }
     server = None
+    engine_steps: dict[str, Callable[[], float]] = {}
     notes = []
     if use_vllm:
         from aitrain_grpo.engine.backends.vllm_server import VLLMServerBackend
@@ -271,6 +291,7 @@ def measure_backends(model, tokenizer, model_path: str, episodes: int, reps: int
             wait_for_server(server, url, timeout=400)
             client = W.server_no_stop_client(url)
             backends["vllm-server"] = W.FullLengthRequests(VLLMServerBackend(client, model_path, [eos]), eos)
+            engine_steps["vllm-server"] = server_engine_steps(url)
         except Exception:
             stop_server(server)
             raise
@@ -285,7 +306,7 @@ def measure_backends(model, tokenizer, model_path: str, episodes: int, reps: int
         vllm_backends = {name: backends[name] for name in ("vllm-server", "vllm-colocate") if name in backends}
         if vllm_backends:
             print(f"workload S: continuous vs lockstep on {', '.join(vllm_backends)} ...", flush=True)
-        stragglers = measure_stragglers(tokenizer, vllm_backends, episodes, reps)
+        stragglers = measure_stragglers(tokenizer, vllm_backends, episodes, reps, engine_steps)
     finally:
         if server is not None:
             stop_server(server)
@@ -333,6 +354,7 @@ def main(argv: list[str] | None = None) -> int:
     with tempfile.TemporaryDirectory(prefix="aitrain-bench-") as log_dir:
         results["backends"] = measure_backends(model, tokenizer, model_path, episodes, reps, use_vllm, Path(log_dir))
     results["straggler_slots"] = SLOTS
+    results["straggler_bound"] = W.straggler_wait_bound(episodes)
     results["minutes"] = (time.time() - started) / 60
     results["load"] = (load_before, os.getloadavg())
     text = results_table.render(results, label=args.label, command=results_table.command_line(sys.argv))

@@ -117,15 +117,31 @@ class StragglerEnv(Environment):
     def turns(task: int) -> int:
         return LONG_TURNS if task % STRAGGLER_EVERY == 0 else SHORT_TURNS
 
+    @staticmethod
+    def latency(task: int, turn: int) -> float:
+        return random.Random(task * 1000 + turn).uniform(0.0, MAX_LATENCY)
+
     async def step(self, episode: Episode, completion: str):
         task = episode.row["task"]
-        await asyncio.sleep(random.Random(task * 1000 + episode.turns).uniform(0.0, MAX_LATENCY))
+        await asyncio.sleep(self.latency(task, episode.turns))
         if episode.turns >= self.turns(task):
             return None
         return reply_text(task, episode.turns)
 
     def score_episode(self, episode: Episode) -> float:
         return 1.0
+
+
+def straggler_wait_bound(num_tasks: int) -> dict[str, float]:
+    """What S's environment waits allow with every episode in play, were generation free: lockstep waits
+    for the slowest reply of each turn, continuous for the episode whose own replies add up the most.
+    Both schedules play the stragglers' LONG_TURNS turns one after another, so their generation time
+    is the same and `lockstep / continuous` bounds the speed-up from above."""
+    lockstep = sum(max(StragglerEnv.latency(t, turn) for t in range(num_tasks) if StragglerEnv.turns(t) >= turn)
+                   for turn in range(1, LONG_TURNS + 1))
+    continuous = max(sum(StragglerEnv.latency(t, turn) for turn in range(1, StragglerEnv.turns(t) + 1))
+                     for t in range(num_tasks))
+    return {"lockstep": lockstep, "continuous": continuous}
 
 
 GROUP_SIZE = 8
