@@ -12,7 +12,8 @@ the model rarely gets everything right:
 
 Metrics (logged as env/<name>): `tried_call` (a <tool_call> block was written), `valid_call` (the episode
 made a valid call), `right_city`, `answered`.
-Cities are split: `split="held_out"` gives cities that `split="train"` never shows. Used by
+Each question carries a worked example of a call (`example=False` leaves it out). Cities are split:
+`split="held_out"` gives cities that `split="train"` never shows. Used by
 benchmarks/learning.py:
 
     aitrain grpo --model smollm2 --rl-env-module envs.weather --rl-env-class WeatherEnv
@@ -40,6 +41,11 @@ QUESTIONS = (
 # The base SmolLM2-135M-Instruct never called the tool when only the system message described it
 # (0 valid calls in 24 episodes): a hint in the question gives GRPO something to start from.
 HINT = " Look it up with the get_temperature tool first, then tell me the number."
+# With the hint alone GRPO taught it the form of a call but not its content: it copied the system
+# message's placeholder (`{"name": "<function name>", ...}`) and no call was ever valid. A worked
+# example of a real call (for a city that is not a task) shows what to fill in.
+EXAMPLE = (' For example, for Tokyo you would write:\n<tool_call>\n{"name": "get_temperature", '
+           '"arguments": {"city": "Tokyo"}}\n</tool_call>')
 
 
 class WeatherEnv(ToolEnvironment):
@@ -47,13 +53,14 @@ class WeatherEnv(ToolEnvironment):
 
     max_turns = 3
 
-    def __init__(self, split: str = "train", seed: int = 0, repeats: int = 4):
+    def __init__(self, split: str = "train", seed: int = 0, repeats: int = 4, example: bool = True):
         if split not in ("train", "held_out"):
             raise ValueError(f"split must be 'train' or 'held_out', got {split!r}")
         if repeats < 1:
             raise ValueError("repeats must be at least 1")
         self.split = split
         self.repeats = repeats
+        self.example = example  # a worked example of a call in each question (EXAMPLE)
         rng = random.Random(seed)
         self.temperatures = {city: rng.randint(-5, 35) for city in CITIES}
 
@@ -66,6 +73,8 @@ class WeatherEnv(ToolEnvironment):
         for repeat in range(self.repeats):
             for c, city in enumerate(self.cities()):
                 question = QUESTIONS[(c + repeat) % len(QUESTIONS)].format(city=city) + HINT
+                if self.example:
+                    question += EXAMPLE
                 rows.append({"prompt": [{"role": "user", "content": question}], "city": city})
         return rows
 
