@@ -159,6 +159,8 @@ def test_a_missing_base_is_found_again_from_run_config_or_named_with_base(lora_r
     result = aitrain("export", run, "--to", tmp_path / "a")
     assert result.exit_code == 0, result.output
     assert f"merged into {tiny_model_dir} (the model run_config.json names, 'tiny')" in result.output
+    evaluated = aitrain("eval", "--model", run, "--episodes", "1")  # the same fallback serves eval
+    assert evaluated.exit_code == 0, evaluated.output
     gone = moved_base_run(lora_run, tmp_path / "b", str(tmp_path / "nowhere"))
     assert_one_line_error(aitrain("export", gone, "--to", tmp_path / "c"), 2, "base model", "not found", "--base")
     named = aitrain("export", gone, "--to", tmp_path / "d", "--base", "tiny")

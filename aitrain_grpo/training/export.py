@@ -176,13 +176,18 @@ def _load(source: ModelSource, run_dir: str):
     """The run's model in float32 as trained: the adapter-wrapped base (a PeftModel), or the full model."""
     import torch
 
+    try:
+        model = load_causal_lm(source.weights, dtype=torch.float32)  # an adapter base (sft output) is merged here
+    except (OSError, ValueError, KeyError) as exc:
+        fix = "pass --base MODEL naming the model it was trained from" if source.adapter else "is the run finished?"
+        raise ConfigError(f"could not load {'the base model ' if source.adapter else ''}{source.weights} of {run_dir}: "
+                          f"{one_line(exc)}; {fix}") from None
     if not source.adapter:
-        return load_causal_lm(source.weights, dtype=torch.float32).eval()
+        return model.eval()
     from peft import PeftModel
 
-    base = load_causal_lm(source.weights, dtype=torch.float32)  # an adapter base (sft output) is merged here
     try:
-        return PeftModel.from_pretrained(base, source.adapter).eval()
+        return PeftModel.from_pretrained(model, source.adapter).eval()
     except (OSError, ValueError, KeyError, RuntimeError) as exc:  # RuntimeError: shapes that do not fit the base
         raise ConfigError(f"the adapter in {run_dir} does not fit the base model {source.weights}: {one_line(exc)}; "
                           f"pass --base MODEL naming the model it was trained from") from None
