@@ -39,7 +39,9 @@ def run(tiny_model_dir, tmp_path_factory):
     result = subprocess.run(
         [sys.executable, "-m", "aitrain_grpo", "grpo", *HOTEL, "--model", tiny_model_dir,
          "--output-dir", str(folder / "out"), "--max-steps", "2", "--rl-env-config", '{"num_tasks": 8, "seed": 3}',
-         "--rl-max-new-tokens", "32", "--rl-reward-funcs", funcs, "--rl-reward-weights", "1,0.5,2,1"],
+         "--rl-max-new-tokens", "32", "--rl-reward-funcs", funcs, "--rl-reward-weights", "1,0.5,2,1",
+         # refill swaps flat groups for replayed ones: the episodes must still line up with TRL's completions
+         "--rl-zero-std-groups", "refill"],
         cwd=REPO / "tests", env=dict(os.environ, OMP_NUM_THREADS="1", AITRAIN_REWARD_PROBE=str(probe)),
         capture_output=True, text=True, timeout=600,
     )
@@ -52,6 +54,7 @@ def run(tiny_model_dir, tmp_path_factory):
 def test_each_reward_is_logged_under_its_name_and_weighted_into_the_total(run):
     _, records, _ = run
     assert [r["step"] for r in records] == [1, 2]
+    assert any(r["groups/refill_rollouts"] > 0 for r in records)  # the tiny model's groups are mostly flat
     for record in records:
         for name in ("episode_score", "length_penalty", "recorded"):
             assert f"rewards/{name}/mean" in record, name

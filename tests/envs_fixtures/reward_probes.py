@@ -20,7 +20,7 @@ def recorded(prompts, completions, episodes, **kwargs):
             "city": kwargs.get("city"),
             "rows_match": [ep.row.get("city") for ep in episodes] == kwargs.get("city"),
             # Episode i is completion i: its longest model turn is in the completion's text.
-            "in_order": all(max(turns(ep), key=len) in str(c) for ep, c in zip(episodes, completions)),
+            "in_order": all(max(turns(ep), key=len) in text_of(c) for ep, c in zip(episodes, completions)),
             "keywords": sorted(kwargs),
         }) + "\n")
     return [min(1.0, len(ep.messages) / 10) for ep in episodes]
@@ -28,6 +28,11 @@ def recorded(prompts, completions, episodes, **kwargs):
 
 def turns(episode):
     return [str(m["content"] or "") for m in episode.messages if m["role"] == "assistant"]
+
+
+def text_of(completion) -> str:
+    """TRL's completion: text, or (chat prompts) a list holding one assistant message."""
+    return completion if isinstance(completion, str) else "".join(m["content"] for m in completion)
 
 
 def broken(**kwargs):
