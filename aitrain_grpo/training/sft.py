@@ -1,0 +1,116 @@
+"""The oracle warm start: fine-tune a model on an environment's demonstrations with TRL's `SFTTrainer`.
+
+Many agent tasks give GRPO nothing to learn from a cold model: every episode scores 0, and GRPO learns
+only from score differences within a group. An environment with `solve` can show the format first.
+`aitrain sft` (commands/sft.py) plays the oracle; this module turns the demonstrations it kept into
+training sequences and runs `SFTTrainer` on them (LoRA by default), saving an output folder that
+`grpo --model` and `eval --model` take like any training run (adapter, tokenizer, run_config.json).
+
+Token for token what GRPO shows: a demonstration becomes token ids the way the rollout engine builds an
+episode (engine/demos.py), the loss mask being the engine's `env_mask`. SFTTrainer gets a pre-tokenized
+dataset (`input_ids` + `assistant_masks`) and builds its labels from the mask: TRL's own
+`assistant_only_loss` needs `{% generation %}` markers in the chat template, which the tiny model's
+and SmolLM2's templates lack.
+
+Left out: playing the oracle and choosing demonstrations (commands/sft.py), packing, resuming an
+interrupted run, evaluation splits, and demonstrations from anything other than `solve`.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import time
+from pathlib import Path
+from typing import Any, Callable
+
+import datasets
+import torch
+from datasets import Dataset
+from transformers import TrainerCallback
+from transformers.trainer_callback import PrinterCallback, ProgressCallback
+from trl import SFTConfig, SFTTrainer
+
+from aitrain_grpo.config import RunConfig
+from aitrain_grpo.engine.chat import ChatRenderer
+from aitrain_grpo.engine.demos import Demonstration, demo_tokens
+from aitrain_grpo.models import load_model_and_tokenizer
+from aitrain_grpo.runlog.redaction import redact
+from aitrain_grpo.training.checkpoints import prepare_output_dir
+from aitrain_grpo.training.trainer import _peft_config
+
+def demo_dataset(tokenizer, tools: list[dict[str, Any]], demos: list[Demonstration]) -> Dataset:
+    """The pre-tokenized dataset SFTTrainer trains on (labels come from `assistant_masks`)."""
+    renderer = ChatRenderer(tokenizer, tools=tools)
+    tokens = [demo_tokens(renderer, demo) for demo in demos]
+    return Dataset.from_dict({"input_ids": [t.input_ids for t in tokens],
+                              "assistant_masks": [t.assistant_masks for t in tokens]})
+
+
+def sft_config(config: RunConfig, output_dir: Path) -> SFTConfig:
+    """RunConfig -> TRL's SFTConfig, with the CPU settings `grpo` uses where there is no CUDA."""
+    kwargs: dict[str, Any] = dict(
+        output_dir=str(output_dir),
+        learning_rate=config.lr,
+        per_device_train_batch_size=config.batch_size,
+        gradient_accumulation_steps=config.gradient_accumulation_steps,
+        num_train_epochs=config.epochs,
+        max_steps=config.max_steps or -1,
+        seed=config.seed,
+        logging_steps=config.logging_steps,
+        save_strategy="no",
+        report_to=[] if config.report_to == "none" else [config.report_to],
+        max_length=None,  # a demonstration is whole or useless; truncating would cut its last turns
+        packing=False,
+        disable_tqdm=True,
+    )
+    if not torch.cuda.is_available():
+        kwargs.update(use_cpu=True, bf16=False, gradient_checkpointing=False)
+    return SFTConfig(**kwargs)
+
+
+class LossLines(TrainerCallback):
+    """Hands each logged training loss to `show` as one line, and keeps them for the run summary."""
+
+    def __init__(self, show: Callable[[str], None]):
+        self.show = show
+        self.losses: list[float] = []
+
+    def on_log(self, args, state, control, logs=None, **kwargs):
+        if logs and "loss" in logs:
+            self.losses.append(float(logs["loss"]))
+            self.show(f"step {state.global_step}/{state.max_steps}  loss {logs['loss']:.4f}")
+
+
+def train_sft(config: RunConfig, demos: list[Demonstration], tools: list[dict[str, Any]], output_dir: Path,
+              show: Callable[[str], None] = print) -> dict[str, Any]:
+    """Fine-tune `config.model` on `demos` and save it to `output_dir` (adapter or full model, tokenizer,
+    run_config.json, run_summary.json). Returns the run summary."""
+    os.environ.setdefault("TRL_EXPERIMENTAL_SILENCE", "1")
+    datasets.disable_progress_bars()  # a bar per dataset pass over a few dozen rows is noise
+    model, tokenizer = load_model_and_tokenizer(config.model)
+    dataset = demo_dataset(tokenizer, tools, demos)
+    prepare_output_dir(output_dir, None)
+    (output_dir / "run_config.json").write_text(json.dumps(redact(config.to_dict()), indent=2, default=str) + "\n")
+    losses = LossLines(show)
+    trainer = SFTTrainer(model=model, args=sft_config(config, output_dir), train_dataset=dataset,
+                         processing_class=tokenizer, peft_config=_peft_config(config), callbacks=[losses])
+    trainer.remove_callback(PrinterCallback)
+    trainer.remove_callback(ProgressCallback)
+    started = time.time()
+    trainer.train()
+    trainer.save_model(str(output_dir))
+    summary: dict[str, Any] = {
+        "completed": 0 < trainer.state.global_step and trainer.state.global_step >= trainer.state.max_steps,
+        "global_step": trainer.state.global_step,
+        "steps_asked": trainer.state.max_steps,
+        "runtime_seconds": round(time.time() - started, 2),
+        "model": config.model,
+        "adapter": bool(config.peft),
+        "demonstrations": len(demos),
+        "losses": losses.losses,
+    }
+    if trainer.accelerator.is_main_process:
+        tokenizer.save_pretrained(str(output_dir))
+        (output_dir / "run_summary.json").write_text(json.dumps(summary, indent=2) + "\n")
+    return summary

@@ -1,0 +1,224 @@
+"""`aitrain sft`, the oracle warm start, as a user runs it: it writes whole demonstrations and a model
+that `eval` and `grpo` take; the loss covers the assistant turns only, on exactly the tokens the
+rollout engine builds for the same conversation; bad input gets one line and exit 2.
+
+One short SFT run (16 HotelEnv demonstrations, 6 steps, tiny model) is shared by the CLI tests. The
+measurement that SFT then GRPO beats GRPO alone is `test_warm_start_beats_grpo_alone` (slow) and
+benchmarks/warm_start.py."""
+
+from __future__ import annotations
+
+import contextlib
+import json
+from pathlib import Path
+
+import pytest
+import torch
+
+from conftest import REPO, run_cli
+
+FIXTURES = REPO / "tests"
+HOTEL = ["--rl-env-module", "envs.hotel", "--rl-env-class", "HotelEnv"]
+
+
+def assert_one_line_error(result, *fragments: str) -> str:
+    assert result.returncode == 2, result.stdout + result.stderr
+    lines = [line for line in result.stderr.splitlines() if line.strip()]
+    assert len(lines) == 1 and lines[0].startswith("error: "), result.stderr
+    for fragment in fragments:
+        assert fragment in lines[0], lines[0]
+    return lines[0]
+
+
+@pytest.fixture(scope="module")
+def sft_run(tmp_path_factory, tiny_model_dir):
+    out = tmp_path_factory.mktemp("sft") / "hotel-sft"
+    result = run_cli("sft", *HOTEL, "--episodes", "16", "--max-steps", "6", "--lr", "2e-3", "--batch-size", "4",
+                     "--output-dir", str(out))
+    assert result.returncode == 0, result.stdout + result.stderr
+    return out, result
+
+
+def read_demos(out: Path) -> list[dict]:
+    return [json.loads(line) for line in (out / "demos.jsonl").read_text().splitlines()]
+
+
+def test_sft_writes_whole_demonstrations_and_a_model(sft_run):
+    out, result = sft_run
+    demos = read_demos(out)
+    assert len(demos) == 16 and "kept 16 scoring >= 1" in result.stdout
+    for demo in demos:
+        roles = [m["role"] for m in demo["messages"]]
+        assert roles[:2] == ["system", "user"] and demo["prompt_length"] == 2 and demo["score"] == 1.0
+        assert "tool" in roles and roles[-1] == "assistant"  # whole conversations, tool results included
+        assert '"name": "book_hotel"' in demo["messages"][-1]["content"]
+        assert {t["function"]["name"] for t in demo["tools"]} == {"search_hotels", "check_availability", "book_hotel"}
+    assert [d["row"] for d in demos] == list(range(16))
+    assert (out / "adapter_config.json").is_file() and (out / "tokenizer_config.json").is_file()
+    run_config = json.loads((out / "run_config.json").read_text())
+    assert (run_config["rl_env_class"], run_config["lr"], run_config["peft"]) == ("HotelEnv", 2e-3, True)
+    assert "next: aitrain grpo --model" in result.stdout
+
+
+def test_the_loss_goes_down(sft_run):
+    out, result = sft_run
+    losses = json.loads((out / "run_summary.json").read_text())["losses"]
+    assert len(losses) == 6 and sum(losses[-2:]) < sum(losses[:2]) - 0.2, losses
+    assert "step 6/6  loss" in result.stdout
+
+
+def test_eval_takes_the_sft_output(sft_run):
+    out, _ = sft_run
+    result = run_cli("eval", "--model", str(out), "--episodes", "4", "--rl-max-turns", "2")
+    assert result.returncode == 0, result.stdout + result.stderr
+    assert "mean score" in result.stdout and "HotelEnv" in result.stdout  # the environment came from run_config.json
+
+
+def test_grpo_trains_a_new_adapter_on_the_merged_sft_model(sft_run, tiny_model_dir):
+    from aitrain_grpo.models import load_for_generation, resolve_source
+
+    out, _ = sft_run
+    grpo_out = out.parent / "hotel-sft-grpo"
+    result = run_cli("grpo", "--model", str(out), *HOTEL, "--max-steps", "1", "--batch-size", "4",
+                     "--rl-max-turns", "2", "--output-dir", str(grpo_out))
+    assert result.returncode == 0, result.stdout + result.stderr
+    # The new adapter names the SFT output as its base, so loading it brings the SFT weights along.
+    assert json.loads((grpo_out / "adapter_config.json").read_text())["base_model_name_or_path"] == str(out.resolve())
+    ids = torch.tensor([[5, 17, 230, 41, 99, 7]])
+    logits = {}
+    for name, spec in (("tiny", tiny_model_dir), ("sft", str(out)), ("grpo", str(grpo_out))):
+        model, _ = load_for_generation(resolve_source(spec))
+        with torch.no_grad():
+            logits[name] = model(ids).logits
+    assert not torch.allclose(logits["sft"], logits["tiny"], atol=1e-3)  # SFT moved the model
+    assert torch.allclose(logits["grpo"], logits["sft"], atol=1e-2)  # one GRPO step at 1e-5 on top of it
+
+
+# ----------------------------------------------------------------------------- tokens and the loss mask
+
+
+def hotel_demos(count: int = 6):
+    from aitrain_grpo.commands.sft import play_demonstrations
+    from aitrain_grpo.env.dataset import build_rows
+    from envs.hotel import HotelEnv
+
+    env = HotelEnv()
+    demos, errors = play_demonstrations(env, build_rows(env, None), count, max_turns=None, timeout=10)
+    assert not errors and all(d.score == 1.0 for d in demos)
+    return env, demos
+
+
+class OracleBackend:
+    """A generation backend that 'samples', for each prompt, the next assistant turn of the
+    demonstration whose tokens it continues: any difference between the SFT tokens and the engine's
+    is a prompt it has never seen (KeyError)."""
+
+    def __init__(self, dataset, eos: int):
+        self.stop_ids = [eos]
+        self.turns: dict[tuple[int, ...], list[int]] = {}
+        for ids, mask in zip(dataset["input_ids"], dataset["assistant_masks"]):
+            start = None
+            for i, bit in enumerate(mask + [0]):
+                if bit and start is None:
+                    start = i
+                elif not bit and start is not None:
+                    self.turns[tuple(ids[:start])] = ids[start:i]
+                    start = None
+
+    def generate(self, prompts, max_tokens, sampling):
+        from aitrain_grpo.engine.backends.base import Sample
+
+        return [Sample(self.turns[tuple(p)], [0.0] * len(self.turns[tuple(p)]), "stop") for p in prompts]
+
+    def rollout_session(self):
+        return contextlib.nullcontext()
+
+
+@pytest.mark.parametrize("model", ["tiny", "smollm2"])
+def test_sft_tokens_are_what_the_rollout_engine_builds(model, request):
+    """The dataset SFTTrainer gets is token for token the episodes GRPO plays (the prompt with the tools
+    rendered as training renders them: through the tiny template, in SmolLM2's system message; the
+    turns; the tool replies), and its loss mask is the engine's env_mask."""
+    from aitrain_grpo.engine.rollout import RolloutEngine
+    from aitrain_grpo.models import load_tokenizer, resolve_source
+    from aitrain_grpo.training.sft import demo_dataset
+
+    folder = request.getfixturevalue("tiny_model_dir" if model == "tiny" else "smollm2_model_dir")
+    tokenizer = load_tokenizer(resolve_source(folder))
+    env, demos = hotel_demos()
+    dataset = demo_dataset(tokenizer, env.tools, demos)
+    engine = RolloutEngine(env, tokenizer, OracleBackend(dataset, tokenizer.eos_token_id), max_new_tokens=512,
+                           max_completion_length=4096)
+    try:
+        batch = engine.run([dict(env.build_dataset(None)[d.row]) for d in demos])
+    finally:
+        engine.close()
+    for demo, ids, mask, episode, trace in zip(demos, dataset["input_ids"], dataset["assistant_masks"],
+                                               batch.episodes, batch.traces):
+        assert episode.score == 1.0 and episode.messages == demo.messages
+        assert trace.prompt_ids + trace.completion_ids == ids
+        assert [0] * len(trace.prompt_ids) + trace.env_mask == mask
+
+
+def test_the_loss_is_on_the_assistant_turns_only(tiny_model_and_tokenizer, tmp_path):
+    """SFTTrainer's labels (what its loss reads) decode to exactly the assistant turns, each closed by EOS."""
+    from trl import SFTTrainer
+
+    from aitrain_grpo.config import RunConfig
+    from aitrain_grpo.training.sft import demo_dataset, sft_config
+
+    model, tokenizer = tiny_model_and_tokenizer
+    env, demos = hotel_demos(3)
+    config = RunConfig(rl_env_module="envs.hotel", rl_env_class="HotelEnv", max_steps=1)
+    trainer = SFTTrainer(model=model, args=sft_config(config, tmp_path), train_dataset=demo_dataset(tokenizer, env.tools, demos),
+                         processing_class=tokenizer)
+    for demo, example in zip(demos, trainer.train_dataset):
+        labels, ids = example["labels"], example["input_ids"]
+        assert len(labels) == len(ids)
+        runs, current = [], []
+        for token, label in zip(ids, labels):
+            if label != -100:
+                assert label == token
+                current.append(token)
+            elif current:
+                runs.append(current)
+                current = []
+        runs += [current] if current else []
+        turns = [m["content"] for m in demo.messages if m["role"] == "assistant"]
+        assert [tokenizer.decode(run) for run in runs] == [turn + tokenizer.eos_token for turn in turns]
+
+
+# ----------------------------------------------------------------------------- options and one-line errors
+
+
+def test_options_are_grpos_and_the_differing_defaults_are_shown():
+    from test_cli import command_options
+
+    sft, grpo = command_options("sft"), command_options("grpo")
+    for flag in ("--model", "--max-steps", "--seed", "--peft", "--rl-env-module", "--rl-env-config", "--lora-r"):
+        assert sft[flag][0] == grpo[flag][0], flag
+    assert sft["--lr"] == ("Learning rate (higher than grpo's 1e-05: a LoRA adapter learning a new format from a few "
+                           "demonstrations). (default: 0.0002)", 2e-4)
+    assert sft["--epochs"][1] == 3.0 and "(default: 3.0)" in sft["--epochs"][0]
+
+
+def test_an_environment_without_solve_is_refused():
+    result = run_cli("sft", "--rl-env-module", "envs_fixtures.good", "--rl-env-class", "GoodEnv",
+                     "--rl-env-config", '{"num_tasks": 2}', "--output-dir", "/tmp/aitrain-sft-never", cwd=FIXTURES)
+    assert_one_line_error(result, "GoodEnv has no solve(episode) -> str", "add one")
+    assert not Path("/tmp/aitrain-sft-never/demos.jsonl").exists()
+
+
+def test_no_demonstration_good_enough_is_refused(tmp_path):
+    # One turn lets the oracle search but never book: every episode scores 0.2.
+    result = run_cli("sft", *HOTEL, "--episodes", "4", "--rl-max-turns", "1", "--output-dir", str(tmp_path / "o"))
+    assert_one_line_error(result, "none of the 4 oracle episodes of HotelEnv scored at least --min-score 1",
+                          "best: 0.2", "lower --min-score")
+    result = run_cli("sft", *HOTEL, "--min-score", "1.5", "--output-dir", str(tmp_path / "o"))
+    assert_one_line_error(result, "--min-score must be in [0, 1]")
+
+
+def test_a_finished_run_is_not_overwritten(sft_run):
+    out, _ = sft_run
+    result = run_cli("sft", *HOTEL, "--output-dir", str(out))
+    assert_one_line_error(result, "already holds a finished run", "--overwrite")
