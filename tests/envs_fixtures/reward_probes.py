@@ -52,3 +52,12 @@ def needs_unknown(completions, secret_sauce, **kwargs):
 
 
 not_a_function = 3
+
+
+def e_share(episodes, **kwargs):
+    """The share of 'e' in the model's turns (mean over turns), like envs.letters with letter 'e'."""
+    shares = []
+    for ep in episodes:
+        texts = turns(ep)
+        shares.append(sum(t.count("e") / len(t) if t else 0.0 for t in texts) / max(len(texts), 1))
+    return shares
