@@ -137,7 +137,7 @@ def test_every_episode_says_why_it_ended(schedule, tiny_model_and_tokenizer):
                                                           for ep in capped.episodes]
 
     # No forced EOS: the greedy tiny model never ends a turn by itself, so the per-turn limit cuts it.
-    cut = play(model, tokenizer, schedule, backend=HFBackend.for_model(model, tokenizer))
+    cut = play(model, tokenizer, schedule, backend=HFBackend.for_model(model, tokenizer), cut_turn="end")
     assert {ep.stop_reason for ep in cut.episodes} == {"turn_tokens"} and all(ep.turns == 1 for ep in cut.episodes)
 
     # Three 8-token turns and two ~20-token replies do not fit in 40: the budget stops those episodes.
@@ -240,3 +240,29 @@ def test_eval_takes_the_rollout_schedule_flag_and_names_the_schedule(tiny_model_
     result = run_cli("eval", "--model", tiny_model_dir, *letters, "--rl-rollout-schedule", "sideways")
     assert result.returncode == 2
     assert result.stderr.strip() == "error: --rl-rollout-schedule 'sideways' is not one of auto, continuous, lockstep"
+
+
+def test_cpu_sampling_uses_native_grouped_query_attention_and_samples_the_same(tiny_model_and_tokenizer, monkeypatch):
+    """The hf backend samples with torch's grouped-query kernel (no copied keys and values, engine/backends/
+    attention.py) and gets what transformers' own `sdpa` gives: same greedy tokens, same log-probabilities."""
+    import torch
+
+    import aitrain_grpo.engine.backends.hf as hf_module
+
+    model, tokenizer = tiny_model_and_tokenizer
+    assert model.config.num_key_value_heads < model.config.num_attention_heads  # the tiny model is grouped-query
+    native_calls = []
+    sdpa = torch.nn.functional.scaled_dot_product_attention
+
+    def spy(*args, **kwargs):
+        native_calls.append(bool(kwargs.get("enable_gqa")))
+        return sdpa(*args, **kwargs)
+
+    monkeypatch.setattr(torch.nn.functional, "scaled_dot_product_attention", spy)
+    native = play(model, tokenizer, "lockstep")
+    assert native_calls and all(native_calls) and model.config._attn_implementation == "sdpa"
+    native_calls.clear()
+    monkeypatch.setattr(hf_module, "native_gqa", lambda model: contextlib.nullcontext())
+    transformers_sdpa = play(model, tokenizer, "lockstep")
+    assert False in native_calls  # transformers copies K/V for the masked (padded) calls
+    assert_same_rollouts(transformers_sdpa, native, 1e-5)

@@ -8,6 +8,10 @@ Inside `rollout_session()` (the engine opens one around each rollout) each turn 
 turn's key-value cache instead of encoding the whole conversation again, and the first turn encodes
 each GRPO group's shared prompt once for the whole group (`share_group_prompts`; turn_cache.py).
 
+On the CPU, grouped-query models attend with torch's native grouped-query kernel while sampling
+(attention.py): transformers' `sdpa` copies the keys and values to every head whenever a padding mask is
+given.
+
 Left out: continuous batching inside `generate` (the engine's continuous schedule gathers turns into
 batched calls, turn_batcher.py), and returning top-k alternatives.
 """
@@ -21,6 +25,7 @@ import torch
 from transformers import GenerationConfig
 
 from aitrain_grpo.models import stop_token_ids
+from aitrain_grpo.engine.backends.attention import native_gqa
 from aitrain_grpo.engine.backends.base import GenerationBackend, Sample, SamplingParams
 from aitrain_grpo.engine.backends.turn_cache import TurnCache, prefill_shared_prompts
 
@@ -86,7 +91,7 @@ class HFBackend(GenerationBackend):
             return []
         turn_cache = self.turn_cache
         continued = turn_cache.continue_batch(prompts) if turn_cache is not None else None
-        with self.open_model() as model:
+        with self.open_model() as model, native_gqa(model):  # grouped-query attention without copied K/V (CPU)
             device = self.device or next(model.parameters()).device
             was_training = model.training
             model.eval()  # no dropout while sampling: the sampled log-probs must be the policy's
