@@ -5,6 +5,7 @@
 - `env check`: try an environment out (dataset, prompts, tools, oracle/empty/model episodes);
 - `eval`: measure a model or a training run in an environment, optionally against a baseline;
 - `report`: write report.html for a training output directory;
+- `export`: a training output as a standalone model folder, checked, optionally uploaded (commands/export.py);
 - `vllm-serve`: start a vLLM server set up for training against it;
 - `tiny-model`: build the tiny local demo model into a folder;
 - `init`: write a new environment and its test, ready to edit (commands/scaffold.py).
@@ -37,6 +38,7 @@ from rich.console import Console
 
 from aitrain_grpo.commands.envcheck import POLICIES, run_env_check
 from aitrain_grpo.commands.evaluation import RUN_FLAGS, run_eval
+from aitrain_grpo.commands.export import EXPORT_SIGNATURE, run_export
 from aitrain_grpo.commands.sft import SFT_SIGNATURE, run_sft
 from aitrain_grpo.commands.options import (
     as_in_grpo, command_option, field_option, from_training_run, grpo_parameters, with_default,
@@ -330,6 +332,19 @@ def report_command(
     out.print(f"report written to {write_report(output_dir, output)}", markup=False)
 
 
+def export_command(**options) -> None:
+    """Make a standalone model from a training output: merge its LoRA adapter, save, check it, optionally upload."""
+    debug = options.pop("debug")
+    try:
+        run_export(options, console=out)
+    except user_errors() as exc:
+        if debug:
+            raise
+        fail(str(exc), code=exc.exit_code)
+
+
+export_command.__signature__ = EXPORT_SIGNATURE
+app.command("export")(export_command)
 app.command("init")(init_command)  # scaffold.py: envs/NAME.py + tests/test_NAME.py, then the next commands
 
 

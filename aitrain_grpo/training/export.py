@@ -28,7 +28,9 @@ from datetime import datetime, timezone
 from pathlib import Path
 
 from aitrain_grpo.errors import ConfigError, UserError, one_line
-from aitrain_grpo.models import ModelSource, load_causal_lm, looks_local, resolve_model, resolve_source
+from aitrain_grpo.models import (
+    MAX_ADAPTER_CHAIN, ModelSource, load_causal_lm, looks_local, resolve_model, resolve_source,
+)
 from aitrain_grpo.training.export_check import TOLERANCES, CheckResult, check_sequences, max_diff, token_logprobs
 
 DTYPES = ("auto", "float32", "bfloat16", "float16")
@@ -101,7 +103,7 @@ def config_dtype(weights: str) -> str:
     from transformers import AutoConfig
 
     source = resolve_source(weights) if Path(weights).expanduser().is_dir() else None
-    for _ in range(8):
+    for _ in range(MAX_ADAPTER_CHAIN):
         if source is None or not source.adapter:
             break
         source = resolve_source(source.weights) if Path(source.weights).expanduser().is_dir() else None
