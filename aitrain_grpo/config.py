@@ -50,6 +50,9 @@ VLLM_SYNC = ("auto", "nccl", "lora", "disk")
 REPORT_TO = ("none", "tensorboard", "wandb", "trackio")
 LOSS_TYPES = ("grpo", "dr_grpo", "dapo", "bnpo", "cispo", "sapo")
 CUT_TURN = ("end", "continue")
+# "continue" serves multi-turn learning better (benchmarks/LEARNING.md): a cut turn still reaches the
+# environment, so the later turns, which a multi-turn environment trains, are played instead of lost.
+DEFAULT_CUT_TURN = "continue"
 ROLLOUT_SCHEDULES = ("auto", "continuous", "lockstep")
 ZERO_STD_GROUPS = ("keep", "drop", "refill")
 REWARD_FUNC_EXAMPLE = "aitrain_grpo.rewards:length_penalty"
@@ -115,7 +118,7 @@ class RunConfig:
     rl_top_k: int = _opt(0, "Top-k sampling (0 = off; with vLLM, filtering biases the importance-sampling ratio).")
     rl_top_p: float = _opt(1.0, "Nucleus sampling (1.0 = off).")
     rl_env_timeout: float = _opt(60.0, "Seconds one environment call (reset/step/score_episode) may take.")
-    rl_cut_turn: str = _opt("end", "A model turn cut off by --rl-max-new-tokens: end the episode, or continue (the environment sees the cut turn).")
+    rl_cut_turn: str = _opt(DEFAULT_CUT_TURN, "A model turn cut off by --rl-max-new-tokens: continue (the environment sees the cut turn as it stands, and the episode goes on) or end the episode there.")
     rl_rollout_schedule: str = _opt("auto", "continuous: each episode's next turn goes out as soon as its environment replied; lockstep: one batched turn for all episodes; auto: continuous with vLLM, lockstep with hf.")
     rl_async_steps: int = _opt(0, "Play the episodes of the next N steps while a step trains, on weights at most N steps old (needs a vLLM server; 0 = on-policy).")
     rl_zero_std_groups: str = _opt("keep", "Groups whose episodes all scored the same: keep, drop (out of the loss) or refill (play more prompts).")

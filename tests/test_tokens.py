@@ -42,6 +42,9 @@ def make_engine(model_and_tokenizer, env, **kwargs) -> RolloutEngine:
     model, tokenizer = model_and_tokenizer
     kwargs.setdefault("max_new_tokens", 24)
     kwargs.setdefault("max_completion_length", 512)
+    # These tests read each model turn up to its own EOS; a cut turn going on (the default, "continue")
+    # has its end-of-turn token in the reply's suffix instead, checked in test_cut_turn.py.
+    kwargs.setdefault("cut_turn", "end")
     return RolloutEngine(env, tokenizer, HFBackend.for_model(model, tokenizer), **kwargs)
 
 

@@ -29,7 +29,7 @@ from typing import Any
 from rich.table import Table
 
 from aitrain_grpo.commands.options import check_positive
-from aitrain_grpo.config import ROLLOUT_SCHEDULES, RunConfig, check_episode_options
+from aitrain_grpo.config import DEFAULT_CUT_TURN, ROLLOUT_SCHEDULES, RunConfig, check_episode_options
 from aitrain_grpo.engine.backends.base import GenerationBackend, SamplingParams
 from aitrain_grpo.engine.rollout import RolloutEngine
 from aitrain_grpo.env.aitraining import AITrainingEnvironment, use_policy
@@ -157,7 +157,7 @@ def evaluate(
     env_timeout: float = 60.0,
     batch_size: int = 32,
     seed: int = 0,
-    cut_turn: str = "end",
+    cut_turn: str = DEFAULT_CUT_TURN,
     schedule: str = "auto",
 ) -> EvalResult:
     """Play every row `samples` times with the backend's model, `batch_size` episodes at a time."""

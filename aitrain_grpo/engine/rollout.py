@@ -29,7 +29,7 @@ import time
 from dataclasses import dataclass, field
 from typing import Any
 
-from aitrain_grpo.config import ROLLOUT_SCHEDULES
+from aitrain_grpo.config import DEFAULT_CUT_TURN, ROLLOUT_SCHEDULES
 from aitrain_grpo.engine.backends.base import GenerationBackend, RequestBackend, Sample, SamplingParams
 from aitrain_grpo.engine.chat import ChatRenderer
 from aitrain_grpo.engine.turn_batcher import TurnBatcher
@@ -145,7 +145,7 @@ class RolloutEngine:
         template_kwargs: dict | None = None,
         schedule: str = "auto",
         max_concurrent_episodes: int = 256,
-        cut_turn: str = "end",
+        cut_turn: str = DEFAULT_CUT_TURN,
     ):
         if schedule not in SCHEDULES:
             raise ValueError(f"schedule must be one of {SCHEDULES}, not {schedule!r}")

@@ -20,6 +20,7 @@ import time
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any, Awaitable, Callable, Iterable
 
+from aitrain_grpo.config import DEFAULT_CUT_TURN
 from aitrain_grpo.engine.chat import parse_tool_calls, prompt_messages
 from aitrain_grpo.env.base import Environment, Episode, Message
 
@@ -38,7 +39,7 @@ class EpisodeRunner:
         workers: int = 64,
         tool_call_format: str = "hermes",
         policy_name: str = "policy",
-        cut_turn: str = "end",
+        cut_turn: str = DEFAULT_CUT_TURN,
     ):
         self.env = env
         # A model turn cut off by its token limit: "end" the episode there, or "continue" (the
