@@ -8,7 +8,8 @@ HotelEnv, the built-in tiny model, every step through the CLI as a user would ty
   with `{"seed": 1}`: another hotel catalogue, other requests, so nothing of the evaluation tasks is
   shown), then `aitrain grpo --model <sft output>` for the same K steps with the same options;
 - `aitrain eval` of the cold model, the SFT model, (A) and (B) on the same 32 tasks (`{"seed": 0}`,
-  the tasks both GRPO runs trained on), the same sampling seed and temperature.
+  the tasks both GRPO runs trained on), the same seed, twice: greedy (`--rl-temperature 0`, what the
+  policy has learned to do) and sampled at temperature 1 (what GRPO sees while it trains).
 The score is HotelEnv's graded one (1.0 a correct booking; 0.1-0.4 for a well-formed tool call, a
 search of the right city, a check of the right hotel). The means are read from each eval's
 per-episode output; the table goes to benchmarks/WARM_START.md with the machine and the wall times.
@@ -54,11 +55,11 @@ def aitrain(*args: str, log: Path) -> float:
     return time.perf_counter() - started
 
 
-def evaluate(model: str, out: Path, name: str, episodes: int) -> tuple[dict, float]:
-    episodes_file = out / f"eval-{name}.jsonl"
+def evaluate(model: str, out: Path, name: str, episodes: int, temperature: str) -> tuple[dict, float]:
+    episodes_file = out / f"eval-{name}-t{temperature}.jsonl"
     seconds = aitrain("eval", "--model", model, *HOTEL, "--rl-env-config", TRAIN_TASKS, "--episodes", str(episodes),
-                      "--seed", "0", "--rl-max-turns", "4", "--rl-max-new-tokens", "96", "--output", str(episodes_file),
-                      log=out / f"eval-{name}.log")
+                      "--seed", "0", "--rl-temperature", temperature, "--rl-max-turns", "4", "--rl-max-new-tokens", "96",
+                      "--output", str(episodes_file), log=out / f"eval-{name}-t{temperature}.log")
     records = [json.loads(line) for line in episodes_file.read_text().splitlines() if line.strip()]
     scores = [float(r.get("score") or 0.0) for r in records]
     tool_errors = sum(sum(1 for m in r["messages"] if m.get("role") == "tool" and str(m.get("content", "")).startswith("Error"))
@@ -80,7 +81,7 @@ def machine() -> str:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n", 1)[0])
     parser.add_argument("--steps", type=int, default=10, help="GRPO steps of each arm (K)")
-    parser.add_argument("--sft-steps", type=int, default=30, help="SFT optimizer steps")
+    parser.add_argument("--sft-steps", type=int, default=40, help="SFT optimizer steps")
     parser.add_argument("--demos", type=int, default=64, help="oracle episodes for SFT")
     parser.add_argument("--sft-options", default="--lr 1e-2", help="extra options of aitrain sft (LoRA, the default)")
     parser.add_argument("--episodes", type=int, default=32, help="evaluation tasks")
@@ -100,13 +101,18 @@ def main() -> None:
                              log=out / "sft.log")
     seconds["grpo after sft"] = aitrain("grpo", "--model", str(out / "sft"), *HOTEL, "--rl-env-config", TRAIN_TASKS, *GRPO,
                                         *steps, "--output-dir", str(out / "sft-grpo"), log=out / "sft-grpo.log")
-    rows = {}
+    greedy, sampled = {}, {}
     for name, model in (("cold tiny", "tiny"), ("sft only", str(out / "sft")), ("A: grpo alone", str(out / "grpo")),
                         ("B: sft + grpo", str(out / "sft-grpo"))):
-        rows[name], seconds[f"eval {name}"] = evaluate(model, out, name.split(":")[0].replace(" ", "-").lower(), args.episodes)
+        short = name.split(":")[0].replace(" ", "-").lower()
+        greedy[name], seconds[f"eval {name} t=0"] = evaluate(model, out, short, args.episodes, "0")
+        sampled[name], seconds[f"eval {name} t=1"] = evaluate(model, out, short, args.episodes, "1")
     losses = json.loads((out / "sft" / "run_summary.json").read_text())["losses"]
-    a, b = rows["A: grpo alone"]["mean"], rows["B: sft + grpo"]["mean"]
-    ratio = f"{b / a:.1f} x" if a > 0 else "n/a (A scored 0)"
+
+    def versus(scores: dict) -> str:
+        a, b = scores["A: grpo alone"]["mean"], scores["B: sft + grpo"]["mean"]
+        return f"B - A = {b - a:+.3f}, B / A = " + (f"{b / a:.1f} x" if a > 0 else "n/a (A scored 0)")
+
     command = (f"OMP_NUM_THREADS=1 nice -n 10 python benchmarks/warm_start.py --steps {args.steps} --sft-steps "
                f"{args.sft_steps} --demos {args.demos} --sft-options '{args.sft_options}' --episodes {args.episodes}")
     lines = [
@@ -119,14 +125,15 @@ def main() -> None:
         f"HotelEnv, tiny model; GRPO options of both arms: `{' '.join(GRPO)} --max-steps {args.steps}`; SFT: "
         f"`--episodes {args.demos} --max-steps {args.sft_steps} {args.sft_options}` on the tasks of "
         f"`--rl-env-config '{DEMO_TASKS}'` (loss {losses[0]:.3f} -> {losses[-1]:.3f}); evaluation: the first "
-        f"{args.episodes} tasks of `'{TRAIN_TASKS}'`, `--seed 0`, temperature 1, at most 4 turns.",
+        f"{args.episodes} tasks of `'{TRAIN_TASKS}'`, `--seed 0`, at most 4 turns of 96 tokens, greedy and sampled.",
         "",
-        "| model | mean score | episodes scoring > 0 | successes (1.0) | tool errors per episode |",
-        "| --- | ---: | ---: | ---: | ---: |",
-        *[f"| {name} | {r['mean']:.3f} | {r['nonzero']:.0%} | {r['success']:.0%} | {r['tool_errors']:.2f} |"
-          for name, r in rows.items()],
+        "| model | mean score, greedy | episodes > 0, greedy | mean score, t=1 | episodes > 0, t=1 "
+        "| successes (1.0), t=1 | tool errors per episode, greedy |",
+        "| --- | ---: | ---: | ---: | ---: | ---: | ---: |",
+        *[f"| {name} | {g['mean']:.3f} | {g['nonzero']:.0%} | {sampled[name]['mean']:.3f} | {sampled[name]['nonzero']:.0%} "
+          f"| {sampled[name]['success']:.0%} | {g['tool_errors']:.2f} |" for name, g in greedy.items()],
         "",
-        f"**B - A = {b - a:+.3f}** mean score after the same {args.steps} GRPO steps (B / A: {ratio}).",
+        f"After the same {args.steps} GRPO steps: greedy **{versus(greedy)}**; sampled at t=1: {versus(sampled)}.",
         "",
         f"Machine: {machine()}. Wall time: {time.perf_counter() - started:.0f} s in all ("
         + ", ".join(f"{name} {s:.0f} s" for name, s in seconds.items()) + ").",
