@@ -2,8 +2,8 @@
 folder that transformers, `aitrain eval` and vLLM load and that scores text as the trained model does;
 dtypes; refusals as one-line errors; the Hub upload (the Hub's network is the one thing mocked).
 
-Runs through the CLI in-process (CliRunner) to share one torch import; about a minute here, plus the
-vLLM server test (20-50 s to start a server)."""
+Runs through the CLI in-process (CliRunner) to share one torch import: about 70 s here, plus two slow
+tests (a vLLM server serving the export, 90 s; a SmolLM2 run, 45 s)."""
 
 from __future__ import annotations
 
@@ -275,3 +275,30 @@ def test_smollm2_export_keeps_its_tied_embeddings(smollm2_model_dir, tmp_path):
     check = json.loads((folder / "export_info.json").read_text())["check"]
     # Measured: 3e-05 (float32 merge), adapter effect 0.7 after one step at lr 1e-3.
     assert check["reload_diff"] == 0 and check["max_abs_diff"] < 1e-3 < 0.1 < check["adapter_effect"]
+
+
+def test_an_sft_output_and_grpo_on_top_of_it_export(tmp_path):
+    """`sft` writes a LoRA adapter like `grpo`; a `grpo` run on it names the SFT folder as its base, and
+    the export merges the whole chain."""
+    from transformers import AutoModelForCausalLM
+
+    sft = tmp_path / "sft"
+    result = aitrain("sft", "--model", "tiny", "--rl-env-module", "envs.hotel", "--rl-env-class", "HotelEnv",
+                     "--episodes", "8", "--max-steps", "3", "--lr", "1e-2", "--output-dir", sft)
+    assert result.exit_code == 0, result.output
+    exported_sft = aitrain("export", sft, "--to", tmp_path / "sft-model")
+    assert exported_sft.exit_code == 0, exported_sft.output
+    check = json.loads((tmp_path / "sft-model" / "export_info.json").read_text())["check"]
+    assert check["max_abs_diff"] < 1e-4 < 0.5 < check["adapter_effect"]
+    grpo = tmp_path / "grpo"
+    result = aitrain("grpo", "--model", sft, *LETTERS, *ONE_STEP, "--output-dir", grpo)
+    assert result.exit_code == 0, result.output
+    exported = aitrain("export", grpo, "--to", tmp_path / "grpo-model")
+    assert exported.exit_code == 0, exported.output
+    assert f"merged into {sft}" in exported.output
+    tokenizer_dir = tmp_path / "grpo-model"
+    from transformers import AutoTokenizer
+
+    tokenizer = AutoTokenizer.from_pretrained(tokenizer_dir)
+    chain, sft_only = (AutoModelForCausalLM.from_pretrained(p) for p in (tokenizer_dir, tmp_path / "sft-model"))
+    assert (logprobs(chain, tokenizer) - logprobs(sft_only, tokenizer)).abs().max() > 0.1  # the GRPO step is in it
