@@ -150,3 +150,19 @@ def test_eval_scores_with_the_model_it_evaluates(aitrain, tmp_path):
     seen = calls(log)
     assert len(seen) == 2 and {c["model"] for c in seen} == {"LlamaForCausalLM"}
     assert not any(c["training"] or c["grad"] for c in seen)
+
+
+def test_an_aitraining_instance_handed_to_train_is_adapted_as_the_cli_would(tiny_model_dir, tmp_path, monkeypatch):
+    from aitrain_grpo import RunConfig
+    from aitrain_grpo.training.trainer import build_trainer
+
+    monkeypatch.chdir(REPO / "tests")
+    from envs_fixtures.aitraining_style import GreetingEnv
+
+    log = tmp_path / "calls.jsonl"
+    config = RunConfig(model=tiny_model_dir, output_dir=str(tmp_path / "run"), max_steps=1, rl_max_new_tokens=8,
+                       rl_env_module=MODULE, rl_env_class="GreetingEnv")  # names for the record; the instance plays
+    trainer = build_trainer(config, env=GreetingEnv(log_path=str(log)))
+    assert isinstance(trainer.rollout.env, AITrainingEnvironment)
+    trainer.train()
+    assert {c["model"] for c in calls(log)} == {"PeftModelForCausalLM"}  # scored with the live policy

@@ -36,6 +36,7 @@ from trl import GRPOConfig, GRPOTrainer
 
 from aitrain_grpo.config import RunConfig, reward_func_specs, reward_weights
 from aitrain_grpo.env.base import Environment
+from aitrain_grpo.env.aitraining import adapt, scores_with_policy
 from aitrain_grpo.env.dataset import build_rows
 from aitrain_grpo.env.loading import load_environment
 from aitrain_grpo.models import load_model_and_tokenizer
@@ -166,6 +167,8 @@ def build_trainer(config: RunConfig, env: Environment | None = None, *, callback
         print(warning, file=sys.stderr)
     if env is None:
         env = load_environment(config.rl_env_module, config.rl_env_class, config.rl_env_config)
+    elif not isinstance(env, Environment) and scores_with_policy(type(env)):
+        env = adapt(env)  # an AITraining-style instance handed in from Python, as load_environment would
     os.environ.setdefault("TRL_EXPERIMENTAL_SILENCE", "1")
     extra_rewards = load_reward_funcs(config.rl_reward_funcs)  # before the model: a bad one fails fast
 
