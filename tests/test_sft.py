@@ -241,7 +241,7 @@ def test_warm_start_beats_grpo_alone(tmp_path):
     """`sft` on the oracle's demonstrations of other tasks (another catalogue, `{"seed": 1}`) then 2 GRPO
     steps evaluates above the same 2 GRPO steps from the cold tiny model (greedy, same 16 tasks). The
     cold model almost never writes a well-formed tool call, so its groups score 0 and GRPO has nothing to
-    learn from; benchmarks/WARM_START.md has the full measurement. About 4 minutes on two busy cores."""
+    learn from; benchmarks/WARM_START.md has the full measurement. 3-8 minutes on two busy cores."""
     grpo = [*HOTEL, "--rl-env-config", '{"seed": 0}', "--max-steps", "2", "--batch-size", "8", "--lr", "1e-3",
             "--rl-max-turns", "4", "--rl-max-new-tokens", "96"]
     sft = ["--rl-env-config", '{"seed": 1}', "--episodes", "64", "--max-steps", "30", "--lr", "1e-2"]
