@@ -104,7 +104,7 @@ class VLLMServerClient:
         raise AssertionError("unreachable")
 
     def _async_session(self):
-        import aiohttp  # a vLLM dependency; only the continuous schedule needs it
+        import aiohttp  # imported when the continuous schedule first runs
 
         loop = asyncio.get_running_loop()
         if self._session is None or self._session[0] is not loop:
@@ -116,13 +116,25 @@ class VLLMServerClient:
         return self._session[1]
 
     def close_session(self) -> None:
-        """Close the per-turn requests' session, if one is open and its event loop is idle."""
+        """Close the per-turn requests' session, if one is open, on its own event loop."""
         if self._session is None:
             return
         loop, session = self._session
         self._session = None
-        if not loop.is_closed() and not loop.is_running():
+        if loop.is_closed():
+            return
+        try:
+            running = asyncio.get_running_loop()
+        except RuntimeError:
+            running = None
+        if loop.is_running():  # from a task on it, or from another thread
+            if running is loop:
+                loop.create_task(session.close())
+            else:
+                asyncio.run_coroutine_threadsafe(session.close(), loop)
+        elif running is None:
             loop.run_until_complete(session.close())
+        # else another loop runs in this thread while the session's is idle: it cannot be run from here
 
     async def _request_async(self, path: str, body: Any) -> Any:
         import aiohttp
