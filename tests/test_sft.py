@@ -111,7 +111,7 @@ def hotel_demos(count: int = 6):
 class OracleBackend:
     """A generation backend that 'samples', for each prompt, the next assistant turn of the
     demonstration whose tokens it continues: any difference between the SFT tokens and the engine's
-    is a prompt it has never seen (KeyError)."""
+    is a prompt it has never seen."""
 
     def __init__(self, dataset, eos: int):
         self.stop_ids = [eos]
@@ -128,6 +128,8 @@ class OracleBackend:
     def generate(self, prompts, max_tokens, sampling):
         from aitrain_grpo.engine.backends.base import Sample
 
+        unknown = [p for p in prompts if tuple(p) not in self.turns]
+        assert not unknown, f"the engine built {len(unknown[0])} tokens that no SFT sequence starts with"
         return [Sample(self.turns[tuple(p)], [0.0] * len(self.turns[tuple(p)]), "stop") for p in prompts]
 
     def rollout_session(self):
