@@ -23,6 +23,7 @@ Left out: more than one tool, and any check of the answer's wording beyond the n
 
 from __future__ import annotations
 
+import json
 import random
 import re
 
@@ -90,6 +91,15 @@ class WeatherEnv(ToolEnvironment):
             raise ValueError(f"unknown city {city!r}")
         episode.state.setdefault("looked_up", []).append(name)
         return f"{self.temperatures[name]} degrees Celsius in {name}"
+
+    def solve(self, episode: Episode) -> str:
+        """An expert's next message: call the tool for the asked city, then state its number. Used by
+        `aitrain env check` and by `aitrain sft` to write demonstrations (a warm start before GRPO)."""
+        city = episode.row["city"]
+        if city not in episode.state.get("looked_up", []):
+            call = json.dumps({"name": "get_temperature", "arguments": {"city": city}})
+            return f"<tool_call>\n{call}\n</tool_call>"
+        return f"It is {self.temperatures[city]} degrees Celsius in {city} right now."
 
     def score_episode(self, episode: Episode) -> float:
         looked_up = episode.state.get("looked_up", [])

@@ -84,3 +84,9 @@ def test_weather_held_out_cities_are_never_trained_on():
     train = {row["city"] for row in WeatherEnv().build_dataset(None)}
     held_out = {row["city"] for row in WeatherEnv(split="held_out").build_dataset(None)}
     assert held_out and not train & held_out
+
+
+def test_weather_oracle_scores_full_marks():
+    env = WeatherEnv()
+    episodes = play(env, env.build_dataset(None)[:4], env.solve)
+    assert [ep.score for ep in episodes] == [1.0] * 4 and all(ep.turns == 2 for ep in episodes)
