@@ -186,7 +186,8 @@ def draw(runs_by_workload: dict[str, list[Run]]) -> None:
             for key, style in zip(WORKLOADS[name].extra_curves, (":", "--")):
                 ax.plot(range(1, len(run.curves[key]) + 1), run.curves[key], style, color=line.get_color(),
                         label=f"seed {run.seed}: {key.split('/', 1)[1]}")
-        ax.set_title(f"{name}: mean episode score per step (8 episodes)")
+        episodes = RECIPE[RECIPE.index("--batch-size") + 1]
+        ax.set_title(f"{name}: mean episode score per step ({episodes} episodes)")
         ax.set_xlabel("GRPO step")
         ax.set_ylim(0, 1)
         ax.grid(alpha=0.3)
