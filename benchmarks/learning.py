@@ -29,13 +29,13 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import platform
-import re
 import subprocess
 import sys
 import time
 from dataclasses import dataclass
 from pathlib import Path
+
+from results_table import machine as describe_machine  # the benchmarks' one machine description
 
 REPO = Path(__file__).resolve().parent.parent
 LEARNING_MD = REPO / "benchmarks" / "LEARNING.md"
@@ -197,12 +197,7 @@ def draw(runs_by_workload: dict[str, list[Run]]) -> None:
 
 
 def machine() -> str:
-    try:
-        lscpu = subprocess.run(["lscpu"], capture_output=True, text=True).stdout
-        model = re.search(r"Model name:\s*(.+)", lscpu).group(1).strip()
-    except (OSError, AttributeError):
-        model = platform.processor() or "unknown CPU"
-    return f"{model}, {os.cpu_count()} cores; every run with one torch thread (OMP_NUM_THREADS=1)"
+    return f"{describe_machine()}; every run with one torch thread (OMP_NUM_THREADS=1)"
 
 
 def shown(value: float, spec: str, unit: str = "") -> str:

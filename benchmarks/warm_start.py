@@ -23,13 +23,13 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import platform
-import re
 import shlex
 import subprocess
 import sys
 import time
 from pathlib import Path
+
+from results_table import machine as describe_machine  # the benchmarks' one machine description
 
 REPO = Path(__file__).resolve().parent.parent
 RESULTS = REPO / "benchmarks" / "WARM_START.md"
@@ -69,13 +69,8 @@ def evaluate(model: str, out: Path, name: str, episodes: int, temperature: str) 
 
 
 def machine() -> str:
-    try:
-        lscpu = subprocess.run(["lscpu"], capture_output=True, text=True).stdout
-        model = re.search(r"Model name:\s*(.+)", lscpu).group(1).strip()
-    except (OSError, AttributeError):
-        model = platform.processor() or "unknown CPU"
     load = " ".join(f"{x:.1f}" for x in os.getloadavg())
-    return f"{model}, {os.cpu_count()} cores (load average {load} at the end; one torch thread per process)"
+    return f"{describe_machine()} (load average {load} at the end; one torch thread per process)"
 
 
 def main() -> None:

@@ -22,6 +22,7 @@ Left out: the library logic itself; each command is a thin call into the modules
 
 from __future__ import annotations
 
+import contextlib
 import importlib.util
 import inspect
 import os
@@ -48,7 +49,7 @@ from aitrain_grpo.commands.vllm_serve import ServeOptions, start_server, stop_se
 from aitrain_grpo.config import RunConfig
 from aitrain_grpo.env.aitraining import describe_interface
 from aitrain_grpo.env.loading import load_environment
-from aitrain_grpo.errors import EXIT_USAGE, ConfigError, UserError, one_line
+from aitrain_grpo.errors import EXIT_USAGE, UserError, one_line
 from aitrain_grpo.runlog.report import write_report
 from aitrain_grpo.tiny import build_tiny_model
 from aitrain_grpo.training.small_dataset import steps_short
@@ -78,6 +79,18 @@ def early_stops() -> tuple[type[BaseException], ...]:
     from aitrain_grpo.training.stopping import TrainingStopped
 
     return (TrainingStopped,)
+
+
+@contextlib.contextmanager
+def reported_errors(debug: bool):
+    """A `UserError` raised inside becomes `error: <one line>` and its exit code (2 unless it says
+    otherwise); with `--debug` it propagates with its traceback."""
+    try:
+        yield
+    except user_errors() as exc:
+        if debug:
+            raise
+        fail(str(exc), code=getattr(exc, "exit_code", EXIT_USAGE))
 
 
 def fail(message: str, code: int = EXIT_USAGE) -> None:
@@ -235,18 +248,13 @@ def env_check(**options) -> None:
     """Check an environment: dataset, prompts, tools, and episodes under the oracle, empty and model policies.
 
     Exits 1 when the environment breaks its contract, 0 otherwise (warnings included)."""
-    debug = options.pop("debug")
-    try:
+    with reported_errors(options.pop("debug")):
         report = run_env_check(
             module=options["rl_env_module"], class_name=options["rl_env_class"], env_config=options["rl_env_config"],
             model_name=options["model"], episodes=options["episodes"], policies=options["policies"],
             seed=options["seed"], max_new_tokens=options["rl_max_new_tokens"], max_turns=options["rl_max_turns"],
             temperature=options["rl_temperature"], timeout=options["rl_env_timeout"], console=out,
         )
-    except user_errors() as exc:
-        if debug:
-            raise
-        fail(str(exc))
     for problem in report.problems:
         err.print(f"error: {one_line(problem, limit=10_000)}", markup=False)
     if report.problems:
@@ -273,17 +281,12 @@ env_app.command("check")(env_check)
 
 def eval_command(**options) -> None:
     """Evaluate a model (or a training run) in an environment: mean score, success rate, pass@k, turns, errors."""
-    debug = options.pop("debug")
-    try:
+    with reported_errors(options.pop("debug")):
         run_eval(model=options["model"], baseline=options["baseline"], module=options["rl_env_module"],
                  class_name=options["rl_env_class"], env_config=options["rl_env_config"], episodes=options["episodes"],
                  samples=options["rl_num_generations"], use_vllm=options["use_vllm"], output=options["output"],
                  options={name: options[name] for name in RUN_FLAGS}, seed=options["seed"],
                  batch_size=options["batch_size"], console=out)
-    except user_errors() as exc:
-        if debug:
-            raise
-        fail(str(exc))
 
 
 eval_command.__signature__ = inspect.Signature([
@@ -306,13 +309,8 @@ app.command("eval")(eval_command)
 
 def sft_command(**options) -> None:
     """Warm a model up on the environment's oracle (solve): play it, keep the good episodes, fine-tune (SFT)."""
-    debug = options.pop("debug")
-    try:
+    with reported_errors(options.pop("debug")):
         run_sft(options, console=out)
-    except user_errors() as exc:
-        if debug:
-            raise
-        fail(str(exc))
 
 
 sft_command.__signature__ = SFT_SIGNATURE
@@ -334,13 +332,8 @@ def report_command(
 
 def export_command(**options) -> None:
     """Make a standalone model from a training output: merge its LoRA adapter, save, check it, optionally upload."""
-    debug = options.pop("debug")
-    try:
+    with reported_errors(options.pop("debug")):
         run_export(options, console=out)
-    except user_errors() as exc:
-        if debug:
-            raise
-        fail(str(exc), code=exc.exit_code)
 
 
 export_command.__signature__ = EXPORT_SIGNATURE

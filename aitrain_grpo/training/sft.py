@@ -37,7 +37,7 @@ from aitrain_grpo.engine.demos import Demonstration, demo_tokens
 from aitrain_grpo.models import load_model_and_tokenizer
 from aitrain_grpo.runlog.redaction import redact
 from aitrain_grpo.training.checkpoints import prepare_output_dir
-from aitrain_grpo.training.trainer import _peft_config
+from aitrain_grpo.training.trainer import _peft_config, save_run
 
 def demo_dataset(tokenizer, tools: list[dict[str, Any]], demos: list[Demonstration]) -> Dataset:
     """The pre-tokenized dataset SFTTrainer trains on (labels come from `assistant_masks`)."""
@@ -99,18 +99,4 @@ def train_sft(config: RunConfig, demos: list[Demonstration], tools: list[dict[st
     trainer.remove_callback(ProgressCallback)
     started = time.time()
     trainer.train()
-    trainer.save_model(str(output_dir))
-    summary: dict[str, Any] = {
-        "completed": 0 < trainer.state.global_step and trainer.state.global_step >= trainer.state.max_steps,
-        "global_step": trainer.state.global_step,
-        "steps_asked": trainer.state.max_steps,
-        "runtime_seconds": round(time.time() - started, 2),
-        "model": config.model,
-        "adapter": bool(config.peft),
-        "demonstrations": len(demos),
-        "losses": losses.losses,
-    }
-    if trainer.accelerator.is_main_process:
-        tokenizer.save_pretrained(str(output_dir))
-        (output_dir / "run_summary.json").write_text(json.dumps(summary, indent=2) + "\n")
-    return summary
+    return save_run(trainer, config, output_dir, started, demonstrations=len(demos), losses=losses.losses)

@@ -216,7 +216,12 @@ def train(config: RunConfig, env: Environment | None = None, *, callbacks: list 
                 trainer.rollout.sync_weights(trainer)  # leave the server serving the final weights
     finally:
         trainer.rollout.close()
-    output_dir = trainer.plan.output_dir
+    return save_run(trainer, config, trainer.plan.output_dir, started)
+
+
+def save_run(trainer, config: RunConfig, output_dir: Path, started: float, **extra: Any) -> dict[str, Any]:
+    """Save the model (or adapter), the tokenizer and `run_summary.json` of a finished `grpo` or `sft`
+    run, so that `--model <output_dir>`, `eval` and `export` read both the same way. Returns the summary."""
     trainer.save_model(str(output_dir))
     summary: dict[str, Any] = {
         "completed": 0 < trainer.state.global_step and trainer.state.global_step >= trainer.state.max_steps,
@@ -225,6 +230,7 @@ def train(config: RunConfig, env: Environment | None = None, *, callbacks: list 
         "runtime_seconds": round(time.time() - started, 2),
         "model": config.model,
         "adapter": bool(config.peft),
+        **extra,
     }
     if trainer.accelerator.is_main_process:
         trainer.processing_class.save_pretrained(str(output_dir))
