@@ -25,7 +25,6 @@ from pathlib import Path
 from typing import Any, Callable
 
 import datasets
-import torch
 from datasets import Dataset
 from transformers import TrainerCallback
 from transformers.trainer_callback import PrinterCallback, ProgressCallback
@@ -37,7 +36,7 @@ from aitrain_grpo.engine.demos import Demonstration, demo_tokens
 from aitrain_grpo.models import load_model_and_tokenizer
 from aitrain_grpo.runlog.redaction import redact
 from aitrain_grpo.training.checkpoints import prepare_output_dir
-from aitrain_grpo.training.trainer import _peft_config, save_run
+from aitrain_grpo.training.trainer import _peft_config, save_run, trainer_args
 
 def demo_dataset(tokenizer, tools: list[dict[str, Any]], demos: list[Demonstration]) -> Dataset:
     """The pre-tokenized dataset SFTTrainer trains on (labels come from `assistant_masks`)."""
@@ -49,24 +48,12 @@ def demo_dataset(tokenizer, tools: list[dict[str, Any]], demos: list[Demonstrati
 
 def sft_config(config: RunConfig, output_dir: Path) -> SFTConfig:
     """RunConfig -> TRL's SFTConfig, with the CPU settings `grpo` uses where there is no CUDA."""
-    kwargs: dict[str, Any] = dict(
-        output_dir=str(output_dir),
-        learning_rate=config.lr,
-        per_device_train_batch_size=config.batch_size,
-        gradient_accumulation_steps=config.gradient_accumulation_steps,
-        num_train_epochs=config.epochs,
-        max_steps=config.max_steps or -1,
-        seed=config.seed,
-        logging_steps=config.logging_steps,
+    return SFTConfig(
+        **trainer_args(config, output_dir, SFTConfig),
         save_strategy="no",
-        report_to=[] if config.report_to == "none" else [config.report_to],
         max_length=None,  # a demonstration is whole or useless; truncating would cut its last turns
         packing=False,
-        disable_tqdm=True,
     )
-    if not torch.cuda.is_available():
-        kwargs.update(use_cpu=True, bf16=False, gradient_checkpointing=False)
-    return SFTConfig(**kwargs)
 
 
 class LossLines(TrainerCallback):

@@ -95,14 +95,33 @@ class EpisodeGRPOTrainer(AtomicCheckpoints, DroppedRowsLoss, MaskedShareMetric, 
         super().log(logs, start_time)
 
 
-def grpo_config(config: RunConfig, plan: RunPlan) -> GRPOConfig:
-    """Translate RunConfig into TRL's GRPOConfig, with CPU-friendly settings where there is no CUDA."""
-    on_cpu = not torch.cuda.is_available()
-    kwargs: dict[str, Any] = dict(
-        output_dir=str(plan.output_dir),
+def trainer_args(config: RunConfig, output_dir: Path, config_class: type) -> dict[str, Any]:
+    """The arguments TRL's `GRPOConfig` and `SFTConfig` (`config_class`) take alike from a RunConfig:
+    optimisation, length, seed, logging; and where there is no CUDA, the CPU settings (TRL's defaults
+    assume a GPU: on a CPU they are slower, activation checkpointing, or unsupported, bf16)."""
+    args: dict[str, Any] = dict(
+        output_dir=str(output_dir),
         learning_rate=config.lr,
         per_device_train_batch_size=config.batch_size,
         gradient_accumulation_steps=config.gradient_accumulation_steps,
+        num_train_epochs=config.epochs,
+        max_steps=config.max_steps or -1,
+        seed=config.seed,
+        logging_steps=config.logging_steps,
+        report_to=[] if config.report_to == "none" else [config.report_to],
+        disable_tqdm=True,
+    )
+    if not torch.cuda.is_available():
+        fields = config_class.__dataclass_fields__
+        checkpointing = "activation_checkpointing" if "activation_checkpointing" in fields else "gradient_checkpointing"
+        args.update(use_cpu=True, bf16=False, **{checkpointing: False})
+    return args
+
+
+def grpo_config(config: RunConfig, plan: RunPlan) -> GRPOConfig:
+    """Translate RunConfig into TRL's GRPOConfig, with CPU-friendly settings where there is no CUDA."""
+    kwargs: dict[str, Any] = dict(
+        **trainer_args(config, plan.output_dir, GRPOConfig),
         num_generations=config.rl_num_generations,
         max_completion_length=config.rl_max_completion_length,
         temperature=config.rl_temperature if config.rl_temperature > 0 else 1.0,
@@ -111,16 +130,10 @@ def grpo_config(config: RunConfig, plan: RunPlan) -> GRPOConfig:
         beta=config.rl_kl_coef,
         epsilon=config.rl_clip_range,
         entropy_coef=config.rl_entropy_coef,
-        num_train_epochs=config.epochs,
-        max_steps=config.max_steps or -1,
-        seed=config.seed,
-        logging_steps=config.logging_steps,
         save_strategy="steps" if config.save_steps else "no",
         save_steps=config.save_steps or 500,
         save_total_limit=config.save_total_limit,
-        report_to=[] if config.report_to == "none" else [config.report_to],
         remove_unused_columns=False,  # episodes need every column of their row
-        disable_tqdm=True,
         log_completions=False,
     )
     kwargs.update(generation_grpo_kwargs(config, plan.generation))
@@ -129,10 +142,6 @@ def grpo_config(config: RunConfig, plan: RunPlan) -> GRPOConfig:
     weights = reward_weights(config.rl_reward_weights, len(reward_func_specs(config.rl_reward_funcs)))
     if weights is not None:
         kwargs["reward_weights"] = weights  # the environment's score first, as reward_funcs are ordered
-    if on_cpu:
-        # TRL's defaults assume a GPU; on a CPU they are slower (checkpointing) or unsupported (bf16).
-        checkpointing = "activation_checkpointing" if "activation_checkpointing" in GRPOConfig.__dataclass_fields__ else "gradient_checkpointing"
-        kwargs.update(use_cpu=True, bf16=False, **{checkpointing: False})
     return GRPOConfig(**kwargs)
 
 
