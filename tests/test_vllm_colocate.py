@@ -41,15 +41,20 @@ def test_colocated_engine_holds_the_trained_weights(colocated_run, tiny_model_an
     token sequences as the trained policy does, not as the base model does. A sync that silently
     leaves the engine on old weights fails the first assertion on any CPU.
     Measured here (AVX-512, oneDNN repacking): engine vs policy at most 0.04 nats per token, engine vs
-    base model 1.45 to 2.36 nats at the worst token of each sequence."""
+    base model 1.45 to 2.36 nats at the worst token of each sequence (asserted over all of them)."""
     base, _ = tiny_model_and_tokenizer
     probe = colocated_run["probe"]
+    # Pooled over the prompts: a sample may end early at EOS (in a CI run one stopped after 6 tokens), so
+    # no single sample is required to be long, only the probe as a whole.
+    to_policy, to_base = [], []
     for prompt, tokens, engine, policy in zip(probe["prompts"], probe["tokens"], probe["engine"], probe["policy"]):
-        assert len(tokens) >= 8
-        base_logprobs = policy_logprobs(base, prompt, tokens)
-        # The engine computes in bfloat16 on a CPU: agreement within its rounding.
-        assert max(abs(a - b) for a, b in zip(engine, policy)) < 0.15, (engine, policy)
-        assert max(abs(a - b) for a, b in zip(engine, base_logprobs)) > 0.5, (engine, base_logprobs)
+        assert tokens and len(engine) == len(policy) == len(tokens)
+        to_policy += [abs(a - b) for a, b in zip(engine, policy)]
+        to_base += [abs(a - b) for a, b in zip(engine, policy_logprobs(base, prompt, tokens))]
+    assert len(to_policy) >= 16, probe["tokens"]
+    # The engine computes in bfloat16 on a CPU: agreement within its rounding.
+    assert max(to_policy) < 0.15, to_policy
+    assert max(to_base) > 0.5, to_base
 
 
 def test_colocate_training_keeps_importance_sampling_ratio_near_one(colocated_run):
