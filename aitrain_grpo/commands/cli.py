@@ -44,7 +44,7 @@ from aitrain_grpo.commands.sft import SFT_SIGNATURE, run_sft
 from aitrain_grpo.commands.options import (
     as_in_grpo, command_option, field_option, from_training_run, grpo_parameters, with_default,
 )
-from aitrain_grpo.commands.scaffold import init_command
+from aitrain_grpo.commands.scaffold import print_next_steps, write_scaffold
 from aitrain_grpo.commands.vllm_serve import ServeOptions, start_server, stop_server, trainer_flags, wait_for_server
 from aitrain_grpo.config import RunConfig
 from aitrain_grpo.env.aitraining import describe_interface
@@ -338,7 +338,17 @@ def export_command(**options) -> None:
 
 export_command.__signature__ = EXPORT_SIGNATURE
 app.command("export")(export_command)
-app.command("init")(init_command)  # scaffold.py: envs/NAME.py + tests/test_NAME.py, then the next commands
+
+
+@app.command("init")
+def init_command(
+    name: str = typer.Argument(..., help="Name of the environment: a Python identifier, e.g. my_task (module envs.my_task, class MyTaskEnv)."),
+    directory: str = typer.Option(".", "--dir", help="Project folder to write envs/ and tests/ into."),
+) -> None:
+    """Write a small multi-turn environment (envs/NAME.py) and its test (tests/test_NAME.py), ready to edit."""
+    with reported_errors(False):
+        scaffold = write_scaffold(name, directory)  # scaffold.py; refuses to overwrite
+    print_next_steps(scaffold, directory, out)
 
 
 # ------------------------------------------------------------------------------ aitrain tiny-model

@@ -20,10 +20,7 @@ import keyword
 from dataclasses import dataclass
 from pathlib import Path
 
-import typer
-from rich.console import Console
-
-from aitrain_grpo.errors import EXIT_USAGE, UserError, one_line
+from aitrain_grpo.errors import UserError
 
 
 @dataclass(frozen=True)
@@ -90,24 +87,15 @@ def write_scaffold(name: str, directory: str | Path = ".") -> Scaffold:
     return Scaffold(env_file, test_file, created, next_commands(name, class_name))
 
 
-def init_command(
-    name: str = typer.Argument(..., help="Name of the environment: a Python identifier, e.g. my_task (module envs.my_task, class MyTaskEnv)."),
-    directory: str = typer.Option(".", "--dir", help="Project folder to write envs/ and tests/ into."),
-) -> None:
-    """Write a small multi-turn environment (envs/NAME.py) and its test (tests/test_NAME.py), ready to edit."""
-    out, err = Console(highlight=False, soft_wrap=True), Console(stderr=True, highlight=False, soft_wrap=True)
-    try:
-        scaffold = write_scaffold(name, directory)
-    except UserError as exc:
-        err.print(f"error: {one_line(str(exc), limit=10_000)}", markup=False)
-        raise typer.Exit(EXIT_USAGE) from None
+def print_next_steps(scaffold: Scaffold, directory: str, console) -> None:
+    """What `aitrain init` prints: the files written, then the commands to run next."""
     for path in scaffold.created:
-        out.print(f"wrote {path}", markup=False)
-    out.print("next (from the project folder):", markup=False)
+        console.print(f"wrote {path}", markup=False)
+    console.print("next (from the project folder):", markup=False)
     if Path(directory).resolve() != Path.cwd().resolve():
-        out.print(f"  cd {directory}", markup=False)
+        console.print(f"  cd {directory}", markup=False)
     for command in scaffold.next_commands:
-        out.print(f"  {command}", markup=False)
+        console.print(f"  {command}", markup=False)
 
 
 PACKAGE_TEMPLATE = '''"""Environments of this project (`--rl-env-module envs.<name>`)."""
