@@ -18,7 +18,7 @@ from pathlib import Path
 from typing import Any, Mapping
 
 from aitrain_grpo.errors import ConfigError, one_line
-from aitrain_grpo.models import local_model_problem
+from aitrain_grpo.models.loading import local_model_problem
 
 
 def _opt(default: Any, help: str, **kw) -> Any:
@@ -55,6 +55,7 @@ CUT_TURN = ("end", "continue")
 DEFAULT_CUT_TURN = "continue"
 ROLLOUT_SCHEDULES = ("auto", "continuous", "lockstep")
 ZERO_STD_GROUPS = ("keep", "drop", "refill")
+TOOL_PARSERS = ("auto", "hermes", "json", "llama3_json", "mistral", "pythonic")
 REWARD_FUNC_EXAMPLE = "aitrain_grpo.rewards:length_penalty"
 
 
@@ -118,6 +119,7 @@ class RunConfig:
     rl_top_k: int = _opt(0, "Top-k sampling (0 = off; with vLLM, filtering biases the importance-sampling ratio).")
     rl_top_p: float = _opt(1.0, "Nucleus sampling (1.0 = off).")
     rl_env_timeout: float = _opt(60.0, "Seconds one environment call (reset/step/score_episode) may take.")
+    rl_tool_parser: str = _opt("auto", f"How tool calls are read from the model's text: {', '.join(TOOL_PARSERS)} (auto: Hermes <tool_call> blocks, else one unambiguous call in another form).")
     rl_cut_turn: str = _opt(DEFAULT_CUT_TURN, "A model turn cut off by --rl-max-new-tokens: continue (the environment sees the cut turn as it stands, and the episode goes on) or end the episode there.")
     rl_rollout_schedule: str = _opt("auto", "continuous: each episode's next turn goes out as soon as its environment replied; lockstep: one batched turn for all episodes; auto: continuous with vLLM, lockstep with hf.")
     rl_async_steps: int = _opt(0, "Play the episodes of the next N steps while a step trains, on weights at most N steps old (needs a vLLM server; 0 = on-policy).")
@@ -136,6 +138,7 @@ class RunConfig:
     epochs: float = _opt(1.0, "Passes over the dataset when --max-steps is not set.")
     batch_size: int = _opt(8, "Episodes per device per optimizer step; a multiple of --rl-num-generations.")
     gradient_accumulation_steps: int = _opt(1, "Micro-batches per optimizer step.")
+    micro_batch_size: int | None = _opt(None, "Episodes per forward/backward pass; --batch-size episodes are trained in micro-batches of this many (default: chosen from the model and the budget).")
     seed: int = _opt(42, "Random seed.")
     # LoRA
     peft: bool = _opt(True, "Train a LoRA adapter (--no-peft: full fine-tuning).")
@@ -295,6 +298,10 @@ class RunConfig:
             raise ConfigError(f"--rl-cut-turn {self.rl_cut_turn!r} is not one of {', '.join(CUT_TURN)}")
         if self.rl_rollout_schedule not in ROLLOUT_SCHEDULES:
             raise ConfigError(f"--rl-rollout-schedule {self.rl_rollout_schedule!r} is not one of {', '.join(ROLLOUT_SCHEDULES)}")
+        if self.rl_tool_parser not in TOOL_PARSERS:
+            raise ConfigError(f"--rl-tool-parser {self.rl_tool_parser!r} is not one of {', '.join(TOOL_PARSERS)}")
+        if self.micro_batch_size is not None and (isinstance(self.micro_batch_size, bool) or self.micro_batch_size < 1):
+            raise ConfigError(f"--micro-batch-size must be a positive integer, got {self.micro_batch_size!r}")
         if self.rl_zero_std_groups not in ZERO_STD_GROUPS:
             raise ConfigError(f"--rl-zero-std-groups {self.rl_zero_std_groups!r} is not one of {', '.join(ZERO_STD_GROUPS)}")
         if self.rl_refill_max_episodes is not None and (isinstance(self.rl_refill_max_episodes, bool) or self.rl_refill_max_episodes < 0):

@@ -16,11 +16,11 @@ from typer.testing import CliRunner
 
 from aitrain_grpo.commands.cli import app
 from aitrain_grpo.engine.runner import play
-from aitrain_grpo.env.aitraining import AITrainingEnvironment, use_policy
+from aitrain_grpo.env.adapters.aitraining import AITrainingEnvironment, use_policy
 from aitrain_grpo.env.dataset import build_rows
 from aitrain_grpo.env.loading import load_environment
 from aitrain_grpo.errors import ConfigError, EnvLoadError
-from conftest import REPO, run_cli
+from helpers import REPO, run_cli
 
 MODULE = "envs_fixtures.aitraining_style"
 TOOL_CALL = '<tool_call>{"name": "lookup_order", "arguments": {"order_id": "A17"}}</tool_call>'
@@ -134,7 +134,7 @@ def test_the_interface_is_read_from_the_signature(aitrain):
 
 def test_scoring_with_the_live_model_refuses_episodes_played_ahead():
     from aitrain_grpo.config import RunConfig
-    from aitrain_grpo.training.rollout import TrainingRollout
+    from aitrain_grpo.training.rollout_func import TrainingRollout
 
     env = load_environment(MODULE, "DefaultsEnv")
     with pytest.raises(ConfigError, match="use --rl-async-steps 0"):

@@ -13,7 +13,7 @@ from transformers import TrainerCallback
 
 from aitrain_grpo import RunConfig
 from aitrain_grpo.training.trainer import build_trainer
-from conftest import REPO, run_cli
+from helpers import REPO, run_cli
 from envs_fixtures.flat_groups import FlatGroupsEnv
 
 FLAT = ["--rl-env-module", "envs_fixtures.flat_groups", "--rl-env-class", "FlatGroupsEnv"]

@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 from typer.testing import CliRunner
 
-from conftest import run_cli
+from helpers import run_cli
 
 from aitrain_grpo.commands.cli import app
 

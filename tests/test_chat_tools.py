@@ -17,7 +17,7 @@ from aitrain_grpo import ToolEnvironment, tool
 from aitrain_grpo.engine.backends.hf import HFBackend
 from aitrain_grpo.engine.chat import ChatRenderer
 from aitrain_grpo.engine.rollout import RolloutEngine
-from conftest import run_cli
+from helpers import run_cli
 from envs.hotel import HotelEnv
 
 HOTEL = ["--rl-env-module", "envs.hotel", "--rl-env-class", "HotelEnv"]

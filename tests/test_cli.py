@@ -7,7 +7,7 @@ import json
 
 import pytest
 
-from conftest import REPO, run_cli
+from helpers import REPO, run_cli
 
 FIXTURES = REPO / "tests"
 HOTEL = ["--rl-env-module", "envs.hotel", "--rl-env-class", "HotelEnv"]

@@ -212,7 +212,7 @@ def test_a_continuous_rollout_against_a_dead_server_names_the_server_after_its_r
 def test_the_rollout_schedule_flag_reaches_the_engine_and_a_bad_value_is_one_line(tmp_path):
     from aitrain_grpo.config import RunConfig
     from aitrain_grpo.training.trainer import build_trainer
-    from conftest import run_cli
+    from helpers import run_cli
     from envs.letters import LetterEnv
 
     config = RunConfig(rl_env_module="envs.letters", rl_env_class="LetterEnv", output_dir=str(tmp_path / "run"), max_steps=1,
@@ -231,7 +231,7 @@ def test_the_rollout_schedule_flag_reaches_the_engine_and_a_bad_value_is_one_lin
 
 
 def test_eval_takes_the_rollout_schedule_flag_and_names_the_schedule(tiny_model_dir, tmp_path):
-    from conftest import run_cli
+    from helpers import run_cli
 
     letters = ["--rl-env-module", "envs.letters", "--rl-env-class", "LetterEnv", "--episodes", "2", "--rl-max-new-tokens", "8"]
     result = run_cli("eval", "--model", tiny_model_dir, *letters)

@@ -53,7 +53,7 @@ def test_eval_with_vllm_plays_continuous_rollouts_like_training(tiny_model_dir, 
     greedy episodes come out the same under either schedule."""
     import json
 
-    from conftest import run_cli
+    from helpers import run_cli
 
     letters = ["--rl-env-module", "envs.letters", "--rl-env-class", "LetterEnv", "--rl-max-new-tokens", "24",
                "--episodes", "6", "--rl-temperature", "0", "--use-vllm"]

@@ -13,7 +13,7 @@ from aitrain_grpo import Environment
 from aitrain_grpo.engine.backends.base import SamplingParams
 from aitrain_grpo.engine.backends.hf import HFBackend
 from aitrain_grpo.engine.rollout import RolloutEngine
-from conftest import run_cli
+from helpers import run_cli
 
 TURNS = 3
 NEW_TOKENS = 3  # the tiny model rarely stops within three tokens: most turns are cut

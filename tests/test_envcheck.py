@@ -13,7 +13,7 @@ import pytest
 from typer.testing import CliRunner
 
 from aitrain_grpo.commands.cli import app
-from conftest import REPO, run_cli
+from helpers import REPO, run_cli
 
 FIXTURES = REPO / "tests"
 WORKBENCH = ["--rl-env-module", "envs_fixtures.workbench"]

@@ -12,7 +12,7 @@ from typer.testing import CliRunner
 
 from aitrain_grpo import RunConfig, train
 from aitrain_grpo.commands.cli import app
-from conftest import run_cli
+from helpers import run_cli
 
 LETTERS = ["--rl-env-module", "envs.letters", "--rl-env-class", "LetterEnv"]
 
@@ -59,7 +59,7 @@ def test_the_trained_model_beats_its_base(trained_letters, tiny_model_dir, tmp_p
 
 def test_pass_at_k_counts_tasks_with_any_success():
     from aitrain_grpo.env.base import Episode
-    from aitrain_grpo.commands.evaluation import EvalResult
+    from aitrain_grpo.evaluation.evaluate import EvalResult
 
     def episode(score):
         return Episode(row={"prompt": "x"}, messages=[], score=score, turns=1)

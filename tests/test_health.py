@@ -10,7 +10,7 @@ from types import SimpleNamespace
 from rich.console import Console
 from transformers import TrainerControl, TrainerState
 
-from conftest import REPO, run_cli
+from helpers import REPO, run_cli
 
 from aitrain_grpo.runlog.health import (
     HealthCallback, check_health, entropy_collapse, first_warnings, low_score, no_learning_signal, rising_errors,

@@ -16,7 +16,7 @@ from pathlib import Path
 
 import pytest
 
-from conftest import REPO, run_cli
+from helpers import REPO, run_cli
 
 LETTERS = ["--rl-env-module", "envs.letters", "--rl-env-class", "LetterEnv"]
 
@@ -75,8 +75,8 @@ def test_converted_smollm2_is_a_plain_model_that_answers(smollm2_model_dir):
 
 
 def test_second_use_reuses_the_cache_and_a_gguf_path_shares_it(smollm2_model_dir, tmp_path):
-    from aitrain_grpo.gguf import smollm2_gguf_path
-    from aitrain_grpo.models import resolve_model, resolve_source
+    from aitrain_grpo.models.gguf import smollm2_gguf_path
+    from aitrain_grpo.models.loading import resolve_model, resolve_source
 
     started = time.perf_counter()
     assert resolve_model("smollm2") == smollm2_model_dir
@@ -90,7 +90,7 @@ def test_second_use_reuses_the_cache_and_a_gguf_path_shares_it(smollm2_model_dir
 
 
 def test_content_hash_is_computed_once_per_file_version(tmp_path):
-    from aitrain_grpo.gguf import content_hash
+    from aitrain_grpo.models.gguf import content_hash
 
     file = tmp_path / "weights.gguf"
     file.write_bytes(b"GGUF" + b"x" * 100)
@@ -115,7 +115,7 @@ def test_unsupported_architecture_is_one_line(tmp_path):
     import numpy as np
 
     from aitrain_grpo.errors import ConfigError
-    from aitrain_grpo.gguf import converted_gguf_path
+    from aitrain_grpo.models.gguf import converted_gguf_path
 
     path = tmp_path / "odd.gguf"
     writer = gguf.GGUFWriter(str(path), "nonesuch")
@@ -189,7 +189,7 @@ def test_two_processes_converting_one_gguf_at_once_share_one_correct_folder(tiny
     gguf_file = tmp_path / "tiny.gguf"
     write_llama_gguf(Path(tiny_model_dir), gguf_file)
     env = dict(os.environ, OMP_NUM_THREADS="1", AITRAIN_CACHE_DIR=str(tmp_path / "cache"))
-    code = "import sys; from aitrain_grpo.models import resolve_model; print(resolve_model(sys.argv[1]))"
+    code = "import sys; from aitrain_grpo.models.loading import resolve_model; print(resolve_model(sys.argv[1]))"
     processes = [subprocess.Popen([sys.executable, "-c", code, str(gguf_file)], cwd=str(REPO), env=env,
                                   stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True) for _ in range(2)]
     outputs = [process.communicate(timeout=300) for process in processes]
@@ -223,7 +223,7 @@ def test_smollm2_trains_one_grpo_step_through_the_cli(smollm2_model_dir, tmp_pat
 
 def test_eval_and_vllm_serve_take_the_name(smollm2_model_dir):
     from aitrain_grpo.commands.vllm_serve import ServeOptions, server_command
-    from aitrain_grpo.models import resolve_model
+    from aitrain_grpo.models.loading import resolve_model
     from aitrain_grpo.training.generation import served_name
 
     # vllm-serve serves the converted folder under the name the trainer then expects.

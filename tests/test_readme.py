@@ -15,7 +15,7 @@ from typer.main import get_command
 from aitrain_grpo import RunConfig, load_environment
 from aitrain_grpo.commands.cli import app
 from aitrain_grpo.engine.runner import play
-from conftest import REPO, run_cli
+from helpers import REPO, run_cli
 
 
 def readme_class(name: str) -> type:

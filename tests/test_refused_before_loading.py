@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import pytest
 
-from conftest import run_cli
+from helpers import run_cli
 
 LETTERS = ["--rl-env-module", "envs.letters", "--rl-env-class", "LetterEnv", "--max-steps", "1"]
 

@@ -19,7 +19,7 @@ from aitrain_grpo.commands.cli import app
 from aitrain_grpo.engine.runner import play
 from aitrain_grpo.runlog.records import episode_record
 from aitrain_grpo.runlog.report import write_report
-from conftest import run_cli
+from helpers import run_cli
 
 STEPS = 3
 GROUP = 4

@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-from conftest import REPO, run_cli
+from helpers import REPO, run_cli
 
 from aitrain_grpo.training.checkpoints import checkpoint_step, complete_checkpoints, is_complete
 from aitrain_grpo.config import ConfigError, RunConfig

@@ -10,7 +10,7 @@ import sys
 
 import pytest
 
-from conftest import REPO, retry_on_port_clash
+from helpers import REPO, retry_on_port_clash
 
 
 def accelerate_launch(*args: str, timeout: float = 600) -> subprocess.CompletedProcess:

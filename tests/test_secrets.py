@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import json
 
-from conftest import REPO, run_cli
+from helpers import REPO, run_cli
 
 from aitrain_grpo.runlog.redaction import REDACTED, redact, secret_values
 

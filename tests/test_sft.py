@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from conftest import REPO, run_cli
+from helpers import REPO, run_cli
 
 FIXTURES = REPO / "tests"
 HOTEL = ["--rl-env-module", "envs.hotel", "--rl-env-class", "HotelEnv"]
@@ -75,7 +75,7 @@ def test_eval_takes_the_sft_output(sft_run):
 
 
 def test_grpo_trains_a_new_adapter_on_the_merged_sft_model(sft_run, tiny_model_dir):
-    from aitrain_grpo.models import load_for_generation, resolve_source
+    from aitrain_grpo.models.loading import load_for_generation, resolve_source
 
     out, _ = sft_run
     grpo_out = out.parent / "hotel-sft-grpo"
@@ -142,8 +142,8 @@ def test_sft_tokens_are_what_the_rollout_engine_builds(model, request):
     rendered as training renders them: through the tiny template, in SmolLM2's system message; the
     turns; the tool replies), and its loss mask is the engine's env_mask."""
     from aitrain_grpo.engine.rollout import RolloutEngine
-    from aitrain_grpo.models import load_tokenizer, resolve_source
-    from aitrain_grpo.training.sft import demo_dataset
+    from aitrain_grpo.models.loading import load_tokenizer, resolve_source
+    from aitrain_grpo.sft.trainer import demo_dataset
 
     folder = request.getfixturevalue("tiny_model_dir" if model == "tiny" else "smollm2_model_dir")
     tokenizer = load_tokenizer(resolve_source(folder))
@@ -167,7 +167,7 @@ def test_the_loss_is_on_the_assistant_turns_only(tiny_model_and_tokenizer, tmp_p
     from trl import SFTTrainer
 
     from aitrain_grpo.config import RunConfig
-    from aitrain_grpo.training.sft import demo_dataset, sft_config
+    from aitrain_grpo.sft.trainer import demo_dataset, sft_config
 
     model, tokenizer = tiny_model_and_tokenizer
     env, demos = hotel_demos(3)
@@ -204,11 +204,12 @@ def test_options_are_grpos_and_the_differing_defaults_are_shown():
     assert sft["--epochs"][1] == 3.0 and "(default: 3.0)" in sft["--epochs"][0]
 
 
-def test_an_environment_without_solve_is_refused():
+def test_an_environment_without_solve_is_refused(tmp_path):
+    out = tmp_path / "never"
     result = run_cli("sft", "--rl-env-module", "envs_fixtures.good", "--rl-env-class", "GoodEnv",
-                     "--rl-env-config", '{"num_tasks": 2}', "--output-dir", "/tmp/aitrain-sft-never", cwd=FIXTURES)
+                     "--rl-env-config", '{"num_tasks": 2}', "--output-dir", str(out), cwd=FIXTURES)
     assert_one_line_error(result, "GoodEnv has no solve(episode) -> str", "add one")
-    assert not Path("/tmp/aitrain-sft-never/demos.jsonl").exists()
+    assert not out.exists()
 
 
 def test_no_demonstration_good_enough_is_refused(tmp_path):

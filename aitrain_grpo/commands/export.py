@@ -1,6 +1,6 @@
 """`aitrain export RUN_DIR --to DIR`: a training output (of `grpo` or `sft`) as a standalone model folder.
 
-The work is in training/export.py (merge, save, check, upload); this module holds the command's
+The work is in export/merge.py (merge, save, check, upload); this module holds the command's
 options and what it prints. Checks that need nothing loaded (the dtype, DIR, the Hub token and repo id)
 run first, so a mistake costs no model load. `--dtype auto` (the default) keeps the precision the base
 model was published in (its config.json's dtype: float32 for `tiny` and `smollm2`, bfloat16 for most hub
@@ -20,7 +20,7 @@ import typer
 
 from aitrain_grpo.commands.options import as_in_grpo, command_option
 from aitrain_grpo.errors import ConfigError, UserError, one_line
-from aitrain_grpo.training.export import DTYPES, ExportResult, check_hub_repo, export_model, push_to_hub
+from aitrain_grpo.export.merge import DTYPES, ExportResult, check_hub_repo, export_model, push_to_hub
 
 
 class UploadFailed(UserError):

@@ -5,7 +5,7 @@ it), and GRPO learns only from score differences. An environment with `solve(epi
 the format first. This command plays the oracle on the first `--episodes` rows of the dataset through
 the same `EpisodeRunner` as `env check` (engine/runner.py), keeps the episodes that scored at least
 `--min-score`, writes them to `demos.jsonl` (one whole conversation a line, tool messages included,
-with its score, row and the tool schemas), and fine-tunes the model on them (training/sft.py: TRL's
+with its score, row and the tool schemas), and fine-tunes the model on them (sft/trainer.py: TRL's
 `SFTTrainer`, loss on the assistant turns only, LoRA by default). The output folder is a training run
 like `grpo`'s (adapter, tokenizer, run_config.json, run_summary.json), so `aitrain grpo --model DIR`
 trains on top of it (a new adapter on the merged SFT model, models.load_causal_lm) and `aitrain eval
@@ -14,7 +14,7 @@ trains on top of it (a new adapter on the merged SFT model, models.load_causal_l
 Its options are `grpo`'s (`RunConfig` fields, same flags and help); two defaults differ and say so
 in `--help`: `--lr` (a LoRA learning a new format) and `--epochs` (few demonstrations).
 
-Left out: the training itself (training/sft.py), demonstrations from anything but `solve` (a file of
+Left out: the training itself (sft/trainer.py), demonstrations from anything but `solve` (a file of
 your own conversations, a stronger model), and resuming an interrupted run.
 """
 
@@ -34,7 +34,7 @@ from aitrain_grpo.engine.runner import play
 from aitrain_grpo.env.dataset import build_rows
 from aitrain_grpo.env.loading import load_environment
 from aitrain_grpo.errors import ConfigError, UserError
-from aitrain_grpo.models import load_tokenizer, resolve_source
+from aitrain_grpo.models.loading import load_tokenizer, resolve_source
 from aitrain_grpo.runlog.records import write_jsonl
 
 # A LoRA adapter learns a new format from a few dozen demonstrations at about this rate (PEFT's and
@@ -140,7 +140,7 @@ def run_sft(options: dict[str, Any], console) -> dict[str, Any]:
     mean = sum(demo.score for demo in played) / len(played)
     console.print(f"oracle: {len(played)} episodes of {env_name} (mean score {mean:.3f}); kept {len(demos)} scoring "
                   f">= {min_score:g}, written to {output_dir / DEMOS_FILE}", markup=False)
-    from aitrain_grpo.training.sft import train_sft  # TRL imports vLLM, which prints: only now
+    from aitrain_grpo.sft.trainer import train_sft  # TRL imports vLLM, which prints: only now
 
     summary = train_sft(config, demos, tools, output_dir, show=lambda line: console.print(line, markup=False))
     losses = summary["losses"]

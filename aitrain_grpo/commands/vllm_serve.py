@@ -92,7 +92,7 @@ def trainer_flags(options: ServeOptions, url: str) -> str:
 
 def start_server(options: ServeOptions, log_path: str | Path | None = None) -> tuple[subprocess.Popen, str]:
     """Start the server as a child process (its own process group); returns it and its base URL."""
-    from aitrain_grpo.models import resolve_model
+    from aitrain_grpo.models.loading import resolve_model
 
     model_path = resolve_model(options.model)
     stdout = open(log_path, "ab") if log_path else None

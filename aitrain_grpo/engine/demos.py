@@ -1,6 +1,6 @@
 """Demonstrations (whole conversations an oracle played) as the token ids the rollout engine builds.
 
-A warm start by SFT (training/sft.py) must show the model exactly what GRPO will show it, token for
+A warm start by SFT (sft/trainer.py) must show the model exactly what GRPO will show it, token for
 token, or the format it learns is not the one it is then asked to continue. `demo_tokens` builds a
 finished conversation the way `RolloutEngine` builds an episode (rollout.py): the prompt messages
 rendered once by `ChatRenderer` with the environment's tool schemas (through the chat template, or

@@ -6,7 +6,7 @@ class, checks that it is an environment and that the JSON keys match its constru
 and for a `ToolEnvironment` builds its tool schemas (so a tool the schema cannot be made from is
 reported here, not mid-run). Which interface a class is written to is read from `score_episode`'s
 signature: ours, `score_episode(self, episode)`, or AITraining's, `score_episode(self, model, tokenizer,
-completion, case_idx)`, whose instances are wrapped into a one-turn `Environment` (env/aitraining.py).
+completion, case_idx)`, whose instances are wrapped into a one-turn `Environment` (env/adapters/aitraining.py).
 
 Every failure is an `EnvLoadError` whose message is one line: what went wrong, where (module, file:line,
 row index), and how to fix it. The CLI prints it as `error: <message>` and exits 2, so nothing here
@@ -32,7 +32,7 @@ from collections.abc import Iterable, Mapping
 from pathlib import Path
 from typing import Any
 
-from aitrain_grpo.env.aitraining import AITRAINING_SIGNATURE, adapt, scores_with_policy
+from aitrain_grpo.env.adapters.aitraining import AITRAINING_SIGNATURE, adapt, scores_with_policy
 from aitrain_grpo.env.base import Environment
 from aitrain_grpo.env.tools import ToolEnvironment
 from aitrain_grpo.errors import EnvLoadError, describe_exception, one_line, user_location

@@ -163,7 +163,7 @@ def wait_for_server(client, timeout: float, model: str) -> None:
 
 def served_name(model: str) -> str:
     """The name `aitrain vllm-serve --model M` serves M under (its resolved path or hub id)."""
-    from aitrain_grpo.models import resolve_model
+    from aitrain_grpo.models.loading import resolve_model
 
     return resolve_model(model)
 

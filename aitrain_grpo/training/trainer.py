@@ -36,10 +36,10 @@ from trl import GRPOConfig, GRPOTrainer
 
 from aitrain_grpo.config import RunConfig, reward_func_specs, reward_weights
 from aitrain_grpo.env.base import Environment
-from aitrain_grpo.env.aitraining import adapt, scores_with_policy
+from aitrain_grpo.env.adapters.aitraining import adapt, scores_with_policy
 from aitrain_grpo.env.dataset import build_rows
 from aitrain_grpo.env.loading import load_environment
-from aitrain_grpo.models import load_model_and_tokenizer
+from aitrain_grpo.models.loading import load_model_and_tokenizer
 from aitrain_grpo.runlog.files import training_callbacks
 from aitrain_grpo.runlog.redaction import redact
 from aitrain_grpo.training import small_dataset
@@ -51,7 +51,7 @@ from aitrain_grpo.training.generation import sampling_warning
 from aitrain_grpo.training.groups import DroppedRowsLoss
 from aitrain_grpo.training.plan import RunPlan, plan_run
 from aitrain_grpo.training.reward_funcs import check_required_arguments, episode_rewards, load_reward_funcs
-from aitrain_grpo.training.rollout import TrainingRollout
+from aitrain_grpo.training.rollout_func import TrainingRollout
 from aitrain_grpo.training.signals import SignalStop
 from aitrain_grpo.training.stopping import ErrorRateStop, clean_stops
 

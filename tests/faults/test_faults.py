@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from conftest import REPO, run_cli
+from helpers import REPO, run_cli
 
 from aitrain_grpo.training.checkpoints import complete_checkpoints, is_complete
 

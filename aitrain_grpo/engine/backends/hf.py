@@ -24,7 +24,7 @@ from typing import Callable, ContextManager
 import torch
 from transformers import GenerationConfig
 
-from aitrain_grpo.models import stop_token_ids
+from aitrain_grpo.models.loading import stop_token_ids
 from aitrain_grpo.engine.backends.attention import native_gqa
 from aitrain_grpo.engine.backends.base import GenerationBackend, Sample, SamplingParams
 from aitrain_grpo.engine.backends.turn_cache import TurnCache, prefill_shared_prompts

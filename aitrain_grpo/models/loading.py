@@ -19,8 +19,8 @@ from pathlib import Path
 from typing import Any
 
 from aitrain_grpo.errors import ConfigError, one_line
-from aitrain_grpo.gguf import SMOLLM2_ID, converted_gguf_path, gguf_problem, is_gguf_name, smollm2_gguf_path, smollm2_problem
-from aitrain_grpo.tiny import TINY_MODEL_ID, tiny_model_path
+from aitrain_grpo.models.gguf import SMOLLM2_ID, converted_gguf_path, gguf_problem, is_gguf_name, smollm2_gguf_path, smollm2_problem
+from aitrain_grpo.models.tiny import TINY_MODEL_ID, tiny_model_path
 
 
 def resolve_model(name_or_path: str) -> str:

@@ -28,10 +28,10 @@ from datetime import datetime, timezone
 from pathlib import Path
 
 from aitrain_grpo.errors import ConfigError, UserError, one_line
-from aitrain_grpo.models import (
+from aitrain_grpo.models.loading import (
     MAX_ADAPTER_CHAIN, ModelSource, load_causal_lm, looks_local, resolve_model, resolve_source,
 )
-from aitrain_grpo.training.export_check import TOLERANCES, CheckResult, check_sequences, max_diff, token_logprobs
+from aitrain_grpo.export.check import TOLERANCES, CheckResult, check_sequences, max_diff, token_logprobs
 
 DTYPES = ("auto", "float32", "bfloat16", "float16")
 INFO_FILE = "export_info.json"

@@ -27,7 +27,7 @@ import uuid
 from pathlib import Path
 
 from aitrain_grpo.errors import ConfigError, describe_exception
-from aitrain_grpo.tiny import cache_root
+from aitrain_grpo.models.tiny import cache_root
 
 logger = logging.getLogger(__name__)
 

@@ -33,7 +33,7 @@ from trl import SFTConfig, SFTTrainer
 from aitrain_grpo.config import RunConfig
 from aitrain_grpo.engine.chat import ChatRenderer
 from aitrain_grpo.engine.demos import Demonstration, demo_tokens
-from aitrain_grpo.models import load_model_and_tokenizer
+from aitrain_grpo.models.loading import load_model_and_tokenizer
 from aitrain_grpo.runlog.redaction import redact
 from aitrain_grpo.training.checkpoints import prepare_output_dir
 from aitrain_grpo.training.trainer import _peft_config, save_run, trainer_args

@@ -40,10 +40,10 @@ from aitrain_grpo.config import RunConfig
 from aitrain_grpo.engine.backends.base import SamplingParams
 from aitrain_grpo.engine.rollout import RolloutBatch, RolloutEngine
 from aitrain_grpo.engine.stats import EpisodeSummary, episode_stats
-from aitrain_grpo.env.aitraining import AITrainingEnvironment, use_policy
+from aitrain_grpo.env.adapters.aitraining import AITrainingEnvironment, use_policy
 from aitrain_grpo.env.base import Environment
 from aitrain_grpo.errors import ConfigError
-from aitrain_grpo.models import stop_token_ids
+from aitrain_grpo.models.loading import stop_token_ids
 from aitrain_grpo.training.generation import GenerationPlan, make_backend
 from aitrain_grpo.training.async_rollout import AsyncRollout, start_async_rollout, versioned
 from aitrain_grpo.training.groups import play_groups

@@ -28,7 +28,7 @@ import shutil
 import uuid
 from pathlib import Path
 
-from aitrain_grpo.tiny_corpus import HOTEL_TOOLS, synthetic_conversation, warmup_conversation
+from aitrain_grpo.models.tiny_corpus import HOTEL_TOOLS, synthetic_conversation, warmup_conversation
 
 logger = logging.getLogger(__name__)
 

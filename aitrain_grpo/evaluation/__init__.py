@@ -1,0 +1,1 @@
+"""Playing a model on an environment without training: `evaluate` (the library behind `aitrain eval`)."""
