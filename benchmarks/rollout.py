@@ -330,7 +330,7 @@ def main(argv: list[str] | None = None) -> int:
     from transformers import AutoModelForCausalLM, AutoTokenizer
     from transformers.utils import logging as hf_logging
 
-    from aitrain_grpo.tiny import tiny_model_path
+    from aitrain_grpo.models.tiny import tiny_model_path
 
     hf_logging.disable_progress_bar()
     started, load_before = time.time(), os.getloadavg()

@@ -88,7 +88,7 @@ def build_trl(model_path: str, output_dir: Path, episodes: int, generations: int
     from trl import GRPOTrainer
     from trl.chat_template_utils import qwen3_template
 
-    from aitrain_grpo.models import load_model_and_tokenizer
+    from aitrain_grpo.models.loading import load_model_and_tokenizer
     from aitrain_grpo.training.plan import plan_run
     from aitrain_grpo.training.trainer import _peft_config, grpo_config
 
