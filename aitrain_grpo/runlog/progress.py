@@ -4,7 +4,7 @@ On a terminal, a rich progress bar shows step / total, elapsed time, the ETA and
 and std, mean turns and errors; above it, one metrics line per logging step. When stdout is not a
 terminal (a log file, CI, a test capturing output) there is no bar and no colour: just the lines,
 `step 12/200  reward 0.412±0.180  turns 2.50  errors 0  ...  rollout 3.10s (gen 2.40s, env 0.50s)
-optimizer 1.20s  850 tok/s  4.30s/step  eta 13:45`, so logs stay greppable and show where the time goes.
+optimizer 1.20s  850 tok/s  mem 1.2G  4.30s/step  eta 13:45`, so logs stay greppable and show where the time goes.
 
 Left out: writing anything to disk (files.py) and judging the numbers (health.py).
 """
@@ -42,6 +42,9 @@ def metrics_line(step: int, max_steps: int, logs: dict[str, Any], elapsed: float
         if isinstance(value, (int, float)):
             parts.append(f"{label} {value:{fmt}}")
     parts.extend(_time_parts(logs))
+    memory = logs.get("memory/peak_rss_gb")
+    if isinstance(memory, (int, float)):
+        parts.append(f"mem {memory:.1f}G")  # the step's peak: a run killed for memory shows it growing
     parts.append(f"{per_step:.2f}s/step")
     if max_steps and step < max_steps:
         parts.append(f"eta {_clock(per_step * (max_steps - step))}")

@@ -239,12 +239,8 @@ class AtomicCheckpoints:
             written = staging / name
             state = {
                 "global_step": self.state.global_step,
-                "settings": {
-                    "batch_size": self.args.per_device_train_batch_size,
-                    "rl_num_generations": self.args.num_generations,
-                    "gradient_accumulation_steps": self.args.gradient_accumulation_steps,
-                    "seed": self.args.seed,
-                },
+                # The run's own options (not TRL's per-device batch, which is the micro-batch).
+                "settings": {name: getattr(self.run_config, name) for name in STEP_SHAPE},
                 "parts": {key: cb.state_dict() for key, cb in self._stateful_callbacks().items()},
             }
             (written / RUN_STATE_FILE).write_text(json.dumps(state, indent=2) + "\n")

@@ -18,7 +18,8 @@ optimizer step). Timing per step: `time/rollout_s` (the whole rollout call), `ti
 `time/env_s` (wall time while a generate / environment call was under way: in lockstep, hf's schedule,
 parts of the rollout; under the continuous schedule they overlap; with --rl-async-steps they were
 mostly spent while earlier steps trained), `time/optimizer_s`, `time/step_s`, and `time/tokens_per_s`
-(tokens the model generated per second of generation).
+(tokens the model generated per second of generation); and `memory/peak_rss_gb`, the process's peak
+resident memory during the step (runlog/memory.py).
 
 Left out: building the trainer (trainer.py), choosing and building the backend (generation.py), the
 files a run writes (runlog/), and metrics of TRL's evaluation loop (no run configures one).
@@ -44,6 +45,7 @@ from aitrain_grpo.env.adapters.aitraining import AITrainingEnvironment, use_poli
 from aitrain_grpo.env.base import Environment
 from aitrain_grpo.errors import ConfigError
 from aitrain_grpo.models.loading import stop_token_ids
+from aitrain_grpo.runlog.memory import peak_rss_bytes, reset_peak
 from aitrain_grpo.training.generation import GenerationPlan, make_backend
 from aitrain_grpo.training.async_rollout import AsyncRollout, start_async_rollout, versioned
 from aitrain_grpo.training.groups import play_groups
@@ -189,10 +191,12 @@ class TrainingRollout(TrainerCallback):
     # ------------------------------------------------------------------------ step boundaries
 
     def on_step_begin(self, args, state, control, **kwargs):
+        reset_peak()  # this step's own peak (runlog/memory.py)
         self._step_started = time.perf_counter()
         self._rollout_seconds_at_step_start = self.rollout_seconds
 
     def on_step_end(self, args, state, control, **kwargs):
         wall = time.perf_counter() - self._step_started
         in_rollout = self.rollout_seconds - self._rollout_seconds_at_step_start
-        self.metrics.update({"time/step_s": wall, "time/optimizer_s": wall - in_rollout})
+        self.metrics.update({"time/step_s": wall, "time/optimizer_s": wall - in_rollout,
+                             "memory/peak_rss_gb": peak_rss_bytes() / 2**30})

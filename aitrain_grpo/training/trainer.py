@@ -49,6 +49,7 @@ from aitrain_grpo.training.generation import check_server as check_vllm_server
 from aitrain_grpo.training.generation import grpo_kwargs as generation_grpo_kwargs
 from aitrain_grpo.training.generation import sampling_warning
 from aitrain_grpo.training.groups import DroppedRowsLoss
+from aitrain_grpo.training.micro_batches import trl_batch_arguments
 from aitrain_grpo.training.plan import RunPlan, plan_run
 from aitrain_grpo.training.reward_funcs import check_required_arguments, episode_rewards, load_reward_funcs
 from aitrain_grpo.training.rollout_func import TrainingRollout
@@ -72,6 +73,7 @@ class EpisodeGRPOTrainer(AtomicCheckpoints, DroppedRowsLoss, MaskedShareMetric, 
                  external_weight_sync: bool = False, **kwargs):
         super().__init__(rollout_func=rollout, **kwargs)
         self.rollout = rollout
+        self.run_config = rollout.config  # what checkpoints record as the run's step shape
         self.plan = plan
         self.drop_masked_rows = drop_masked_rows
         self.external_weight_sync = external_weight_sync
@@ -102,8 +104,7 @@ def trainer_args(config: RunConfig, output_dir: Path, config_class: type) -> dic
     args: dict[str, Any] = dict(
         output_dir=str(output_dir),
         learning_rate=config.lr,
-        per_device_train_batch_size=config.batch_size,
-        gradient_accumulation_steps=config.gradient_accumulation_steps,
+        **trl_batch_arguments(config.batch_size, config.micro_batch_size, config.gradient_accumulation_steps),
         num_train_epochs=config.epochs,
         max_steps=config.max_steps or -1,
         seed=config.seed,

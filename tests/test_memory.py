@@ -1,0 +1,71 @@
+"""Micro-batches (`--micro-batch-size`): a step's episodes trained in pieces give the step one pass gives,
+and each step's peak memory reaches the progress line and metrics.jsonl.
+
+The equivalence runs one real GRPO step (tiny model, TRL's trainer) twice from the same seed: once with
+the whole batch in one forward/backward pass, once in micro-batches of 2. Same seed, same episodes
+(the rollout plays the whole step at once either way), so the reward, the loss and the gradient norm
+before clipping must agree to float tolerance. LoRA dropout is off: its random masks are drawn per pass.
+"""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from aitrain_grpo import RunConfig, train
+from aitrain_grpo.errors import ConfigError
+from aitrain_grpo.runlog.progress import metrics_line
+from aitrain_grpo.training.micro_batches import micro_batch_size, trim_padding, trl_batch_arguments
+
+
+def one_step(model: str, output_dir, micro: int) -> dict:
+    config = RunConfig(
+        model=model, output_dir=str(output_dir), rl_env_module="envs.letters", rl_env_class="LetterEnv",
+        rl_env_config={"letter": "a", "turns": 2}, max_steps=1, batch_size=8, rl_num_generations=4,
+        micro_batch_size=micro, rl_max_new_tokens=12, lr=1e-3, lora_dropout=0.0, seed=3, rl_cut_turn="end",
+    )
+    train(config)
+    return json.loads((output_dir / "metrics.jsonl").read_text().splitlines()[0])
+
+
+@pytest.mark.integration
+def test_micro_batches_give_the_gradient_of_one_pass(tiny_model_dir, tmp_path):
+    whole = one_step(tiny_model_dir, tmp_path / "whole", micro=8)
+    pieces = one_step(tiny_model_dir, tmp_path / "pieces", micro=2)
+    assert whole["reward"] == pytest.approx(pieces["reward"], abs=1e-6), "the two runs played different episodes"
+    assert whole["grad_norm"] > 0
+    assert pieces["grad_norm"] == pytest.approx(whole["grad_norm"], rel=1e-3)
+    assert pieces["loss"] == pytest.approx(whole["loss"], rel=1e-3, abs=1e-6)
+    for record in (whole, pieces):
+        assert 0 < record["memory/peak_rss_gb"] < 24
+
+
+def test_trl_gets_the_micro_batch_and_keeps_the_step_size():
+    # 16 episodes a step in passes of 4: TRL accumulates 4 micro-batches into one optimizer step.
+    assert trl_batch_arguments(16, 4, 1) == {"per_device_train_batch_size": 4, "gradient_accumulation_steps": 4}
+    assert trl_batch_arguments(16, None, 2)["gradient_accumulation_steps"] == 2 * 16 // micro_batch_size(16, None)
+    assert micro_batch_size(6, None) == 3  # the default divides the batch
+    assert micro_batch_size(8, 32) == 8  # larger than the step: the step
+    with pytest.raises(ConfigError, match="--batch-size 12 is not a multiple of --micro-batch-size 5"):
+        micro_batch_size(12, 5)
+
+
+def test_trim_padding_cuts_only_columns_no_row_uses():
+    import torch
+
+    mask = torch.tensor([[1, 1, 0, 0, 0], [1, 0, 0, 0, 0]])
+    inputs = {
+        "completion_ids": torch.arange(10).view(2, 5), "completion_mask": mask,
+        "old_per_token_logps": torch.zeros(2, 5), "advantages": torch.ones(2),
+        "prompt_ids": torch.ones(2, 5, dtype=torch.long),  # as wide as the completion, but a prompt
+    }
+    out = trim_padding(inputs)
+    assert out["completion_ids"].tolist() == [[0, 1], [5, 6]]
+    assert out["old_per_token_logps"].shape == (2, 2) and out["advantages"].shape == (2,)
+    assert out["prompt_ids"].shape == (2, 5)
+
+
+def test_the_progress_line_says_the_steps_peak_memory():
+    line = metrics_line(3, 10, {"reward": 0.5, "memory/peak_rss_gb": 3.14}, elapsed=30.0, steps_done=3)
+    assert "mem 3.1G" in line
