@@ -50,6 +50,7 @@ from aitrain_grpo.config import RunConfig
 from aitrain_grpo.env.adapters.aitraining import describe_interface
 from aitrain_grpo.env.loading import load_environment
 from aitrain_grpo.errors import EXIT_USAGE, UserError, one_line
+from aitrain_grpo.runlog.outputs import check_file_output
 from aitrain_grpo.runlog.report import write_report
 from aitrain_grpo.models.tiny import build_tiny_model
 from aitrain_grpo.training.small_dataset import steps_short
@@ -327,7 +328,10 @@ def report_command(
         fail(f"{output_dir} is not a directory; pass a training output directory (e.g. outputs/hotelenv)")
     if not (Path(output_dir) / "metrics.jsonl").is_file():
         fail(f"{output_dir} has no metrics.jsonl; pass the --output-dir of a training run that has logged a step")
-    out.print(f"report written to {write_report(output_dir, output)}", markup=False)
+    with reported_errors(False):
+        if output:  # a page may replace a page; never a folder, '.', or another kind of file
+            check_file_output(output, flag="--output", suffixes=(".html", ".htm"))
+        out.print(f"report written to {write_report(output_dir, output)}", markup=False)
 
 
 def export_command(**options) -> None:
@@ -356,11 +360,13 @@ def init_command(
 
 @app.command("tiny-model")
 def tiny_model(
-    output_dir: str = typer.Argument(..., help="Directory to write the model and tokenizer to."),
+    output_dir: str = typer.Argument(..., help="Directory to write the model and tokenizer to (a new or empty one)."),
     seed: int = typer.Option(0, help="Seed of the build (same seed, same weights)."),
+    overwrite: bool = typer.Option(False, "--overwrite", help="Replace OUTPUT_DIR when it holds a tiny model built before."),
 ) -> None:
     """Build the tiny local model (Llama architecture, byte-level BPE, ChatML template with tools)."""
-    path = build_tiny_model(output_dir, seed=seed)
+    with reported_errors(False):
+        path = build_tiny_model(output_dir, seed=seed, overwrite=overwrite)
     out.print(f"tiny model written to {path}; train it with: aitrain grpo --model {path} --rl-env-module envs.hotel --rl-env-class HotelEnv")
 
 

@@ -11,6 +11,7 @@ Left out: playing and measuring (evaluation/evaluate.py).
 from __future__ import annotations
 
 import math
+from pathlib import Path
 from typing import Any
 
 from rich.table import Table
@@ -24,6 +25,7 @@ from aitrain_grpo.env.loading import load_environment
 from aitrain_grpo.errors import ConfigError
 from aitrain_grpo.evaluation.evaluate import EvalResult, evaluate, open_backend, write_records
 from aitrain_grpo.models.loading import load_for_generation, resolve_source
+from aitrain_grpo.runlog.outputs import check_file_output
 
 # Sampling and budget flags of `aitrain eval`: not given, a training run's own value is used.
 RUN_FLAGS = ("rl_max_new_tokens", "rl_max_turns", "rl_max_completion_length", "rl_temperature", "rl_top_k",
@@ -57,6 +59,9 @@ def run_eval(*, model: str, baseline: str | None, module: str | None, class_name
     check_positive(episodes=episodes, rl_num_generations=samples, batch_size=batch_size)
     check_episode_options(options)
     sources = [resolve_source(model)] + ([resolve_source(baseline)] if baseline else [])
+    if output:  # before anything loads: never over a folder, '.', or a file of a run being read
+        read = [p for s in sources for p in (s.weights, s.adapter) if p and Path(p).expanduser().is_dir()]
+        output = str(check_file_output(output, flag="--output", suffixes=(".jsonl",), reads=read))
     run_config = sources[0].run_config
     if not module or not class_name:
         module, class_name = run_config.get("rl_env_module"), run_config.get("rl_env_class")

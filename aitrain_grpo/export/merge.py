@@ -31,6 +31,7 @@ from aitrain_grpo.errors import ConfigError, UserError, one_line
 from aitrain_grpo.models.loading import (
     MAX_ADAPTER_CHAIN, ModelSource, load_causal_lm, looks_local, resolve_model, resolve_source,
 )
+from aitrain_grpo.runlog.outputs import check_folder_output
 from aitrain_grpo.export.check import TOLERANCES, CheckResult, check_sequences, max_diff, token_logprobs
 
 DTYPES = ("auto", "float32", "bfloat16", "float16")
@@ -53,16 +54,10 @@ class ExportResult:
 
 
 def check_destination(to: str, overwrite: bool, protected: list[Path]) -> Path:
-    """DIR as a Path; refuse a non-empty one (unless `overwrite`), a file, or one holding the run or base."""
-    folder = Path(to).expanduser()
-    for kept in protected:
-        if folder.resolve() == kept.resolve() or folder.resolve() in kept.resolve().parents:
-            raise ConfigError(f"--to {to} holds {kept}, which the export reads; pick a new folder for the exported model")
-    if folder.exists() and not folder.is_dir():
-        raise ConfigError(f"--to {to} is a file; pass a folder for the exported model")
-    if folder.is_dir() and any(folder.iterdir()) and not overwrite:
-        raise ConfigError(f"--to {to} exists and is not empty; pass --overwrite to replace it, or another folder")
-    return folder
+    """DIR as a Path, by the rule every output follows (runlog/outputs.py): new or empty; with
+    `overwrite`, only a folder this tool wrote; never a file, '.', home, or a folder holding or inside
+    the run or base being read."""
+    return check_folder_output(to, flag="--to", overwrite=overwrite, reads=protected)
 
 
 def resolve_run(run_dir: str, base: str | None) -> ModelSource:

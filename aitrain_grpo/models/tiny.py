@@ -28,12 +28,14 @@ import shutil
 import uuid
 from pathlib import Path
 
+from aitrain_grpo.runlog.outputs import check_folder_output
 from aitrain_grpo.models.tiny_corpus import HOTEL_TOOLS, synthetic_conversation, warmup_conversation
 
 logger = logging.getLogger(__name__)
 
 TINY_MODEL_ID = "tiny"
 TINY_VERSION = 3
+TINY_MARKER = "aitrain_tiny.json"  # marks a folder as a tiny model this package built (runlog/outputs.py)
 
 PAD_TOKEN = "<|endoftext|>"
 IM_START = "<|im_start|>"
@@ -202,6 +204,7 @@ def _build_into(directory: Path, seed: int) -> None:
     model.generation_config.pad_token_id = pad_id
     model.to(torch.float32).save_pretrained(directory)
     tokenizer.save_pretrained(directory)
+    (directory / TINY_MARKER).write_text(json.dumps({"tiny_version": TINY_VERSION, "seed": seed}) + "\n")
     # The weights file is written private; give every file the folder's umask-derived mode instead,
     # so a cache shared through AITRAIN_CACHE_DIR is readable by whoever can read the folder.
     for path in directory.iterdir():
@@ -217,13 +220,15 @@ def _temp_dir_beside(target: Path) -> Path:
     return temp
 
 
-def build_tiny_model(output_dir, *, seed: int = 0) -> Path:
-    """Builds the tiny tokenizer and model into output_dir (replacing what is there) and returns it."""
-    target = Path(output_dir).expanduser().absolute()
+def build_tiny_model(output_dir, *, seed: int = 0, overwrite: bool = False) -> Path:
+    """Builds the tiny tokenizer and model into output_dir and returns it. The folder must be new or
+    empty; with `overwrite`, a tiny model built before (it holds `TINY_MARKER`) is replaced, and nothing
+    else ever is (runlog/outputs.py)."""
+    target = check_folder_output(output_dir, flag="OUTPUT_DIR", overwrite=overwrite).absolute()
     temp = _temp_dir_beside(target)
     try:
         _build_into(temp, seed)
-        if target.exists():
+        if target.exists():  # empty, or a tiny model of ours with overwrite: set aside, then removed
             old = target.with_name(f".{target.name}.old-{uuid.uuid4().hex}")
             os.replace(target, old)
             os.replace(temp, target)

@@ -26,6 +26,7 @@ from typing import Any, Iterator
 
 from aitrain_grpo.engine.stats import EpisodeSummary
 from aitrain_grpo.env.base import Episode
+from aitrain_grpo.errors import ConfigError
 from aitrain_grpo.runlog.redaction import redact_strings
 
 ROW_TEXT_LIMIT = 200  # longer string columns of a dataset row are left out of records
@@ -107,9 +108,13 @@ def drop_records_after(path: Path, step: int) -> None:
 
 
 def publish(temporary: Path, final: Path) -> None:
-    """Move a finished file or folder into place, replacing whatever was there. Within one file
-    system the rename is atomic: `final` is either the old version or the whole new one."""
+    """Move a finished file or folder into place. Within one file system the rename is atomic: `final`
+    is either the old version or the whole new one. A file replaces a file; a folder replaces only a
+    folder of the same name that this package wrote before (a checkpoint or weight version saved
+    again); a file never replaces a folder (refused: the caller's path check should have caught it)."""
     if final.is_dir() and not final.is_symlink():
+        if not temporary.is_dir():
+            raise ConfigError(f"{final} is a folder; it is not replaced by a file (pass a file path)")
         shutil.rmtree(final)
     temporary.replace(final)
 

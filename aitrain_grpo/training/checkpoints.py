@@ -36,6 +36,7 @@ from trl.trainer.utils import RepeatSampler
 
 from aitrain_grpo.config import RunConfig
 from aitrain_grpo.errors import ConfigError
+from aitrain_grpo.runlog.outputs import special_folder, is_ours
 from aitrain_grpo.runlog.records import publish
 
 RUN_STATE_FILE = "aitrain_state.json"
@@ -126,6 +127,7 @@ def check_output_dir_for_run(config: RunConfig) -> Path | None:
     to resume from (None: a fresh start)."""
     output_dir = config.resolved_output_dir()
     _check_can_be_created(output_dir)
+    _check_is_a_run_folder(output_dir)
     resume = resume_checkpoint(config)
     if resume is not None or config.overwrite:
         return resume
@@ -141,6 +143,19 @@ def check_output_dir_for_run(config: RunConfig) -> Path | None:
             f"pass --resume-from-checkpoint auto to continue it, --overwrite to start over, or choose another --output-dir"
         )
     return None
+
+
+def _check_is_a_run_folder(output_dir: Path) -> None:
+    """A run writes files with common names (README.md, config.json, ...) into its folder, so it goes
+    only into a new or empty folder, or one of its own runs (runlog/outputs.py): never into the current
+    or home folder, nor a folder of the user's files, whatever --overwrite says."""
+    special = special_folder(output_dir)
+    if special:
+        raise ConfigError(f"--output-dir {output_dir} is {special}; pass a folder of its own, e.g. outputs/my-run")
+    if output_dir.is_dir() and any(output_dir.iterdir()) and not is_ours(output_dir) \
+            and not complete_checkpoints(output_dir):
+        raise ConfigError(f"--output-dir {output_dir} holds files this tool did not write (no run_config.json), "
+                          f"and a run writes model files into it; pass a new or empty folder")
 
 
 def _check_can_be_created(output_dir: Path) -> None:

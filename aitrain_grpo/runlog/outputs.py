@@ -1,0 +1,97 @@
+"""Where a command may write: the one rule every output path passes before anything is written.
+
+No command removes or replaces something it did not create in that same call, except what the user
+asked to replace and this package recognises as its own:
+- a file output (`eval --output x.jsonl`, `report --output page.html`) may replace an existing file of
+  the same kind (its suffix); a folder, `.`, a file of another kind, or a file inside a run or model
+  being read is refused;
+- a folder output (`tiny-model DIR`, `export --to DIR`) is written only where nothing is, or into an empty
+  folder; an existing non-empty folder needs `--overwrite`, and even then only a folder this package
+  wrote (it holds one of `OURS_MARKERS`) is replaced; the current folder and the home folder never are.
+
+Refusals are `ConfigError`s: one line naming the path and the fix, exit 2, nothing touched.
+
+Left out: the training output folder (`grpo`/`sft` --output-dir), whose rules involve checkpoints and
+resuming (training/checkpoints.py), and the model cache, which only ever gains new folders.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Iterable
+
+from aitrain_grpo.errors import ConfigError
+
+# Files only this package writes at the top of a folder: a run (grpo, sft), an export, a tiny model.
+OURS_MARKERS = ("run_config.json", "run_summary.json", "export_info.json", "aitrain_tiny.json")
+
+
+def is_ours(folder: Path) -> bool:
+    """Whether `folder` was written by this package (a run, an export or a tiny model)."""
+    return folder.is_dir() and any((folder / name).is_file() for name in OURS_MARKERS)
+
+
+def _resolved(path: Path) -> Path:
+    return path.expanduser().resolve()
+
+
+def _within(path: Path, folder: Path) -> bool:
+    path, folder = _resolved(path), _resolved(folder)
+    return path == folder or folder in path.parents
+
+
+def special_folder(path: Path) -> str | None:
+    """'the current folder' / 'your home folder' when `path` is one of them (never an output)."""
+    resolved = _resolved(path)
+    if resolved == Path.cwd().resolve():
+        return "the current folder"
+    if resolved == Path.home().resolve():
+        return "your home folder"
+    return None
+
+
+def check_file_output(path: str | Path, *, flag: str, suffixes: tuple[str, ...],
+                      reads: Iterable[str | Path] = ()) -> Path:
+    """`path` as a file this call may write: new, or an existing file ending in one of `suffixes`
+    outside every folder in `reads` (the runs and models the command reads)."""
+    target = Path(path).expanduser()
+    example = f"results{suffixes[0]}"
+    special = special_folder(target)
+    if special or target.is_dir():
+        what = special or "a folder"
+        raise ConfigError(f"{flag} {path} is {what}; pass a file path, e.g. {Path(path) / example if not special else example}")
+    if target.exists() or target.is_symlink():
+        if not target.is_file():
+            raise ConfigError(f"{flag} {path} exists and is not a regular file; pass a new file path")
+        if target.suffix not in suffixes:
+            raise ConfigError(f"{flag} {path} exists and is not a {' or '.join(suffixes)} file, so it is not "
+                              f"replaced; pass a new file path or an existing {suffixes[0]} file")
+        for folder in reads:
+            if Path(folder).expanduser().is_dir() and _within(target, Path(folder)):
+                raise ConfigError(f"{flag} {path} is a file of {folder}, which this command reads; pass a path "
+                                  f"outside it")
+    return target
+
+
+def check_folder_output(path: str | Path, *, flag: str, overwrite: bool, reads: Iterable[str | Path] = (),
+                        overwrite_flag: str = "--overwrite") -> Path:
+    """`path` as a folder this call may create, or replace (`overwrite`, and only one of ours). Refuses a
+    file, the current or home folder, and a folder holding or inside one the command reads."""
+    target = Path(path).expanduser()
+    special = special_folder(target)
+    if special:
+        raise ConfigError(f"{flag} {path} is {special}; pass a new folder name, e.g. {Path(path) / 'out'}")
+    for folder in reads:
+        if _within(target, Path(folder)) or _within(Path(folder), target):
+            raise ConfigError(f"{flag} {path} holds or is inside {folder}, which this command reads; pick a new folder")
+    if target.exists() or target.is_symlink():
+        if not target.is_dir():
+            raise ConfigError(f"{flag} {path} exists and is a file; pass a folder path that does not exist yet")
+        if any(target.iterdir()):
+            if not overwrite:
+                raise ConfigError(f"{flag} {path} exists and is not empty; pass a new folder, or {overwrite_flag} "
+                                  f"to replace it (only a folder this tool wrote is replaced)")
+            if not is_ours(target):
+                raise ConfigError(f"{flag} {path} holds files this tool did not write (no {' / '.join(OURS_MARKERS[:3])}"
+                                  f"), so even {overwrite_flag} does not replace it; pass a new folder")
+    return target

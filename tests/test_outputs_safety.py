@@ -1,0 +1,122 @@
+"""No command removes or replaces what it did not create: every command that writes is pointed at an
+existing file, a folder of the user's files, `.`, the run it reads and the home folder (HOME set to a
+temporary folder), and must refuse with one line and exit 2, leaving every file as it was.
+
+The commands run in-process through typer's runner (the real `aitrain` app, its own error handling);
+each refusal happens before a model is loaded, so the whole file takes seconds.
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+from pathlib import Path
+
+import pytest
+from typer.testing import CliRunner
+
+from aitrain_grpo.commands.cli import app
+from aitrain_grpo.runlog.records import publish
+
+
+def snapshot(root: Path) -> dict[str, tuple[int, int]]:
+    """Every file under `root` with its size and modification time."""
+    return {str(p.relative_to(root)): (p.stat().st_size, p.stat().st_mtime_ns)
+            for p in sorted(root.rglob("*")) if p.is_file()}
+
+
+@pytest.fixture
+def workspace(tmp_path, monkeypatch, tiny_model_dir):
+    """A project folder (the current folder) holding the user's files, a finished run, and a home folder."""
+    home = tmp_path / "home"
+    project = home / "project"
+    (project / "notes").mkdir(parents=True)
+    (project / "notes" / "todo.txt").write_text("my notes\n")
+    (project / "README.md").write_text("my project\n")
+    (project / "old.jsonl").write_text('{"kept": true}\n')
+    (home / ".bashrc").write_text("export X=1\n")
+    run = project / "outputs" / "run"
+    shutil.copytree(tiny_model_dir, run)  # a full model folder, as a --no-peft run leaves
+    (run / "run_config.json").write_text(json.dumps({"rl_env_module": "envs.letters", "rl_env_class": "LetterEnv"}))
+    (run / "metrics.jsonl").write_text(json.dumps({"step": 1, "reward": 0.5}) + "\n")
+    monkeypatch.setenv("HOME", str(home))
+    monkeypatch.chdir(project)
+    return home
+
+
+def refuses(args: list[str], home: Path, *expected: str) -> str:
+    before = snapshot(home)
+    result = CliRunner().invoke(app, args)
+    output = result.output.strip()
+    assert result.exit_code == 2, f"aitrain {' '.join(args)} exited {result.exit_code}:\n{output}"
+    errors = [line for line in output.splitlines() if line.startswith("error:")]
+    assert len(errors) == 1, output
+    for text in expected:
+        assert text in errors[0], errors[0]
+    assert snapshot(home) == before, f"aitrain {' '.join(args)} changed files"
+    return errors[0]
+
+
+EVAL = ["eval", "--model", "outputs/run", "--episodes", "1", "--output"]
+
+
+@pytest.mark.parametrize("target, says", [
+    ("notes", "is a folder"), (".", "the current folder"), ("outputs/run", "is a folder"),
+    ("README.md", "is not a .jsonl file"), ("outputs/run/metrics.jsonl", "which this command reads"), ("~", "home"),
+])
+def test_eval_output_never_replaces_what_is_not_an_episode_file(workspace, target, says):
+    refuses(EVAL + [target], workspace, "--output", says)
+
+
+@pytest.mark.parametrize("target, says", [
+    ("notes", "is a folder"), (".", "the current folder"), ("README.md", "is not a .html"), ("~", "home"),
+])
+def test_report_output_never_replaces_what_is_not_a_page(workspace, target, says):
+    refuses(["report", "outputs/run", "--output", target], workspace, "--output", says)
+
+
+@pytest.mark.parametrize("target, extra, says", [
+    ("notes", [], "not empty"), ("notes", ["--overwrite"], "did not write"), (".", [], "the current folder"),
+    ("README.md", [], "is a file"), ("~", ["--overwrite"], "home"), ("outputs/run", [], "not empty"),
+])
+def test_tiny_model_never_replaces_the_users_files(workspace, target, extra, says):
+    refuses(["tiny-model", target, *extra], workspace, "OUTPUT_DIR", says)
+
+
+@pytest.mark.parametrize("target, extra, says", [
+    ("notes", ["--overwrite"], "did not write"), (".", ["--overwrite"], "the current folder"),
+    ("README.md", [], "is a file"), ("outputs/run", ["--overwrite"], "which this command reads"),
+    ("outputs", ["--overwrite"], "which this command reads"), ("~", ["--overwrite"], "home"),
+])
+def test_export_never_replaces_the_users_files_or_its_input(workspace, target, extra, says):
+    refuses(["export", "outputs/run", "--to", target, *extra], workspace, "--to", says)
+
+
+@pytest.mark.parametrize("target, extra, says", [
+    ("notes", ["--overwrite"], "did not write"), (".", ["--overwrite"], "the current folder"),
+    ("~", ["--overwrite"], "home"), ("README.md", [], "is a file"),
+])
+@pytest.mark.parametrize("command", ["grpo", "sft"])
+def test_training_never_writes_into_the_users_folders(workspace, command, target, extra, says):
+    refuses([command, "--rl-env-module", "envs.letters", "--rl-env-class", "LetterEnv", "--output-dir", target,
+             *extra], workspace, "--output-dir", says)
+
+
+@pytest.mark.integration
+def test_a_tiny_model_is_replaced_only_by_overwrite(workspace):
+    first = CliRunner().invoke(app, ["tiny-model", "tiny"])
+    assert first.exit_code == 0, first.output
+    refuses(["tiny-model", "tiny"], workspace, "--overwrite")
+    again = CliRunner().invoke(app, ["tiny-model", "tiny", "--overwrite"])
+    assert again.exit_code == 0, again.output
+    assert (Path("tiny") / "config.json").is_file() and (Path("tiny") / "aitrain_tiny.json").is_file()
+
+
+def test_a_file_never_replaces_a_folder(tmp_path):
+    folder = tmp_path / "results"
+    (folder / "kept").mkdir(parents=True)
+    page = tmp_path / ".results.partial"
+    page.write_text("<html>")
+    with pytest.raises(Exception, match="is a folder"):
+        publish(page, folder)
+    assert (folder / "kept").is_dir()
