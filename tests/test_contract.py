@@ -10,7 +10,7 @@ from typing import Literal
 import pytest
 
 from aitrain_grpo import Environment, Episode, ToolEnvironment, tool
-from aitrain_grpo.engine.chat import parse_tool_calls
+from aitrain_grpo.engine.tool_parsers import parse_tool_calls
 from aitrain_grpo.engine.runner import play
 
 ROWS = [{"prompt": "Guess my number between 1 and 9.", "secret": s} for s in (3, 7)]

@@ -25,6 +25,8 @@ GRPO_OPTIONS = {
     "rl_top_p": (0.9, "top_p"),
     "rl_max_completion_length": (200, "max_completion_length"),
     "rl_num_generations": (2, "num_generations"),
+    # With the whole batch (8) in one pass, TRL accumulates exactly --gradient-accumulation-steps passes.
+    "micro_batch_size": (8, "per_device_train_batch_size"),
     "gradient_accumulation_steps": (2, "gradient_accumulation_steps"),
     "logging_steps": (3, "logging_steps"),
     "epochs": (2.0, "num_train_epochs"),

@@ -18,7 +18,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from aitrain_grpo import ToolEnvironment, tool
-from aitrain_grpo.engine.chat import parse_tool_calls
+from aitrain_grpo.engine.tool_parsers import parse_tool_calls
 from aitrain_grpo.config import ConfigError, RunConfig
 from aitrain_grpo.env.tools import tool_spec, validate_arguments
 from aitrain_grpo.env.loading import EnvLoadError, parse_config_json

@@ -255,6 +255,7 @@ def env_check(**options) -> None:
             model_name=options["model"], episodes=options["episodes"], policies=options["policies"],
             seed=options["seed"], max_new_tokens=options["rl_max_new_tokens"], max_turns=options["rl_max_turns"],
             temperature=options["rl_temperature"], timeout=options["rl_env_timeout"], console=out,
+            tool_parser=options["rl_tool_parser"],
         )
     for problem in report.problems:
         err.print(f"error: {one_line(problem, limit=10_000)}", markup=False)
@@ -274,6 +275,7 @@ env_check.__signature__ = inspect.Signature([
     as_in_grpo("rl_max_turns"),
     as_in_grpo("rl_temperature"),
     as_in_grpo("rl_env_timeout"),
+    as_in_grpo("rl_tool_parser"),
     field_option("seed", 0, with_default("Seed for picking rows and sampling.", 0)),
     as_in_grpo("debug"),
 ])

@@ -19,6 +19,7 @@ the first training steps show).
 
 from __future__ import annotations
 
+import json
 import random
 import time
 from dataclasses import dataclass, field
@@ -28,12 +29,13 @@ from rich.markup import escape
 from rich.table import Table
 
 from aitrain_grpo.commands.options import check_positive
-from aitrain_grpo.config import check_episode_options
+from aitrain_grpo.config import DEFAULT_TOOL_PARSER, check_episode_options
 from aitrain_grpo.engine.backends.base import SamplingParams
 from aitrain_grpo.engine.chat import ChatRenderer, prompt_messages
 from aitrain_grpo.engine.rollout import RolloutEngine
 from aitrain_grpo.engine.runner import EpisodeRunner, play_text
 from aitrain_grpo.engine.stats import EpisodeStats, episode_stats
+from aitrain_grpo.engine.tool_parsers import read_tool_calls, tool_names_of
 from aitrain_grpo.env.adapters.aitraining import AITrainingEnvironment, describe_interface, use_policy
 from aitrain_grpo.env.base import Environment, Episode
 from aitrain_grpo.env.dataset import build_rows
@@ -76,6 +78,7 @@ class PolicyResult:
 class EnvCheckReport:
     env_name: str
     interface: str = ""  # which environment interface the class was recognised by
+    tool_parser: str = DEFAULT_TOOL_PARSER  # how the episodes' tool calls were read (--rl-tool-parser)
     rows: int = 0
     columns: list[str] = field(default_factory=list)
     sample_prompt: str = ""
@@ -114,9 +117,9 @@ def _oracle(env: Environment) -> Callable[[Episode], str]:
 
 
 def play_text_policy(env: Environment, name: str, rows: list[dict[str, Any]], policy, *, max_turns, timeout,
-                     policy_name: str = "policy") -> PolicyResult:
+                     policy_name: str = "policy", tool_parser: str = DEFAULT_TOOL_PARSER) -> PolicyResult:
     started = time.perf_counter()
-    runner = EpisodeRunner(env, max_turns=max_turns, timeout=timeout, policy_name=policy_name)
+    runner = EpisodeRunner(env, max_turns=max_turns, timeout=timeout, policy_name=policy_name, tool_parser=tool_parser)
     try:
         episodes = play_text(runner, rows, policy)
     finally:
@@ -125,13 +128,14 @@ def play_text_policy(env: Environment, name: str, rows: list[dict[str, Any]], po
 
 
 def play_model(env: Environment, rows, model, tokenizer, *, max_new_tokens: int, max_turns, timeout,
-               sampling: SamplingParams, max_completion_length: int = 4096) -> PolicyResult:
+               sampling: SamplingParams, max_completion_length: int = 4096,
+               tool_parser: str = DEFAULT_TOOL_PARSER) -> PolicyResult:
     # Imported here: the hf backend pulls in torch (seconds), and `env check`'s option errors come first.
     from aitrain_grpo.engine.backends.hf import HFBackend
 
     engine = RolloutEngine(env, tokenizer, HFBackend.for_model(model, tokenizer), max_new_tokens=max_new_tokens,
                            max_turns=max_turns, max_completion_length=max_completion_length, sampling=sampling,
-                           env_timeout=timeout)
+                           env_timeout=timeout, tool_parser=tool_parser)
     started = time.perf_counter()
     try:
         batch = engine.run(rows)
@@ -230,9 +234,10 @@ def check_environment(
     max_turns: int | None = None,
     sampling: SamplingParams = SamplingParams(),
     timeout: float = 60.0,
+    tool_parser: str = DEFAULT_TOOL_PARSER,
 ) -> EnvCheckReport:
     """Everything `aitrain env check` reports. `model` is needed for the `model` policy only."""
-    report = EnvCheckReport(env_name=type(env).__name__, interface=describe_interface(env))
+    report = EnvCheckReport(env_name=type(env).__name__, interface=describe_interface(env), tool_parser=tool_parser)
     rows = inspect_dataset(env, tokenizer, report)
     if rows is None:
         return report
@@ -244,12 +249,13 @@ def check_environment(
                                     f"one to check that a perfect episode scores 1.0")
                 continue
             result = play_text_policy(env, "oracle", rows, _oracle(env), max_turns=max_turns, timeout=timeout,
-                                      policy_name="solve")
+                                      policy_name="solve", tool_parser=tool_parser)
         elif name == "empty":
-            result = play_text_policy(env, "empty", rows, lambda episode: "", max_turns=max_turns, timeout=timeout)
+            result = play_text_policy(env, "empty", rows, lambda episode: "", max_turns=max_turns, timeout=timeout,
+                                      tool_parser=tool_parser)
         else:
             result = play_model(env, rows, model, tokenizer, max_new_tokens=max_new_tokens, max_turns=max_turns,
-                                timeout=timeout, sampling=sampling)
+                                timeout=timeout, sampling=sampling, tool_parser=tool_parser)
         report.policies.append(result)
     judge(report)
     return report
@@ -264,6 +270,23 @@ def _tool_line(schema: dict[str, Any]) -> tuple[str, str]:
     required = set(params.get("required", []))
     names = [p if p in required else f"{p}?" for p in (params.get("properties") or {})]
     return f"{function.get('name', '?')}({', '.join(names)})", str(function.get("description", "")).split("\n")[0]
+
+
+def tool_call_line(report: EnvCheckReport) -> str:
+    """Which parser read the tool calls, and a call the model wrote (or that it wrote none)."""
+    line = f"tool calls read with --rl-tool-parser {report.tool_parser}"
+    model = next((p for p in report.policies if p.name == "model"), None)
+    if model is None:
+        return line
+    for episode in model.episodes:
+        for message, form in zip((m for m in episode.messages if m["role"] == "assistant"), episode.tool_call_forms):
+            if form:
+                first = read_tool_calls(str(message.get("content") or ""), report.tool_parser,
+                                        tool_names_of(report.tools)).calls
+                if first:
+                    shown = json.dumps(first[0]["arguments"], ensure_ascii=False)[:120]
+                    return f"{line}; the model wrote e.g. {first[0]['name']}({shown}) in the {form} form"
+    return f"{line}; the model wrote no tool call in {len(model.episodes)} episodes"
 
 
 def show_report(report: EnvCheckReport, console, *, module: str, model_name: str, prompt_chars: int = 1500) -> None:
@@ -290,6 +313,7 @@ def show_report(report: EnvCheckReport, console, *, module: str, model_name: str
         for schema in report.tools:
             call, description = _tool_line(schema)
             console.print(f"  [bold]{escape(call)}[/bold]  {escape(description)}")
+        console.print(tool_call_line(report), markup=False, highlight=False)
     if report.policies:
         table = Table(title=f"episodes ({len(report.policies[0].episodes)} per policy)", title_justify="left")
         for column in ("policy", "mean", "min", "max", "turns", "errors", "cut", "step ms", "time s"):
@@ -326,6 +350,7 @@ def run_env_check(
     temperature: float,
     timeout: float,
     console,
+    tool_parser: str = DEFAULT_TOOL_PARSER,
 ) -> EnvCheckReport:
     """What the CLI command does: validate the options, load, check, print. Option and loading
     mistakes raise ConfigError/EnvLoadError (exit 2); a broken contract is in the report's problems."""
@@ -348,7 +373,7 @@ def run_env_check(
         tokenizer = load_tokenizer(source)
     report = check_environment(
         env, tokenizer, model=model, episodes=episodes, policies=chosen, seed=seed, max_new_tokens=max_new_tokens,
-        max_turns=max_turns, sampling=SamplingParams(temperature, 0, 1.0), timeout=timeout,
+        max_turns=max_turns, sampling=SamplingParams(temperature, 0, 1.0), timeout=timeout, tool_parser=tool_parser,
     )
     if isinstance(env, AITrainingEnvironment):
         report.notes.append(f"score_episode was given {model_name} as its model under every policy")

@@ -29,7 +29,7 @@ from aitrain_grpo.runlog.outputs import check_file_output
 
 # Sampling and budget flags of `aitrain eval`: not given, a training run's own value is used.
 RUN_FLAGS = ("rl_max_new_tokens", "rl_max_turns", "rl_max_completion_length", "rl_temperature", "rl_top_k",
-             "rl_top_p", "rl_env_timeout", "rl_rollout_schedule")
+             "rl_top_p", "rl_env_timeout", "rl_rollout_schedule", "rl_tool_parser")
 
 
 def format_value(name: str, value: float) -> str:
@@ -89,7 +89,7 @@ def run_eval(*, model: str, baseline: str | None, module: str | None, class_name
             max_new_tokens=settings["rl_max_new_tokens"], max_turns=settings["rl_max_turns"],
             max_completion_length=settings["rl_max_completion_length"], sampling=sampling,
             env_timeout=settings["rl_env_timeout"], batch_size=batch_size, seed=seed, cut_turn=settings["rl_cut_turn"],
-            schedule=settings["rl_rollout_schedule"],
+            schedule=settings["rl_rollout_schedule"], tool_parser=settings["rl_tool_parser"],
         ))
         del backend  # the model's memory goes before the next one loads
     show_results(results, console, env_name=f"{module}.{class_name}", sampling=sampling)

@@ -6,9 +6,8 @@ the model's turn: the rendering of a fixed short conversation with and without t
 Rendering a constant-size conversation keeps the per-turn cost independent of how long the episode is.
 `check_append_only` tests, up front, the assumption this rests on: that the template only appends.
 
-Tool calls are parsed from model text by one function per format (`TOOL_CALL_PARSERS`); the Hermes /
-Qwen form `<tool_call>{"name": ..., "arguments": {...}}</tool_call>` is the default. Model text is
-parsed as JSON and never evaluated.
+Tool calls are read from model text in engine/tool_parsers.py; this module renders the Hermes form's
+instructions for templates that drop the tools.
 
 Tools on any template: many chat templates (SmolLM2's among them) silently drop the `tools` argument.
 The renderer finds out by rendering with and without them; where they are dropped, it describes the
@@ -25,71 +24,11 @@ multimodal content, and tool formats other than Hermes for templates that drop t
 from __future__ import annotations
 
 import json
-import re
 from functools import lru_cache
 from typing import Any, Callable
 
-from aitrain_grpo.env.base import Message, ToolCall
+from aitrain_grpo.env.base import Message
 from aitrain_grpo.errors import TemplateError
-
-# ------------------------------------------------------------------------------------- tool calls
-
-MAX_TOOL_CALL_CHARS = 16_000
-_HERMES_CALL = re.compile(r"<tool_call>(.*?)</tool_call>", re.DOTALL)
-
-
-def _call_from_json(body: str) -> tuple[ToolCall | None, str | None]:
-    body = body.strip()
-    if len(body) > MAX_TOOL_CALL_CHARS:
-        return None, f"tool call is too long ({len(body)} characters; the limit is {MAX_TOOL_CALL_CHARS})"
-    try:
-        data = json.loads(body)
-    except json.JSONDecodeError as exc:
-        return None, f"tool call is not valid JSON ({exc.msg} at line {exc.lineno} column {exc.colno})"
-    except RecursionError:
-        return None, "tool call JSON is nested too deeply"
-    if not isinstance(data, dict):
-        return None, f'tool call must be a JSON object with "name" and "arguments", got {type(data).__name__}'
-    name = data.get("name")
-    if not isinstance(name, str) or not name:
-        return None, 'tool call has no "name" string'
-    arguments = data.get("arguments", data.get("parameters", {}))
-    if isinstance(arguments, str):  # some models double-encode the arguments
-        try:
-            arguments = json.loads(arguments) if arguments.strip() else {}
-        except json.JSONDecodeError:
-            return None, f'"arguments" of {name} is a string that is not valid JSON'
-    if not isinstance(arguments, dict):
-        return None, f'"arguments" of {name} must be a JSON object, got {type(arguments).__name__}'
-    return {"name": name, "arguments": arguments}, None
-
-
-def parse_hermes_tool_calls(text: str) -> tuple[list[ToolCall], list[str]]:
-    """Parse `<tool_call>{json}</tool_call>` blocks. Returns (calls, problems); never raises."""
-    calls: list[ToolCall] = []
-    problems: list[str] = []
-    end = 0
-    for match in _HERMES_CALL.finditer(text):
-        call, problem = _call_from_json(match.group(1))
-        if call is not None:
-            calls.append(call)
-        else:
-            problems.append(problem)
-        end = match.end()
-    if "<tool_call>" in text[end:]:
-        problems.append("unterminated <tool_call> (missing </tool_call>)")
-    return calls, problems
-
-
-TOOL_CALL_PARSERS: dict[str, Callable[[str], tuple[list[ToolCall], list[str]]]] = {
-    "hermes": parse_hermes_tool_calls,
-}
-
-
-def parse_tool_calls(text: str, fmt: str = "hermes") -> tuple[list[ToolCall], list[str]]:
-    """Parse the tool calls in one model turn with the parser registered for `fmt`."""
-    return TOOL_CALL_PARSERS[fmt](text)
-
 
 # ------------------------------------------------------------------------------------- rendering
 

@@ -29,7 +29,7 @@ import time
 from dataclasses import dataclass, field
 from typing import Any
 
-from aitrain_grpo.config import DEFAULT_CUT_TURN, ROLLOUT_SCHEDULES
+from aitrain_grpo.config import DEFAULT_CUT_TURN, DEFAULT_TOOL_PARSER, ROLLOUT_SCHEDULES
 from aitrain_grpo.engine.backends.base import GenerationBackend, RequestBackend, Sample, SamplingParams
 from aitrain_grpo.engine.chat import ChatRenderer
 from aitrain_grpo.engine.turn_batcher import TurnBatcher
@@ -146,6 +146,7 @@ class RolloutEngine:
         schedule: str = "auto",
         max_concurrent_episodes: int = 256,
         cut_turn: str = DEFAULT_CUT_TURN,
+        tool_parser: str = DEFAULT_TOOL_PARSER,
     ):
         if schedule not in SCHEDULES:
             raise ValueError(f"schedule must be one of {SCHEDULES}, not {schedule!r}")
@@ -153,7 +154,8 @@ class RolloutEngine:
         self.tokenizer = tokenizer
         self.backend = backend
         self.renderer = ChatRenderer(tokenizer, tools=env.tools, template_kwargs=template_kwargs)
-        self.runner = EpisodeRunner(env, max_turns=max_turns, timeout=env_timeout, cut_turn=cut_turn)
+        self.runner = EpisodeRunner(env, max_turns=max_turns, timeout=env_timeout, cut_turn=cut_turn,
+                                    tool_parser=tool_parser)
         self.max_new_tokens = max_new_tokens
         self.max_completion_length = max_completion_length
         self.sampling = sampling

@@ -20,8 +20,9 @@ import time
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any, Awaitable, Callable, Iterable
 
-from aitrain_grpo.config import DEFAULT_CUT_TURN
-from aitrain_grpo.engine.chat import parse_tool_calls, prompt_messages
+from aitrain_grpo.config import DEFAULT_CUT_TURN, DEFAULT_TOOL_PARSER
+from aitrain_grpo.engine.chat import prompt_messages
+from aitrain_grpo.engine.tool_parsers import read_tool_calls, tool_names_of
 from aitrain_grpo.env.base import Environment, Episode, Message
 
 VALID_REPLY_ROLES = ("user", "tool", "system")
@@ -37,7 +38,7 @@ class EpisodeRunner:
         max_turns: int | None = None,
         timeout: float | None = 60.0,
         workers: int = 64,
-        tool_call_format: str = "hermes",
+        tool_parser: str = DEFAULT_TOOL_PARSER,
         policy_name: str = "policy",
         cut_turn: str = DEFAULT_CUT_TURN,
     ):
@@ -52,7 +53,9 @@ class EpisodeRunner:
         env_cap = int(getattr(env, "max_turns", 10) or 10)
         self.max_turns = min(env_cap, max_turns) if max_turns else env_cap
         self.timeout = timeout
-        self.tool_call_format = tool_call_format
+        # How tool calls are read from a turn (engine/tool_parsers.py), and the names `auto` accepts.
+        self.tool_parser = tool_parser
+        self.tool_names = tool_names_of(env.tools)
         self.loop = asyncio.new_event_loop()
         # The default executor has min(32, cores + 4) threads: six on these machines, which would
         # serialise a batch of slow sync environments. One thread per concurrent episode instead.
@@ -125,7 +128,9 @@ class EpisodeRunner:
                 episode.stop_reason = "turn_tokens"
                 return None
             episode.truncated_turns += 1
-        episode.tool_calls, episode.tool_call_errors = parse_tool_calls(completion, self.tool_call_format)
+        parsed = read_tool_calls(completion, self.tool_parser, self.tool_names)
+        episode.tool_calls, episode.tool_call_errors = parsed.calls, parsed.problems
+        episode.tool_call_forms.append(parsed.form)
         episode.num_tool_calls += len(episode.tool_calls) + len(episode.tool_call_errors)
         started = time.perf_counter()
         try:
@@ -239,9 +244,10 @@ def play(
     max_turns: int | None = None,
     timeout: float | None = 60.0,
     policy_name: str = "policy",
+    tool_parser: str = DEFAULT_TOOL_PARSER,
 ) -> list[Episode]:
     """`play_text` on a runner of its own, closed afterwards."""
-    runner = EpisodeRunner(env, max_turns=max_turns, timeout=timeout, policy_name=policy_name)
+    runner = EpisodeRunner(env, max_turns=max_turns, timeout=timeout, policy_name=policy_name, tool_parser=tool_parser)
     try:
         return play_text(runner, rows, policy)
     finally:

@@ -13,6 +13,7 @@ and training), and pass@k (it needs the task of each episode: commands/evaluatio
 
 from __future__ import annotations
 
+from collections import Counter
 from dataclasses import dataclass, field
 from typing import Iterable
 
@@ -34,6 +35,7 @@ class EpisodeSummary:
     stop_reason: str | None = None
     truncated_turns: int = 0
     metrics: dict[str, float] = field(default_factory=dict)  # the environment's own numbers
+    tool_forms: dict[str, int] = field(default_factory=dict)  # model turns read as calls, per form
 
     @classmethod
     def of(cls, episode: Episode) -> EpisodeSummary:
@@ -42,6 +44,7 @@ class EpisodeSummary:
             truncated=episode.truncated, error=episode.error,
             tool_calls=episode.num_tool_calls, tool_errors=episode.num_tool_errors,
             stop_reason=episode.stop_reason, truncated_turns=episode.truncated_turns,
+            tool_forms=dict(Counter(form for form in episode.tool_call_forms if form)),
             metrics={k: float(v) for k, v in episode.metrics.items() if isinstance(v, (int, float)) and not isinstance(v, bool)},
         )
 
@@ -61,6 +64,7 @@ class EpisodeStats:
     tool_calls_mean: float
     tool_errors: int
     stop_fractions: dict[str, float]  # every reason in STOP_REASONS, 0.0 where none stopped so
+    tool_forms: dict[str, int]  # model turns whose calls were read in each form (engine/tool_parsers.py)
     metrics: dict[str, float]  # each environment metric's mean over the episodes that reported it
 
     def env_metrics(self) -> dict[str, float]:
@@ -78,6 +82,7 @@ class EpisodeStats:
         }
         logged.update({f"env/stop/{reason}": share for reason, share in self.stop_fractions.items()})
         logged.update({f"env/{key}": value for key, value in self.metrics.items()})
+        logged.update({f"tools/format/{form}": float(count) for form, count in self.tool_forms.items()})
         return logged
 
 
@@ -104,4 +109,5 @@ def episode_stats(items: Iterable[EpisodeSummary | Episode]) -> EpisodeStats:
         tool_errors=sum(s.tool_errors for s in summaries),
         stop_fractions={reason: count / n for reason, count in stops.items()},
         metrics={key: sum(values) / len(values) for key, values in custom.items()},
+        tool_forms=dict(sum((Counter(s.tool_forms) for s in summaries), Counter())),
     )

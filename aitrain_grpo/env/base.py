@@ -58,6 +58,8 @@ class Episode:
     tool_calls: list[ToolCall] = field(default_factory=list)
     # Problems found while parsing the last turn's tool calls (bad JSON, missing name, ...).
     tool_call_errors: list[str] = field(default_factory=list)
+    # Per model turn, the form its tool calls were read in ("hermes", "json", ...; None for prose).
+    tool_call_forms: list[str | None] = field(default_factory=list)
     score: float | None = None
     # The turn cap in force for this episode (the environment's, or lower if the run config says so).
     max_turns: int | None = None

@@ -20,7 +20,7 @@ from pathlib import Path
 from types import SimpleNamespace
 from typing import Any
 
-from aitrain_grpo.config import DEFAULT_CUT_TURN
+from aitrain_grpo.config import DEFAULT_CUT_TURN, DEFAULT_TOOL_PARSER
 from aitrain_grpo.engine.backends.base import GenerationBackend, SamplingParams
 from aitrain_grpo.engine.rollout import RolloutEngine
 from aitrain_grpo.engine.stats import SUCCESS, episode_stats
@@ -143,6 +143,7 @@ def evaluate(
     seed: int = 0,
     cut_turn: str = DEFAULT_CUT_TURN,
     schedule: str = "auto",
+    tool_parser: str = DEFAULT_TOOL_PARSER,
 ) -> EvalResult:
     """Play every row `samples` times with the backend's model, `batch_size` episodes at a time."""
     from transformers import set_seed  # imports torch (seconds): only once episodes are played
@@ -152,6 +153,7 @@ def evaluate(
         env, tokenizer, backend, max_new_tokens=max_new_tokens, max_turns=max_turns,
         max_completion_length=max_completion_length, sampling=sampling, env_timeout=env_timeout, cut_turn=cut_turn,
         schedule=schedule,  # as in training: continuous with vLLM, lockstep with hf, unless the run said otherwise
+        tool_parser=tool_parser,
     )
     tasks = [index for index in range(len(rows)) for _ in range(samples)]
     result = EvalResult(label=label, episodes=[], tasks=tasks, samples=samples, schedule=engine.schedule)

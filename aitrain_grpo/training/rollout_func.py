@@ -167,6 +167,7 @@ class TrainingRollout(TrainerCallback):
             env_timeout=config.rl_env_timeout,
             cut_turn=config.rl_cut_turn,
             schedule=config.rl_rollout_schedule,
+            tool_parser=config.rl_tool_parser,
         )
         if config.rl_async_steps:
             self.async_rollout = start_async_rollout(self.engine, backend, self.weight_sync, trainer, config)

@@ -17,7 +17,7 @@ import os
 import time
 
 from aitrain_grpo import Environment, Episode, ToolEnvironment, tool
-from aitrain_grpo.engine.chat import parse_tool_calls
+from aitrain_grpo.engine.tool_parsers import parse_tool_calls
 from envs.letters import LetterEnv
 
 FAULTS = (
