@@ -269,3 +269,25 @@ def test_a_fresh_start_over_an_unfinished_run_needs_overwrite(tmp_path):
     # --overwrite starts over, and the old run's checkpoints go (a later `auto` must not find them).
     train(letters_config(out, overwrite=True, max_steps=1, save_steps=None), env=RecordingLetters(turns=1, num_tasks=4))
     assert not checkpoint.exists() and steps_logged(out) == [1]
+
+
+@pytest.mark.parametrize("change, flag", [
+    ({"rl_env_class": "HotelEnv", "rl_env_module": "envs.hotel"}, "--rl-env-module envs.letters"),
+    ({"rl_env_config": {"letter": "b"}}, "--rl-env-config"),
+    ({"model": "smollm2"}, "--model tiny"),
+    ({"lora_r": 4}, "--lora-r 16"),
+    ({"batch_size": 4}, "--batch-size 8"),
+])
+def test_a_resume_that_would_cross_runs_is_refused_naming_what_differs(uninterrupted, change, flag):
+    """Checkpoints of a LetterEnv run continue only that run: another environment, environment config,
+    model or adapter shape is a one-line error, before anything is loaded or written."""
+    from aitrain_grpo.errors import ConfigError
+    from aitrain_grpo.training.checkpoints import resume_checkpoint
+
+    out, _ = uninterrupted
+    written = (out / "run_config.json").read_text()
+    with pytest.raises(ConfigError, match=f"was trained with {flag}") as raised:
+        resume_checkpoint(letters_config(out, resume_from_checkpoint="auto", **change))
+    assert "\n" not in str(raised.value)
+    assert resume_checkpoint(letters_config(out, resume_from_checkpoint="auto")) == out / "checkpoint-5"  # same run: fine
+    assert (out / "run_config.json").read_text() == written

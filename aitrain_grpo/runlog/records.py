@@ -55,6 +55,7 @@ def episode_record(episode: Episode, **extra: Any) -> dict[str, Any]:
         **extra,
         **asdict(EpisodeSummary.of(episode)),  # score, turns, stop_reason, error, tool use, metrics
         "row": row,
+        "tool_call_forms": list(episode.tool_call_forms),  # per model turn: the form its calls were read in
         "messages": [{k: v for k, v in m.items() if isinstance(v, (str, int, float, bool, type(None)))}
                      for m in episode.messages],
     }))

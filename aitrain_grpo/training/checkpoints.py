@@ -46,6 +46,10 @@ RUN_RESULTS = ["run_summary.json"]
 _CHECKPOINT_NAME = re.compile(r"^checkpoint-(\d+)$")
 # Options that change what one step consumes; a checkpoint only continues a run with the same ones.
 STEP_SHAPE = ("batch_size", "rl_num_generations", "gradient_accumulation_steps", "seed")
+# Options that change what the checkpoint's weights are: the model, the environment it learned, and the
+# adapter's shape. A resume with another value would train one run's weights on another's task.
+RUN_MEANING = ("model", "rl_env_module", "rl_env_class", "rl_env_config", "peft", "lora_r", "lora_alpha",
+               "target_modules")
 
 
 # --------------------------------------------------------------------------------- finding checkpoints
@@ -99,19 +103,42 @@ def resume_checkpoint(config: RunConfig) -> Path | None:
                 f"{RUN_STATE_FILE}; it may have been cut off while saving); pick another checkpoint-N folder or auto"
             )
     if path is not None:
-        _check_same_step_shape(path, config)
+        _check_same_run(path, config)
     return path
 
 
-def _check_same_step_shape(path: Path, config: RunConfig) -> None:
-    saved = read_run_state(path).get("settings", {})
-    for name in STEP_SHAPE:
-        if name in saved and saved[name] != getattr(config, name):
+def _comparable(name: str, value: Any) -> Any:
+    """A config value as run_config.json records it, for comparison (JSON text read as data)."""
+    if name == "rl_env_config" and isinstance(value, str) and value.strip().startswith("{"):
+        try:
+            return json.loads(value)
+        except ValueError:
+            return value
+    return value or None if name == "rl_env_config" else value
+
+
+def _check_same_run(path: Path, config: RunConfig) -> None:
+    """Refuse to continue checkpoint `path` with options that change what it means: the step shape it
+    recorded, and the model, environment and adapter of the run that wrote it (its run_config.json)."""
+    saved = dict(read_run_state(path).get("settings", {}))
+    try:
+        run_config = json.loads((path.parent / "run_config.json").read_text())
+    except (OSError, ValueError):
+        run_config = {}
+    saved.update({name: run_config[name] for name in RUN_MEANING if name in run_config})
+    for name in (*STEP_SHAPE, *RUN_MEANING):
+        if name in saved and _comparable(name, saved[name]) != _comparable(name, getattr(config, name)):
             flag = "--" + name.replace("_", "-")
             raise ConfigError(
-                f"checkpoint {path} was trained with {flag} {saved[name]}, this run has {getattr(config, name)}; "
-                f"resume with {flag} {saved[name]}, or start a new run in another --output-dir"
+                f"checkpoint {path} was trained with {flag} {_shown(saved[name])}, this run has "
+                f"{_shown(getattr(config, name))}; resume with {flag} {_shown(saved[name])}, or start a new run "
+                f"in another --output-dir"
             )
+
+
+def _shown(value: Any) -> str:
+    text = json.dumps(value) if isinstance(value, (dict, list)) else str(value)
+    return text if len(text) <= 80 else text[:77] + "..."
 
 
 def read_run_state(path: Path) -> dict[str, Any]:
