@@ -120,3 +120,27 @@ def test_a_file_never_replaces_a_folder(tmp_path):
     with pytest.raises(Exception, match="is a folder"):
         publish(page, folder)
     assert (folder / "kept").is_dir()
+
+
+def test_a_taken_default_output_folder_gives_the_next_numbered_one(tmp_path, monkeypatch, capsys):
+    """README's commands one after another: a second run of the same environment without --output-dir
+    goes to outputs/<class>-2 (said on stderr) instead of failing; an explicit --output-dir still refuses."""
+    from aitrain_grpo import RunConfig
+    from aitrain_grpo.errors import ConfigError
+    from aitrain_grpo.training.plan import plan_run
+
+    monkeypatch.chdir(tmp_path)
+    finished = tmp_path / "outputs" / "letterenv"
+    finished.mkdir(parents=True)
+    (finished / "run_config.json").write_text("{}")
+    (finished / "run_summary.json").write_text("{}")
+    config = RunConfig(rl_env_module="envs.letters", rl_env_class="LetterEnv")
+    plan = plan_run(config)
+    assert plan.output_dir == Path("outputs/letterenv-2") and plan.config.output_dir == "outputs/letterenv-2"
+    assert config.output_dir is None  # the caller's config is left alone
+    assert "outputs/letterenv holds an earlier run, so this run writes to outputs/letterenv-2" in capsys.readouterr().err
+    (tmp_path / "outputs" / "letterenv-2").mkdir()
+    (tmp_path / "outputs" / "letterenv-2" / "run_config.json").write_text("{}")
+    assert plan_run(config).output_dir == Path("outputs/letterenv-3")
+    with pytest.raises(ConfigError, match="already holds a finished run"):
+        plan_run(RunConfig(rl_env_module="envs.letters", rl_env_class="LetterEnv", output_dir="outputs/letterenv"))

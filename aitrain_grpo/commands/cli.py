@@ -122,6 +122,7 @@ def grpo(**kwargs) -> None:
         from aitrain_grpo.training.plan import plan_run
 
         plan = plan_run(config)  # a bad option or a clobbered output dir fails before the environment loads
+        config = plan.config  # a taken default output folder becomes the next numbered one
         env = load_environment(config.rl_env_module, config.rl_env_class, config.rl_env_config)
         out.print(f"environment {type(env).__name__}: {describe_interface(env)}", markup=False, highlight=False)
         from aitrain_grpo.training.trainer import train  # after the checks: TRL imports vLLM, which prints

@@ -121,8 +121,11 @@ def run_sft(options: dict[str, Any], console) -> dict[str, Any]:
     if not 0.0 <= min_score <= 1.0:
         raise ConfigError(f"--min-score must be in [0, 1] (scores are), got {min_score:g}")
     config = sft_run_config(options)
-    from aitrain_grpo.training.checkpoints import check_output_dir_for_run  # torch: after the cheap checks
+    from aitrain_grpo.training.checkpoints import check_output_dir_for_run, with_fresh_default_output_dir  # torch
 
+    config, note = with_fresh_default_output_dir(config)
+    if note:
+        console.print(note, markup=False)
     check_output_dir_for_run(config)
     env = load_environment(config.rl_env_module, config.rl_env_class, config.rl_env_config)
     env_name = type(env).__name__

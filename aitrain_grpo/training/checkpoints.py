@@ -25,6 +25,7 @@ and merging checkpoints of runs with different batch shapes (refused with a mess
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import re
 import shutil
@@ -170,6 +171,30 @@ def check_output_dir_for_run(config: RunConfig) -> Path | None:
             f"pass --resume-from-checkpoint auto to continue it, --overwrite to start over, or choose another --output-dir"
         )
     return None
+
+
+def holds_run(folder: Path) -> bool:
+    """Whether `folder` holds a run of ours: finished, with checkpoints, or started (run_config.json)."""
+    return folder.is_dir() and (is_ours(folder) or bool(complete_checkpoints(folder)))
+
+
+def with_fresh_default_output_dir(config: RunConfig) -> tuple[RunConfig, str | None]:
+    """A run given no --output-dir whose default folder (outputs/<class>) holds an earlier run, and that
+    neither resumes nor overwrites it, goes to the next free numbered folder (outputs/hotelenv-2, -3, ...)
+    instead of failing, as many trainers do. Returns the config to run (a copy; the caller's is left
+    alone) and a note saying where the run goes, or (config, None) when nothing changes."""
+    if config.output_dir or config.resume_from_checkpoint or config.overwrite:
+        return config, None
+    base = config.resolved_output_dir()
+    if not holds_run(base):
+        return config, None
+    number = 2
+    while (candidate := base.with_name(f"{base.name}-{number}")).exists() and (
+            not candidate.is_dir() or any(candidate.iterdir())):
+        number += 1
+    note = (f"note: {base} holds an earlier run, so this run writes to {candidate} (pass --output-dir to choose "
+            f"the folder, or --overwrite to replace {base})")
+    return dataclasses.replace(config, output_dir=str(candidate)), note
 
 
 def _check_is_a_run_folder(output_dir: Path) -> None:

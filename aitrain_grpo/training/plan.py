@@ -11,12 +11,14 @@ and preparing the output directory (checkpoints.prepare_output_dir).
 
 from __future__ import annotations
 
+import os
+import sys
 from dataclasses import dataclass
 from pathlib import Path
 
 from aitrain_grpo.config import RunConfig
 from aitrain_grpo.training.async_rollout import check_async_supported
-from aitrain_grpo.training.checkpoints import check_output_dir_for_run
+from aitrain_grpo.training.checkpoints import check_output_dir_for_run, with_fresh_default_output_dir
 from aitrain_grpo.training.generation import GenerationPlan, plan_generation, reserve_server_gpus
 
 
@@ -25,12 +27,17 @@ class RunPlan:
     generation: GenerationPlan
     resume: Path | None  # the checkpoint to resume from; None for a fresh start
     output_dir: Path
+    config: RunConfig  # the options the run uses: the caller's, with the output folder it really writes to
 
 
 def plan_run(config: RunConfig) -> RunPlan:
     """Validate `config` and decide the run's plan; a bad option or an output directory that would be
-    clobbered is a `ConfigError`."""
+    clobbered is a `ConfigError`. A default output folder that holds an earlier run is replaced by the
+    next numbered one (said on stderr)."""
     config.validate()
+    config, note = with_fresh_default_output_dir(config)
+    if note and os.environ.get("RANK", "0") == "0":
+        print(note, file=sys.stderr, flush=True)
     reserve_server_gpus(config)  # before anything starts CUDA
     generation = plan_generation(config)
     check_async_supported(config, generation.sync)
@@ -38,4 +45,5 @@ def plan_run(config: RunConfig) -> RunPlan:
         generation=generation,
         resume=check_output_dir_for_run(config),
         output_dir=config.resolved_output_dir(),
+        config=config,
     )

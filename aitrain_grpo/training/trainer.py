@@ -171,6 +171,7 @@ def build_trainer(config: RunConfig, env: Environment | None = None, *, callback
     `rollout` is the `TrainingRollout` (its `last_batch` the latest episodes played) and its `plan`
     the `RunPlan`."""
     plan = plan or plan_run(config)
+    config = plan.config  # with the output folder the run really writes to
     check_vllm_server(config, plan.generation)
     warning = sampling_warning(config, plan.generation)
     if warning:
@@ -240,6 +241,7 @@ def save_run(trainer, config: RunConfig, output_dir: Path, started: float, **ext
         "runtime_seconds": round(time.time() - started, 2),
         "model": config.model,
         "adapter": bool(config.peft),
+        "output_dir": str(output_dir),
         **extra,
     }
     if trainer.accelerator.is_main_process:
