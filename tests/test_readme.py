@@ -153,3 +153,16 @@ def test_the_python_example_trains(tmp_path):
     )
     assert result.returncode == 0, result.stderr[-2000:]
     assert "'global_step': 1" in result.stdout and (tmp_path / "run" / "run_config.json").exists()
+
+
+def test_every_file_the_documents_link_to_is_in_the_repository():
+    """README.md and docs/ link only to files a clone has (no design notes kept elsewhere)."""
+    documents = [REPO / "README.md", *sorted((REPO / "docs").glob("*.md"))]
+    missing = []
+    for document in documents:
+        text = document.read_text()
+        assert "DESIGN.md" not in text, f"{document.name} names DESIGN.md, which users of the repository do not have"
+        for target in re.findall(r"\]\(([^)#\s]+)(?:#[^)]*)?\)", text):
+            if "://" not in target and not (document.parent / target).exists():
+                missing.append(f"{document.relative_to(REPO)} -> {target}")
+    assert not missing, missing
