@@ -50,7 +50,7 @@ from aitrain_grpo.config import RunConfig
 from aitrain_grpo.env.adapters.aitraining import describe_interface
 from aitrain_grpo.env.loading import load_environment
 from aitrain_grpo.errors import EXIT_USAGE, UserError, one_line
-from aitrain_grpo.runlog.outputs import check_file_output
+from aitrain_grpo.outputs import check_file_output
 from aitrain_grpo.runlog.report import write_report
 from aitrain_grpo.models.tiny import build_tiny_model
 from aitrain_grpo.training.small_dataset import steps_short

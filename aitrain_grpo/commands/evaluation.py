@@ -25,7 +25,7 @@ from aitrain_grpo.env.loading import load_environment
 from aitrain_grpo.errors import ConfigError
 from aitrain_grpo.evaluation.evaluate import EvalResult, evaluate, open_backend, write_records
 from aitrain_grpo.models.loading import load_for_generation, resolve_source
-from aitrain_grpo.runlog.outputs import check_file_output
+from aitrain_grpo.outputs import check_file_output
 
 # Sampling and budget flags of `aitrain eval`: not given, a training run's own value is used.
 RUN_FLAGS = ("rl_max_new_tokens", "rl_max_turns", "rl_max_completion_length", "rl_temperature", "rl_top_k",

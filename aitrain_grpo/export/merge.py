@@ -31,7 +31,7 @@ from aitrain_grpo.errors import ConfigError, UserError, one_line
 from aitrain_grpo.models.loading import (
     MAX_ADAPTER_CHAIN, ModelSource, load_causal_lm, looks_local, resolve_model, resolve_source,
 )
-from aitrain_grpo.runlog.outputs import check_folder_output
+from aitrain_grpo.outputs import check_folder_output
 from aitrain_grpo.export.check import TOLERANCES, CheckResult, check_sequences, max_diff, token_logprobs
 
 DTYPES = ("auto", "float32", "bfloat16", "float16")
@@ -54,7 +54,7 @@ class ExportResult:
 
 
 def check_destination(to: str, overwrite: bool, protected: list[Path]) -> Path:
-    """DIR as a Path, by the rule every output follows (runlog/outputs.py): new or empty; with
+    """DIR as a Path, by the rule every output follows (outputs.py): new or empty; with
     `overwrite`, only a folder this tool wrote; never a file, '.', home, or a folder holding or inside
     the run or base being read."""
     return check_folder_output(to, flag="--to", overwrite=overwrite, reads=protected)

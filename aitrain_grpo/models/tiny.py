@@ -28,14 +28,14 @@ import shutil
 import uuid
 from pathlib import Path
 
-from aitrain_grpo.runlog.outputs import check_folder_output
+from aitrain_grpo.outputs import check_folder_output
 from aitrain_grpo.models.tiny_corpus import HOTEL_TOOLS, synthetic_conversation, warmup_conversation
 
 logger = logging.getLogger(__name__)
 
 TINY_MODEL_ID = "tiny"
 TINY_VERSION = 3
-TINY_MARKER = "aitrain_tiny.json"  # marks a folder as a tiny model this package built (runlog/outputs.py)
+TINY_MARKER = "aitrain_tiny.json"  # marks a folder as a tiny model this package built (outputs.py)
 
 PAD_TOKEN = "<|endoftext|>"
 IM_START = "<|im_start|>"
@@ -223,7 +223,7 @@ def _temp_dir_beside(target: Path) -> Path:
 def build_tiny_model(output_dir, *, seed: int = 0, overwrite: bool = False) -> Path:
     """Builds the tiny tokenizer and model into output_dir and returns it. The folder must be new or
     empty; with `overwrite`, a tiny model built before (it holds `TINY_MARKER`) is replaced, and nothing
-    else ever is (runlog/outputs.py)."""
+    else ever is (outputs.py)."""
     target = check_folder_output(output_dir, flag="OUTPUT_DIR", overwrite=overwrite).absolute()
     temp = _temp_dir_beside(target)
     try:

@@ -37,7 +37,7 @@ from trl.trainer.utils import RepeatSampler
 
 from aitrain_grpo.config import RunConfig
 from aitrain_grpo.errors import ConfigError
-from aitrain_grpo.runlog.outputs import special_folder, is_ours
+from aitrain_grpo.outputs import special_folder, is_ours
 from aitrain_grpo.runlog.records import publish
 
 RUN_STATE_FILE = "aitrain_state.json"
@@ -199,7 +199,7 @@ def with_fresh_default_output_dir(config: RunConfig) -> tuple[RunConfig, str | N
 
 def _check_is_a_run_folder(output_dir: Path) -> None:
     """A run writes files with common names (README.md, config.json, ...) into its folder, so it goes
-    only into a new or empty folder, or one of its own runs (runlog/outputs.py): never into the current
+    only into a new or empty folder, or one of its own runs (outputs.py): never into the current
     or home folder, nor a folder of the user's files, whatever --overwrite says."""
     special = special_folder(output_dir)
     if special:
