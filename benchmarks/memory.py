@@ -29,6 +29,8 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from results_table import machine, versions  # noqa: E402
 
+from aitrain_grpo.training.micro_batches import micro_batch_size  # noqa: E402
+
 REPO = Path(__file__).resolve().parent.parent
 
 # (label, environment module, class, batch, micro-batch, extra flags)
@@ -37,7 +39,7 @@ CASES = [
     ("rewrite, defaults", "envs.rewrite", "RewriteEnv", 8, None, []),
     ("weather b8, one pass", "envs.weather", "WeatherEnv", 8, 8, ["--rl-max-new-tokens", "64"]),
     ("weather b8", "envs.weather", "WeatherEnv", 8, None, ["--rl-max-new-tokens", "64"]),
-    ("weather b8, micro 2", "envs.weather", "WeatherEnv", 8, 2, ["--rl-max-new-tokens", "64"]),
+    ("weather b8, micro 4", "envs.weather", "WeatherEnv", 8, 4, ["--rl-max-new-tokens", "64"]),
     ("weather b16", "envs.weather", "WeatherEnv", 16, None, ["--rl-max-new-tokens", "64"]),
     ("weather b32", "envs.weather", "WeatherEnv", 32, None, ["--rl-max-new-tokens", "64"]),
 ]
@@ -63,15 +65,16 @@ def run_case(model: str, module: str, cls: str, batch: int, micro: int | None, e
         record = json.loads(metrics.read_text().splitlines()[0])
         return {"ok": True, "peak_gb": record["memory/peak_rss_gb"], "step_s": record["time/step_s"],
                 "optimizer_s": record.get("time/optimizer_s"), "wall_s": wall,
-                "micro": micro or min(batch, 4)}
+                "micro": micro or micro_batch_size(batch, None)}
 
 
 def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--model", default="smollm2")
     parser.add_argument("--quick", action="store_true", help="only the rewrite cases")
+    parser.add_argument("--only", default="", help="only the cases whose label contains this text")
     args = parser.parse_args()
-    cases = CASES[:2] if args.quick else CASES
+    cases = [case for case in (CASES[:2] if args.quick else CASES) if args.only in case[0]]
     results = []
     for label, module, cls, batch, micro, extra in cases:
         result = run_case(args.model, module, cls, batch, micro, extra)

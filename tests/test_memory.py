@@ -45,7 +45,7 @@ def test_trl_gets_the_micro_batch_and_keeps_the_step_size():
     # 16 episodes a step in passes of 4: TRL accumulates 4 micro-batches into one optimizer step.
     assert trl_batch_arguments(16, 4, 1) == {"per_device_train_batch_size": 4, "gradient_accumulation_steps": 4}
     assert trl_batch_arguments(16, None, 2)["gradient_accumulation_steps"] == 2 * 16 // micro_batch_size(16, None)
-    assert micro_batch_size(6, None) == 3  # the default divides the batch
+    assert micro_batch_size(6, None) == 2 and micro_batch_size(9, None) == 1  # the default divides the batch
     assert micro_batch_size(8, 32) == 8  # larger than the step: the step
     with pytest.raises(ConfigError, match="--batch-size 12 is not a multiple of --micro-batch-size 5"):
         micro_batch_size(12, 5)
@@ -69,3 +69,17 @@ def test_trim_padding_cuts_only_columns_no_row_uses():
 def test_the_progress_line_says_the_steps_peak_memory():
     line = metrics_line(3, 10, {"reward": 0.5, "memory/peak_rss_gb": 3.14}, elapsed=30.0, steps_done=3)
     assert "mem 3.1G" in line
+
+
+def test_a_step_that_may_not_fit_is_warned_about_with_the_flag_to_change():
+    from aitrain_grpo.training.memory_check import memory_warning
+
+    smollm2 = dict(parameters=134_515_008, vocab=49_152, tokens_per_episode=1024, batch_size=8)
+    # 8 episodes a pass of up to 1024 tokens measured 18 GB; with 12 GB free the pass must shrink to a
+    # divisor of the batch that fits (6 would fit, 4 divides 8).
+    warning = memory_warning(**smollm2, micro_batch=8, available=12 * 2**30)
+    assert warning.startswith("warning: a step may need up to 14.5 GB") and "lower --micro-batch-size to 4" in warning
+    assert memory_warning(**smollm2, micro_batch=2, available=12 * 2**30) is None
+    one = memory_warning(**smollm2, micro_batch=1, available=2 * 2**30)
+    assert "lower --rl-max-completion-length" in one
+    assert memory_warning(**smollm2, micro_batch=8, available=None) is None  # not Linux: no guess

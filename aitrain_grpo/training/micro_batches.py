@@ -26,8 +26,10 @@ from typing import Any
 from aitrain_grpo.errors import ConfigError
 
 # Episodes in one forward/backward pass when --micro-batch-size is not given. Measured with SmolLM2 on
-# a CPU (benchmarks/MEMORY.md): the peak falls with M, the step time stays within noise down to 2.
-DEFAULT_MICRO_BATCH = 4
+# a CPU (benchmarks/MEMORY.md, envs.weather, batch 8): peak 18.1 / 9.7 / 5.9 GB at 8 / 4 / 2 episodes a
+# pass, step time 146 / 121 / 124 s: smaller passes cost no time here, and 2 keeps a real model's step
+# within a few gigabytes.
+DEFAULT_MICRO_BATCH = 2
 
 
 def micro_batch_size(batch_size: int, asked: int | None) -> int:

@@ -49,7 +49,8 @@ from aitrain_grpo.training.generation import check_server as check_vllm_server
 from aitrain_grpo.training.generation import grpo_kwargs as generation_grpo_kwargs
 from aitrain_grpo.training.generation import sampling_warning
 from aitrain_grpo.training.groups import DroppedRowsLoss
-from aitrain_grpo.training.micro_batches import trl_batch_arguments
+from aitrain_grpo.training.memory_check import available_bytes, memory_warning
+from aitrain_grpo.training.micro_batches import micro_batch_size, trl_batch_arguments
 from aitrain_grpo.training.plan import RunPlan, plan_run
 from aitrain_grpo.training.reward_funcs import check_required_arguments, episode_rewards, load_reward_funcs
 from aitrain_grpo.training.rollout_func import TrainingRollout
@@ -164,6 +165,19 @@ def check_output_dir(config: RunConfig) -> Path:
     return config.resolved_output_dir()
 
 
+def warn_if_a_step_may_not_fit(model, config: RunConfig) -> None:
+    """On a CPU, say before training when the worst-case step exceeds the free memory (memory_check.py)."""
+    if torch.cuda.is_available() or os.environ.get("RANK", "0") != "0":
+        return
+    warning = memory_warning(
+        parameters=sum(p.numel() for p in model.parameters()), vocab=int(model.config.vocab_size),
+        batch_size=config.batch_size, micro_batch=micro_batch_size(config.batch_size, config.micro_batch_size),
+        tokens_per_episode=config.rl_max_completion_length, available=available_bytes(),
+    )
+    if warning:
+        print(warning, file=sys.stderr, flush=True)
+
+
 def build_trainer(config: RunConfig, env: Environment | None = None, *, callbacks: list | None = None,
                   plan: RunPlan | None = None) -> EpisodeGRPOTrainer:
     """Everything `train` does before `trainer.train()`: plan the run (unless `plan` is given), load
@@ -184,6 +198,7 @@ def build_trainer(config: RunConfig, env: Environment | None = None, *, callback
     extra_rewards = load_reward_funcs(config.rl_reward_funcs)  # before the model: a bad one fails fast
 
     model, tokenizer = load_model_and_tokenizer(config.model)
+    warn_if_a_step_may_not_fit(model, config)
     dataset = Dataset.from_list(small_dataset.fill_one_step(build_rows(env, tokenizer), config))
     check_required_arguments(extra_rewards, dataset.column_names)
     prepare_output_dir(plan.output_dir, plan.resume)
