@@ -187,6 +187,9 @@ class RunConfig:
         path = Path(path)
         if not path.is_file():
             raise ConfigError(f"config file {path} does not exist; pass an existing YAML or JSON file to --config")
+        if path.suffix.lower() not in (".yaml", ".yml", ".json"):
+            raise ConfigError(f"config file {path} has the extension {path.suffix or '(none)'!r}, which is not read; "
+                              f"write the options as YAML (.yaml, .yml) or JSON (.json)")
         try:
             text = path.read_text(encoding="utf-8")
         except UnicodeDecodeError:

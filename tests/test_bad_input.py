@@ -110,6 +110,7 @@ def test_model_folder_with_a_broken_config_fails_to_load_in_one_line(tmp_path):
         ("run.yaml", "rl-env-module: envs.letters\nrl-env-class: LetterEnv\npeft: maybe\n", ["--peft must be true or false"]),
         ("run.yaml", "rl-env-module: envs.letters\nrl-env-class: LetterEnv\nlr: .nan\n", ["--lr must be a finite number"]),
         ("run.yaml", "rl-env-module: envs.letters\nrl-env-class: LetterEnv\nmodel: 7\n", ["--model must be a string"]),
+        ("run.toml", 'rl_env_module = "envs.letters"\n', ["extension '.toml', which is not read", "YAML (.yaml, .yml) or JSON"]),
     ],
 )
 def test_bad_config_files(tmp_path, name, text, fragments):
@@ -177,3 +178,10 @@ def test_local_vllm_server_gpus_are_hidden_from_training(monkeypatch, tmp_path):
     remote = RunConfig(**{**config.to_dict(), "vllm_server_url": "http://gpu-node-2:8000"})
     assert generation.reserve_server_gpus(remote, {}) is None
     assert generation.training_devices(["0"], 1) == ["0"]  # never leaves training without a GPU
+
+
+def test_a_missing_tracker_is_refused_before_anything_is_written(tmp_path):
+    out = tmp_path / "run"
+    result = grpo(*LETTERS, "--report-to", "wandb", "--output-dir", str(out))
+    assert_one_line_error(result, "--report-to wandb needs the wandb package")
+    assert not out.exists()  # no run_config.json left behind for a run that never started

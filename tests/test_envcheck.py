@@ -127,6 +127,7 @@ def test_the_tiny_template_is_append_only(aitrain):
     assert result.exit_code == 0, result.stdout + result.stderr
     assert "append-only" not in result.stdout and "rewrites earlier turns" not in result.stdout
     assert policy_row(result.stdout, "oracle")[0] == "1.000"
+    assert "warning:" not in result.stdout  # one policy scoring 1.0 everywhere is what an oracle should do
 
 
 @pytest.mark.parametrize(

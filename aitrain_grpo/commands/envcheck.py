@@ -192,7 +192,7 @@ def judge(report: EnvCheckReport) -> None:
     if report.problems:  # scores of failed episodes say nothing about the scoring
         return
     all_scores = [s for p in report.policies for s in p.scores]
-    if len(all_scores) > 1 and len(set(all_scores)) == 1:
+    if len(report.policies) > 1 and len(all_scores) > 1 and len(set(all_scores)) == 1:  # one policy: nothing to compare
         report.warnings.append(
             f"every episode scored {all_scores[0]:g} under every policy: there is no learning signal. GRPO learns "
             f"from score differences within a group; make score_episode depend on what the model does, with "

@@ -127,8 +127,8 @@ def resolve_source(spec: str) -> ModelSource:
             return ModelSource(spec, str(path), None, str(path), run_config)
         checkpoints = sorted(path.glob("checkpoint-*"), key=_checkpoint_step)
         if checkpoints:
-            raise ConfigError(f"{spec} holds no final model (is its training unfinished?); evaluate a checkpoint "
-                              f"instead, e.g. --model {checkpoints[-1]}")
+            raise ConfigError(f"{spec} holds no final model (is its training unfinished?); pass one of its "
+                              f"checkpoints instead, e.g. {checkpoints[-1]}")
         raise ConfigError(f"{spec} is a directory without a model (no config.json or adapter_config.json); pass a "
                           f"model directory, a training output directory, or 'tiny'")
     if path.exists():

@@ -17,6 +17,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from aitrain_grpo.config import RunConfig
+from aitrain_grpo.runlog.files import check_tracker_installed
 from aitrain_grpo.training.async_rollout import check_async_supported
 from aitrain_grpo.training.checkpoints import check_output_dir_for_run, with_fresh_default_output_dir
 from aitrain_grpo.training.generation import GenerationPlan, plan_generation, reserve_server_gpus
@@ -35,6 +36,7 @@ def plan_run(config: RunConfig) -> RunPlan:
     clobbered is a `ConfigError`. A default output folder that holds an earlier run is replaced by the
     next numbered one (said on stderr)."""
     config.validate()
+    check_tracker_installed(config.report_to)  # before run_config.json or anything else is written
     config, note = with_fresh_default_output_dir(config)
     if note and os.environ.get("RANK", "0") == "0":
         print(note, file=sys.stderr, flush=True)
