@@ -147,8 +147,8 @@ class ErrorRateStop(TrainerCallback):
         self.window.append(finished)
         self.episodes_total += finished.episodes
         self.errors_total += finished.errors
-        if len(self.window) < self.window_size:
-            return control
+        if len(self.window) < self.window_size and state.global_step < state.max_steps:
+            return control  # a short run is judged on all its steps at its last one
         total = sum(entry.episodes for entry in self.window)
         failed = sum(entry.errors for entry in self.window)
         if total and failed / total > self.max_rate:

@@ -165,3 +165,18 @@ def test_a_generation_server_that_dies_mid_run_stops_with_a_checkpoint(tmp_path,
     lines = stop.lines(["grpo", "--output-dir", str(out)])
     assert lines[0].startswith("error: generation backend failed")
     assert lines[-1] == f"resume with: aitrain grpo --output-dir {out} --resume-from-checkpoint auto"
+
+
+def test_a_short_run_whose_episodes_all_fail_ends_with_an_error(tmp_path, tiny_model_dir):
+    """Two steps are fewer than the error window (four): the run is judged at its last step, and a run
+    where every episode timed out ends with exit 1 and the reason, not 'done'."""
+    out = tmp_path / "run"
+    result = run_cli(
+        "grpo", *TINY_RUN, "--rl-env-class", "FaultyEnv", "--rl-env-config", json.dumps({"faults": ["score_raises"] * 4}),
+        "--model", tiny_model_dir, "--output-dir", str(out), "--max-steps", "2", "--rl-max-new-tokens", "8",
+        cwd=FAULTS_DIR, timeout=300,
+    )
+    assert result.returncode == 1, result.stdout[-2000:] + result.stderr[-2000:]
+    assert "done:" not in result.stdout
+    error = next(line for line in result.stderr.splitlines() if line.startswith("error: "))
+    assert "16 of 16 episodes failed in steps 1-2 (100%)" in error
