@@ -122,6 +122,12 @@ def test_report_to_tensorboard_carries_the_env_metrics(run):
     assert {"train/reward", "train/env/score_mean", "train/env/turns_mean", "train/env/errors"} <= tags, sorted(tags)
 
 
+def test_the_report_written_at_the_end_has_the_runtime(run):
+    out, _ = run
+    summary = json.loads((out / "run_summary.json").read_text())
+    assert f'"runtime_seconds": {json.dumps(summary["runtime_seconds"])}' in (out / "report.html").read_text()
+
+
 def test_report_is_self_contained(run):
     out, _ = run
     page = (out / "report.html").read_text()

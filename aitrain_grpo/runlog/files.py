@@ -139,7 +139,8 @@ class ReportCallback(TrainerCallback):
         self.console = console
         self.failed = False
 
-    def _write(self) -> None:
+    def write(self) -> None:
+        """Render the page now (also called once more after run_summary.json exists, for the runtime)."""
         try:
             write_report(self.output_dir)
         except Exception as exc:  # the run matters more than its report
@@ -150,11 +151,11 @@ class ReportCallback(TrainerCallback):
     def on_log(self, args, state, control, logs=None, **kwargs):
         step = state.global_step
         if state.is_world_process_zero and logs and "reward" in logs and self.every and (step == 1 or step % self.every == 0):
-            self._write()
+            self.write()
 
     def on_train_end(self, args, state, control, **kwargs):
         if state.is_world_process_zero:
-            self._write()
+            self.write()
 
 
 def check_tracker_installed(report_to: str) -> None:

@@ -40,7 +40,7 @@ from aitrain_grpo.env.adapters.aitraining import adapt, scores_with_policy
 from aitrain_grpo.env.dataset import build_rows
 from aitrain_grpo.env.loading import load_environment
 from aitrain_grpo.models.loading import load_model_and_tokenizer
-from aitrain_grpo.runlog.files import training_callbacks
+from aitrain_grpo.runlog.files import ReportCallback, training_callbacks
 from aitrain_grpo.runlog.redaction import redact
 from aitrain_grpo.training import small_dataset
 from aitrain_grpo.training.async_rollout import MaskedShareMetric
@@ -242,7 +242,12 @@ def train(config: RunConfig, env: Environment | None = None, *, callbacks: list 
                 trainer.rollout.sync_weights(trainer)  # leave the server serving the final weights
     finally:
         trainer.rollout.close()
-    return save_run(trainer, config, trainer.plan.output_dir, started)
+    summary = save_run(trainer, config, trainer.plan.output_dir, started)
+    if trainer.accelerator.is_main_process:  # the page again, now with run_summary.json's runtime
+        for callback in trainer.callback_handler.callbacks:
+            if isinstance(callback, ReportCallback):
+                callback.write()
+    return summary
 
 
 def save_run(trainer, config: RunConfig, output_dir: Path, started: float, **extra: Any) -> dict[str, Any]:
