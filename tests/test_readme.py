@@ -6,6 +6,7 @@ from __future__ import annotations
 import os
 import re
 import shlex
+import shutil
 import subprocess
 import sys
 
@@ -166,3 +167,23 @@ def test_every_file_the_documents_link_to_is_in_the_repository():
             if "://" not in target and not (document.parent / target).exists():
                 missing.append(f"{document.relative_to(REPO)} -> {target}")
     assert not missing, missing
+
+
+@pytest.mark.integration
+def test_the_quick_start_then_its_next_commands_run_in_a_fresh_folder(tmp_path):
+    """README's first run (cut to 2 steps), run twice as a newcomer would, then the eval it prints: the
+    second run goes to a numbered folder instead of failing, and the printed commands work as printed."""
+    shutil.copytree(REPO / "envs", tmp_path / "envs")
+    shutil.copytree(REPO / "examples", tmp_path / "examples")
+    first = run_cli("grpo", "--config", "examples/quickstart.yaml", "--max-steps", "2", cwd=tmp_path)
+    assert first.returncode == 0, first.stderr[-2000:]
+    assert "report: outputs/letterenv/report.html" in first.stdout
+    next_line = next(line for line in first.stdout.splitlines() if line.startswith("next: "))
+    assert next_line == "next: aitrain eval --model outputs/letterenv --baseline tiny --episodes 32"
+    second = run_cli("grpo", "--config", "examples/quickstart.yaml", "--max-steps", "2", cwd=tmp_path)
+    assert second.returncode == 0, second.stderr[-2000:]
+    assert "this run writes to outputs/letterenv-2" in second.stderr
+    assert (tmp_path / "outputs" / "letterenv-2" / "run_summary.json").is_file()
+    evaluated = run_cli(*shlex.split(next_line.removeprefix("next: aitrain "))[:-1], "4", cwd=tmp_path)
+    assert evaluated.returncode == 0, evaluated.stderr[-2000:]
+    assert "mean score" in evaluated.stdout

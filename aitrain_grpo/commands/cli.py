@@ -143,7 +143,14 @@ def grpo(**kwargs) -> None:
         fail(str(steps_short(summary["global_step"], summary["steps_asked"])), code=1)
     if os.environ.get("RANK", "0") != "0":  # under accelerate/torchrun, one process reports
         return
-    out.print(f"done: {summary['global_step']} steps in {summary['runtime_seconds']:.0f}s; model saved to {config.resolved_output_dir()}")
+    output_dir = config.resolved_output_dir()
+    out.print(f"done: {summary['global_step']} steps in {summary['runtime_seconds']:.0f}s; model saved to {output_dir}")
+    if (output_dir / "report.html").is_file():
+        out.print(f"report: {output_dir / 'report.html'} (open it in a browser)", markup=False)
+    out.print(f"next: aitrain eval --model {output_dir} --baseline {config.model} --episodes 32", markup=False)
+    if config.rl_env_class != "HotelEnv":
+        out.print("then the worked tool example: aitrain grpo --rl-env-module envs.hotel --rl-env-class HotelEnv "
+                  "--max-steps 20", markup=False)
     leave_past_stuck_env_calls(0)
 
 
