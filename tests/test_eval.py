@@ -104,7 +104,7 @@ def test_an_unfinished_run_points_at_its_checkpoint(tmp_path):
     for step in (5, 10):
         (tmp_path / f"checkpoint-{step}").mkdir()
     result = aitrain("eval", "--model", tmp_path, *LETTERS)
-    assert result.exit_code == 2 and f"--model {tmp_path / 'checkpoint-10'}" in result.stderr
+    assert result.exit_code == 2 and f"checkpoints instead, e.g. {tmp_path / 'checkpoint-10'}" in result.stderr
 
 
 @pytest.mark.skipif(importlib.util.find_spec("vllm") is not None, reason="vLLM is installed here")

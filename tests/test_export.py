@@ -176,7 +176,7 @@ def test_refusals_are_one_line(lora_run, tmp_path):
         (["export", tmp_path / "no-such-run", "--to", tmp_path / "x"], ["no-such-run is not a directory"]),
         (["export", lora_run, "--to", taken], ["exists and is not empty", "--overwrite"]),
         (["export", lora_run, "--to", tmp_path / "x", "--dtype", "int8"], ["--dtype int8", "float32, bfloat16, float16"]),
-        (["export", lora_run, "--to", lora_run.parent, "--overwrite"], ["which the export reads"]),
+        (["export", lora_run, "--to", lora_run.parent, "--overwrite"], ["which this command reads"]),
         (["export", tmp_path, "--to", tmp_path / "x"], ["without a model"]),
     ]
     for args, fragments in cases:
@@ -185,13 +185,18 @@ def test_refusals_are_one_line(lora_run, tmp_path):
     assert not (tmp_path / "x").exists()
 
 
-def test_overwrite_replaces_the_folder(lora_run, tmp_path):
-    taken = tmp_path / "taken"
-    taken.mkdir()
-    (taken / "old.txt").write_text("old")
-    result = aitrain("export", lora_run, "--to", taken, "--overwrite")
+def test_overwrite_replaces_an_earlier_export_and_nothing_else(lora_run, tmp_path):
+    earlier = tmp_path / "earlier"
+    assert aitrain("export", lora_run, "--to", earlier).exit_code == 0
+    (earlier / "model.safetensors").write_bytes(b"stale")
+    result = aitrain("export", lora_run, "--to", earlier, "--overwrite")
     assert result.exit_code == 0, result.output
-    assert (taken / "model.safetensors").is_file() and not (taken / "old.txt").exists()
+    assert (earlier / "model.safetensors").read_bytes() != b"stale" and (earlier / "export_info.json").is_file()
+    users = tmp_path / "users"
+    users.mkdir()
+    (users / "old.txt").write_text("old")
+    assert_one_line_error(aitrain("export", lora_run, "--to", users, "--overwrite"), 2, "did not write")
+    assert (users / "old.txt").read_text() == "old"
 
 
 def no_token_env(tmp_path: Path) -> dict[str, str]:
