@@ -143,3 +143,22 @@ def test_a_bad_episode_option_gets_the_same_message_from_every_command(command, 
 
     result = CliRunner().invoke(app, [*command, *HOTEL, flag, value])
     assert result.exit_code == 2 and result.stderr.strip() == f"error: {message}", result.stderr
+
+
+@pytest.mark.parametrize("command", [["grpo"], ["eval"], ["env", "check"], ["sft"], ["export"]])
+def test_help_shows_every_flag_whole_at_80_columns(command):
+    """At 80 columns no flag name is cut short (rich's option table cut six, e.g. --rl-max-completion-le…)."""
+    import os
+    import subprocess
+    import sys
+
+    from aitrain_grpo.config import RunConfig
+
+    result = subprocess.run([sys.executable, "-m", "aitrain_grpo", *command, "--help"], capture_output=True,
+                            text=True, env=dict(os.environ, COLUMNS="80"), cwd=REPO, timeout=120)
+    assert result.returncode == 0, result.stderr
+    assert "…" not in result.stdout
+    assert all(len(line) <= 80 for line in result.stdout.splitlines())
+    if command == ["grpo"]:
+        for name in RunConfig.field_names():
+            assert "--" + name.replace("_", "-") in result.stdout, name

@@ -63,6 +63,8 @@ app = typer.Typer(
     no_args_is_help=True,
     add_completion=False,
     pretty_exceptions_enable=False,
+    # Plain click help: rich's option table cuts long flag names (--rl-max-completion-le…) at 80 columns.
+    rich_markup_mode=None,
 )
 err = Console(stderr=True, highlight=False, soft_wrap=True)
 out = Console(highlight=False, soft_wrap=True)
@@ -250,7 +252,7 @@ def kill_server_group(process, signum) -> None:
 
 # ------------------------------------------------------------------------------ aitrain env check / eval / report
 
-env_app = typer.Typer(help="Work on an environment before training on it.", no_args_is_help=True)
+env_app = typer.Typer(help="Work on an environment before training on it.", no_args_is_help=True, rich_markup_mode=None)
 app.add_typer(env_app, name="env")
 
 def env_check(**options) -> None:
