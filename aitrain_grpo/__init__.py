@@ -30,7 +30,7 @@ def __getattr__(name: str):
     # `train` pulls in torch and TRL; importing it lazily keeps `import aitrain_grpo` and the CLI's
     # error paths fast.
     if name == "train":
-        from aitrain_grpo.training.trainer import train
+        from aitrain_grpo.training.trainer import train_from_python
 
-        return train
+        return train_from_python
     raise AttributeError(f"module 'aitrain_grpo' has no attribute {name!r}")

@@ -144,3 +144,20 @@ def test_a_taken_default_output_folder_gives_the_next_numbered_one(tmp_path, mon
     assert plan_run(config).output_dir == Path("outputs/letterenv-3")
     with pytest.raises(ConfigError, match="already holds a finished run"):
         plan_run(RunConfig(rl_env_module="envs.letters", rl_env_class="LetterEnv", output_dir="outputs/letterenv"))
+
+
+def test_errors_raised_to_python_name_keyword_arguments(tmp_path):
+    """`aitrain_grpo.train` is called with a RunConfig: its one-line errors say `overwrite=True`, not a flag."""
+    from aitrain_grpo import RunConfig, train
+    from aitrain_grpo.errors import ConfigError
+
+    finished = tmp_path / "run"
+    finished.mkdir()
+    (finished / "run_config.json").write_text("{}")
+    (finished / "run_summary.json").write_text("{}")
+    with pytest.raises(ConfigError) as raised:
+        train(RunConfig(rl_env_module="envs.letters", rl_env_class="LetterEnv", output_dir=str(finished)))
+    assert "pass overwrite=True or choose another output_dir=" in str(raised.value)
+    assert "--" not in str(raised.value)
+    with pytest.raises(ConfigError, match=r"batch_size=6 is not a multiple of rl_num_generations=4"):
+        train(RunConfig(rl_env_module="envs.letters", rl_env_class="LetterEnv", batch_size=6))

@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import sys
 import time
 from pathlib import Path
@@ -36,6 +37,7 @@ from trl import GRPOConfig, GRPOTrainer
 
 from aitrain_grpo.config import RunConfig, reward_func_specs, reward_weights
 from aitrain_grpo.env.base import Environment
+from aitrain_grpo.errors import UserError
 from aitrain_grpo.env.adapters.aitraining import adapt, scores_with_policy
 from aitrain_grpo.env.dataset import build_rows
 from aitrain_grpo.env.loading import load_environment
@@ -268,3 +270,29 @@ def save_run(trainer, config: RunConfig, output_dir: Path, started: float, **ext
         trainer.processing_class.save_pretrained(str(output_dir))
         (output_dir / "run_summary.json").write_text(json.dumps(summary, indent=2) + "\n")
     return summary
+
+
+def train_from_python(config: RunConfig, env: Environment | None = None, **kwargs: Any) -> dict[str, Any]:
+    """`aitrain_grpo.train`: `train` for Python callers, whose mistakes are named as `RunConfig` keyword
+    arguments (`overwrite=True`, `batch_size=`) rather than command-line flags."""
+    try:
+        return train(config, env, **kwargs)
+    except UserError as exc:
+        exc.args = (as_python_arguments(str(exc)),)
+        raise
+
+
+def as_python_arguments(message: str) -> str:
+    """`message` with each flag of a `RunConfig` field written as that keyword argument: `--overwrite`
+    and `--no-peft` become `overwrite=True` and `peft=False`, `--batch-size 8` becomes `batch_size=8`."""
+    fields = RunConfig.__dataclass_fields__
+
+    def keyword(match: re.Match) -> str:
+        negated, name, value = match.group(1), match.group(2).replace("-", "_"), match.group(3)
+        if name not in fields:
+            return match.group(0)
+        if fields[name].type in ("bool", bool):
+            return f"{name}={'False' if negated else 'True'}" + (value or "")
+        return f"{name}=" + (value.strip() if value else "")
+
+    return re.sub(r"--(no-)?([a-z][a-z0-9-]*)( [^\s,;:()]+)?", keyword, message)
