@@ -185,3 +185,12 @@ def test_a_missing_tracker_is_refused_before_anything_is_written(tmp_path):
     result = grpo(*LETTERS, "--report-to", "wandb", "--output-dir", str(out))
     assert_one_line_error(result, "--report-to wandb needs the wandb package")
     assert not out.exists()  # no run_config.json left behind for a run that never started
+
+
+def test_a_budget_beyond_the_models_context_is_refused_before_training(tmp_path):
+    out = tmp_path / "run"
+    result = grpo(*LETTERS, "--rl-max-new-tokens", "100000", "--rl-max-completion-length", "200000",
+                  "--output-dir", str(out))
+    error = assert_one_line_error(result, "--rl-max-completion-length 200000 does not fit", "context of 4096 tokens")
+    assert "--rl-max-completion-length 2048" in error
+    assert not (out / "run_summary.json").exists() and not list(out.glob("checkpoint-*"))

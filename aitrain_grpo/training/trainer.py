@@ -37,7 +37,7 @@ from trl import GRPOConfig, GRPOTrainer
 
 from aitrain_grpo.config import RunConfig, reward_func_specs, reward_weights
 from aitrain_grpo.env.base import Environment
-from aitrain_grpo.errors import UserError
+from aitrain_grpo.errors import ConfigError, UserError
 from aitrain_grpo.env.adapters.aitraining import adapt, scores_with_policy
 from aitrain_grpo.env.dataset import build_rows
 from aitrain_grpo.env.loading import load_environment
@@ -167,6 +167,18 @@ def check_output_dir(config: RunConfig) -> Path:
     return config.resolved_output_dir()
 
 
+def check_context_length(model, config: RunConfig) -> None:
+    """An episode's budget must fit the model's context (its position embeddings), prompt included; a
+    longer one would fail or silently degrade mid-run, so it is refused before training."""
+    context = getattr(model.config, "max_position_embeddings", None)
+    if isinstance(context, int) and config.rl_max_completion_length >= context:
+        raise ConfigError(
+            f"--rl-max-completion-length {config.rl_max_completion_length} does not fit {config.model}'s context of "
+            f"{context} tokens (its max_position_embeddings), which also holds the prompt; lower it, e.g. "
+            f"--rl-max-completion-length {context // 2}"
+        )
+
+
 def warn_if_a_step_may_not_fit(model, config: RunConfig) -> None:
     """On a CPU, say before training when the worst-case step exceeds the free memory (memory_check.py)."""
     if torch.cuda.is_available() or os.environ.get("RANK", "0") != "0":
@@ -200,6 +212,7 @@ def build_trainer(config: RunConfig, env: Environment | None = None, *, callback
     extra_rewards = load_reward_funcs(config.rl_reward_funcs)  # before the model: a bad one fails fast
 
     model, tokenizer = load_model_and_tokenizer(config.model)
+    check_context_length(model, config)
     warn_if_a_step_may_not_fit(model, config)
     dataset = Dataset.from_list(small_dataset.fill_one_step(build_rows(env, tokenizer), config))
     check_required_arguments(extra_rewards, dataset.column_names)
