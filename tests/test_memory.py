@@ -95,3 +95,12 @@ def test_a_step_that_may_not_fit_is_warned_about_with_the_flag_to_change():
     one = memory_warning(**smollm2, micro_batch=1, available=2 * 2**30)
     assert "lower --rl-max-completion-length" in one
     assert memory_warning(**smollm2, micro_batch=8, available=None) is None  # not Linux: no guess
+
+
+def test_dropping_flat_groups_trains_the_step_in_one_pass():
+    """drop/refill promise the informative groups the full step; TRL normalises each micro-batch alone,
+    so those runs keep one pass (test_zero_std_groups.py checks the doubled gradient) and refuse less."""
+    assert trl_batch_arguments(8, None, 1, whole_step=True) == {"per_device_train_batch_size": 8,
+                                                               "gradient_accumulation_steps": 1}
+    with pytest.raises(ConfigError, match="--micro-batch-size 2 with --rl-zero-std-groups drop or refill"):
+        micro_batch_size(8, 2, whole_step=True)

@@ -34,7 +34,7 @@ from aitrain_grpo.engine.backends.base import SamplingParams
 from aitrain_grpo.engine.chat import ChatRenderer, prompt_messages
 from aitrain_grpo.engine.rollout import RolloutEngine
 from aitrain_grpo.engine.runner import EpisodeRunner, play_text
-from aitrain_grpo.engine.stats import EpisodeStats, episode_stats
+from aitrain_grpo.engine.stats import EpisodeStats, episode_scores, episode_stats
 from aitrain_grpo.engine.tool_parsers import read_tool_calls, tool_names_of
 from aitrain_grpo.env.adapters.aitraining import AITrainingEnvironment, describe_interface, use_policy
 from aitrain_grpo.env.base import Environment, Episode
@@ -59,7 +59,7 @@ class PolicyResult:
 
     @property
     def scores(self) -> list[float]:
-        return [float(ep.score or 0.0) for ep in self.episodes]
+        return episode_scores(self.episodes)
 
     @property
     def stats(self) -> EpisodeStats:

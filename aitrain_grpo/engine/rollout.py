@@ -35,7 +35,7 @@ from aitrain_grpo.engine.chat import ChatRenderer
 from aitrain_grpo.engine.turn_batcher import TurnBatcher
 from aitrain_grpo.env.base import Environment, Episode, Message
 from aitrain_grpo.engine.runner import EpisodeRunner
-from aitrain_grpo.engine.stats import EpisodeSummary
+from aitrain_grpo.engine.stats import EpisodeSummary, episode_scores
 
 
 @dataclass
@@ -74,7 +74,7 @@ class RolloutBatch:
 
     @property
     def scores(self) -> list[float]:
-        return [float(ep.score or 0.0) for ep in self.episodes]
+        return episode_scores(self.episodes)
 
     def summaries(self) -> list[EpisodeSummary]:
         return [EpisodeSummary.of(ep) for ep in self.episodes]

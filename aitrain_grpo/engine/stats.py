@@ -19,6 +19,11 @@ from typing import Iterable
 
 from aitrain_grpo.env.base import STOP_REASONS, Episode
 
+def episode_scores(episodes: Iterable[Episode]) -> list[float]:
+    """Each episode's score as a float (0.0 for one never scored), in order."""
+    return [float(ep.score or 0.0) for ep in episodes]
+
+
 SUCCESS = 1.0 - 1e-9  # a score of 1.0 counts as solved (floats from environments may be 0.9999999999)
 
 

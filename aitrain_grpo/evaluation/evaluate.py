@@ -23,7 +23,7 @@ from typing import Any
 from aitrain_grpo.config import DEFAULT_CUT_TURN, DEFAULT_TOOL_PARSER
 from aitrain_grpo.engine.backends.base import GenerationBackend, SamplingParams
 from aitrain_grpo.engine.rollout import RolloutEngine
-from aitrain_grpo.engine.stats import SUCCESS, episode_stats
+from aitrain_grpo.engine.stats import SUCCESS, episode_scores, episode_stats
 from aitrain_grpo.env.base import Environment, Episode
 from aitrain_grpo.errors import ConfigError
 from aitrain_grpo.models.loading import ModelSource, load_for_generation, load_tokenizer, stop_token_ids
@@ -94,7 +94,7 @@ class EvalResult:
 
     @property
     def scores(self) -> list[float]:
-        return [float(ep.score or 0.0) for ep in self.episodes]
+        return episode_scores(self.episodes)
 
     def pass_at_k(self) -> float:
         solved: dict[int, bool] = {}

@@ -32,9 +32,20 @@ from aitrain_grpo.errors import ConfigError
 DEFAULT_MICRO_BATCH = 2
 
 
-def micro_batch_size(batch_size: int, asked: int | None) -> int:
+def micro_batch_size(batch_size: int, asked: int | None, *, whole_step: bool = False) -> int:
     """The episodes per forward pass for a step of `batch_size` episodes. Given (`asked`), it must
-    divide the batch; by default the largest divisor of the batch up to `DEFAULT_MICRO_BATCH`."""
+    divide the batch; by default the largest divisor of the batch up to `DEFAULT_MICRO_BATCH`.
+
+    `whole_step` (--rl-zero-std-groups drop/refill): one pass. TRL normalises each micro-batch's loss
+    on its own and shuffles the step's episodes across them, so the dropped groups' rows would still
+    count in the normalisation of the micro-batches they land in, and the informative groups would not
+    get the full step that `drop` promises."""
+    if whole_step:
+        if asked is not None and asked < batch_size:
+            raise ConfigError(f"--micro-batch-size {asked} with --rl-zero-std-groups drop or refill: dropped groups "
+                              f"leave the loss of one whole pass only; use --micro-batch-size {batch_size}, or "
+                              f"--rl-zero-std-groups keep")
+        return batch_size
     if asked is not None:
         if asked > batch_size:
             return batch_size  # a micro-batch larger than the step is the step
@@ -46,10 +57,11 @@ def micro_batch_size(batch_size: int, asked: int | None) -> int:
     return max(d for d in range(1, min(batch_size, DEFAULT_MICRO_BATCH) + 1) if batch_size % d == 0)
 
 
-def trl_batch_arguments(batch_size: int, asked_micro: int | None, accumulation: int) -> dict[str, int]:
+def trl_batch_arguments(batch_size: int, asked_micro: int | None, accumulation: int, *,
+                        whole_step: bool = False) -> dict[str, int]:
     """TRL's batch arguments (GRPOConfig and SFTConfig alike) for `--batch-size`, `--micro-batch-size`
     and `--gradient-accumulation-steps`: episodes per optimizer step stay `batch_size * accumulation`."""
-    micro = micro_batch_size(batch_size, asked_micro)
+    micro = micro_batch_size(batch_size, asked_micro, whole_step=whole_step)
     return {
         "per_device_train_batch_size": micro,
         "gradient_accumulation_steps": accumulation * (batch_size // micro),

@@ -107,7 +107,8 @@ def trainer_args(config: RunConfig, output_dir: Path, config_class: type) -> dic
     args: dict[str, Any] = dict(
         output_dir=str(output_dir),
         learning_rate=config.lr,
-        **trl_batch_arguments(config.batch_size, config.micro_batch_size, config.gradient_accumulation_steps),
+        **trl_batch_arguments(config.batch_size, config.micro_batch_size, config.gradient_accumulation_steps,
+                              whole_step=config.rl_zero_std_groups != "keep"),
         num_train_epochs=config.epochs,
         max_steps=config.max_steps or -1,
         seed=config.seed,
@@ -185,7 +186,9 @@ def warn_if_a_step_may_not_fit(model, config: RunConfig) -> None:
         return
     warning = memory_warning(
         parameters=sum(p.numel() for p in model.parameters()), vocab=int(model.config.vocab_size),
-        batch_size=config.batch_size, micro_batch=micro_batch_size(config.batch_size, config.micro_batch_size),
+        batch_size=config.batch_size,
+        micro_batch=micro_batch_size(config.batch_size, config.micro_batch_size,
+                                     whole_step=config.rl_zero_std_groups != "keep"),
         tokens_per_episode=config.rl_max_completion_length, available=available_bytes(),
     )
     if warning:
