@@ -194,3 +194,22 @@ def test_a_budget_beyond_the_models_context_is_refused_before_training(tmp_path)
     error = assert_one_line_error(result, "--rl-max-completion-length 200000 does not fit", "context of 4096 tokens")
     assert "--rl-max-completion-length 2048" in error
     assert not (out / "run_summary.json").exists() and not list(out.glob("checkpoint-*"))
+
+
+@pytest.mark.parametrize("command", ["grpo", "eval"])
+def test_an_uncached_hub_model_without_network_is_one_line_at_once(command, tmp_path, monkeypatch):
+    """Offline, a hub id used to print ten download retries over about a minute before its error. The hub's
+    host is made unresolvable (.invalid never resolves) and the cache empty, so the test holds anywhere."""
+    import time
+
+    monkeypatch.setenv("HF_ENDPOINT", "https://hub.invalid")
+    monkeypatch.setenv("HF_HUB_CACHE", str(tmp_path / "empty-cache"))
+    started = time.monotonic()
+    where = ["--output-dir", str(tmp_path / "run")] if command == "grpo" else []
+    result = run_cli(command, *LETTERS, "--model", "Qwen/Qwen2.5-0.5B-Instruct", *where)
+    assert result.returncode == 2 and "Retrying" not in result.stderr, result.stderr[-1500:]
+    assert result.stderr.strip().splitlines()[-1].endswith(
+        "Qwen/Qwen2.5-0.5B-Instruct is not in the local Hugging Face cache and hub.invalid cannot be reached (no "
+        "network); download it where there is one (huggingface-cli download Qwen/Qwen2.5-0.5B-Instruct) or pass a "
+        "local model folder")
+    assert time.monotonic() - started < 30

@@ -45,6 +45,30 @@ def looks_local(spec: str) -> bool:
     )
 
 
+def hub_problem(spec: str) -> str | None:
+    """A hub id that is not in the local Hugging Face cache while the hub's host does not even resolve
+    (no network): the one-line reason, found in a moment instead of after a minute of download retries.
+    None when the model is cached or the host resolves (transformers then does what it always does)."""
+    import os
+    import socket
+    from urllib.parse import urlparse
+
+    from huggingface_hub import try_to_load_from_cache
+
+    try:
+        if isinstance(try_to_load_from_cache(spec, "config.json"), str):
+            return None
+    except ValueError:  # not a valid repo id: transformers names the problem better
+        return None
+    host = urlparse(os.environ.get("HF_ENDPOINT") or "https://huggingface.co").hostname or "huggingface.co"
+    try:
+        socket.getaddrinfo(host, 443)
+    except OSError:
+        return (f"{spec} is not in the local Hugging Face cache and {host} cannot be reached (no network); "
+                f"download it where there is one (huggingface-cli download {spec}) or pass a local model folder")
+    return None
+
+
 def local_model_problem(model: str) -> str | None:
     """What is wrong with `model` as a local model folder or GGUF file, or None (fine, or a hub id);
     cheap: nothing is loaded or converted."""
@@ -54,7 +78,7 @@ def local_model_problem(model: str) -> str | None:
     if is_gguf_name(model):  # no hub id ends with .gguf
         return gguf_problem(model)
     if not looks_local(model):
-        return None
+        return hub_problem(model)
     if not path.exists():
         hint = ""
         if path.parent.is_dir():
@@ -137,6 +161,9 @@ def resolve_source(spec: str) -> ModelSource:
     if looks_local(spec):
         raise ConfigError(f"model {spec!r} does not exist; pass a model directory, a training output directory, "
                           f"a hub id such as Qwen/Qwen2.5-0.5B-Instruct, or 'tiny'")
+    problem = hub_problem(spec)
+    if problem:
+        raise ConfigError(f"model {problem}")
     return ModelSource(spec, spec, None, spec)  # a hub id: transformers finds it in its cache or downloads it
 
 
