@@ -26,6 +26,7 @@ import os
 import re
 import sys
 import time
+import warnings
 from pathlib import Path
 from typing import Any
 
@@ -58,6 +59,14 @@ from aitrain_grpo.training.reward_funcs import check_required_arguments, episode
 from aitrain_grpo.training.rollout_func import TrainingRollout
 from aitrain_grpo.training.signals import SignalStop
 from aitrain_grpo.training.stopping import ErrorRateStop, clean_stops
+
+
+# Saving an adapter, PEFT looks for its base's config.json to see whether the vocabulary changed. An
+# adapter trained on a merged sft output names that output (an adapter folder, no config.json) as its base,
+# and PEFT warns on every save. Our LoRA never targets the embeddings, so the vocabulary never changes: only
+# that one message is silenced (peft 0.21, utils/save_and_load.py).
+warnings.filterwarnings("ignore", message="Could not find a config file in .* will assume that the vocabulary "
+                                          "was not modified", category=UserWarning)
 
 
 def episode_score(prompts=None, completions=None, episode_score=None, **kwargs) -> list[float]:
