@@ -161,3 +161,20 @@ def test_errors_raised_to_python_name_keyword_arguments(tmp_path):
     assert "--" not in str(raised.value)
     with pytest.raises(ConfigError, match=r"batch_size=6 is not a multiple of rl_num_generations=4"):
         train(RunConfig(rl_env_module="envs.letters", rl_env_class="LetterEnv", batch_size=6))
+
+
+def test_an_environment_handed_in_from_python_is_recorded_in_run_config(tmp_path):
+    """`train(RunConfig(...), env=load_environment(...))`: run_config.json says which module, class and
+    keyword arguments built the environment (it said null), and the config may leave them out."""
+    from aitrain_grpo import RunConfig, load_environment
+    from aitrain_grpo.training.trainer import with_environment_origin
+    from envs.letters import LetterEnv
+
+    env = load_environment("envs.letters", "LetterEnv", '{"letter": "b", "turns": 1}')
+    config = with_environment_origin(RunConfig(output_dir=str(tmp_path / "run")), env)
+    assert (config.rl_env_module, config.rl_env_class, config.rl_env_config) == (
+        "envs.letters", "LetterEnv", {"letter": "b", "turns": 1})
+    config = with_environment_origin(RunConfig(), LetterEnv())  # built by hand: its class still names it
+    assert (config.rl_env_module, config.rl_env_class, config.rl_env_config) == ("envs.letters", "LetterEnv", None)
+    given = RunConfig(rl_env_module="envs.letters", rl_env_class="LetterEnv", rl_env_config={"turns": 2})
+    assert with_environment_origin(given, env) is given  # what the caller says wins

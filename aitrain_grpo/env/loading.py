@@ -299,7 +299,11 @@ def load_environment(module: str, class_name: str, config: str | Mapping | None 
     if isinstance(env, ToolEnvironment):
         env.tool_specs  # builds (and caches) the schemas: a bad tool definition is an EnvLoadError now
     if aitraining_style:
-        return adapt(env)  # reads get_tools() now: a bad schema is an EnvLoadError here, not mid-run
+        env = adapt(env)  # reads get_tools() now: a bad schema is an EnvLoadError here, not mid-run
+    try:  # where the instance came from, so a run handed it from Python records how to build it again
+        env.loaded_from = {"rl_env_module": module, "rl_env_class": class_name, "rl_env_config": kwargs or None}
+    except (AttributeError, TypeError):  # a class with __slots__ or a frozen one: its own class still names it
+        pass
     return env
 
 

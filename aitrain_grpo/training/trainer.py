@@ -21,6 +21,7 @@ Left out: the console display and the files written during training (runlog/), s
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import re
@@ -177,6 +178,20 @@ def check_output_dir(config: RunConfig) -> Path:
     return config.resolved_output_dir()
 
 
+def with_environment_origin(config: RunConfig, env: Any) -> RunConfig:
+    """`config` (a copy) naming the environment an instance handed in from Python came from, where the
+    config leaves it out: `load_environment`'s module, class and keyword arguments when it built the
+    instance, else the instance's own class (an AITraining instance's, not its wrapper's). So
+    `train(RunConfig(), env=instance)` needs no `rl_env_module`/`rl_env_class`, and run_config.json records
+    how to build the environment again (eval and resume read it)."""
+    origin = getattr(env, "loaded_from", None)
+    if not isinstance(origin, dict):
+        cls = type(getattr(env, "user", env))
+        origin = {"rl_env_module": cls.__module__, "rl_env_class": cls.__name__, "rl_env_config": None}
+    filled = {key: value for key, value in origin.items() if not getattr(config, key)}
+    return dataclasses.replace(config, **filled) if filled else config
+
+
 def check_context_length(model, config: RunConfig) -> None:
     """An episode's budget must fit the model's context (its position embeddings), prompt included; a
     longer one would fail or silently degrade mid-run, so it is refused before training."""
@@ -210,6 +225,8 @@ def build_trainer(config: RunConfig, env: Environment | None = None, *, callback
     the environment, model and dataset, write `run_config.json`, and construct the trainer. Its
     `rollout` is the `TrainingRollout` (its `last_batch` the latest episodes played) and its `plan`
     the `RunPlan`."""
+    if plan is None and env is not None:
+        config = with_environment_origin(config, env)
     plan = plan or plan_run(config)
     config = plan.config  # with the output folder the run really writes to
     check_vllm_server(config, plan.generation)
