@@ -187,3 +187,35 @@ def test_the_quick_start_then_its_next_commands_run_in_a_fresh_folder(tmp_path):
     evaluated = run_cli(*shlex.split(next_line.removeprefix("next: aitrain "))[:-1], "4", cwd=tmp_path)
     assert evaluated.returncode == 0, evaluated.stderr[-2000:]
     assert "mean score" in evaluated.stdout
+
+
+# Commands that need what this machine has not: a hub model, a GPU or vLLM, a hub token, another tool.
+NOT_HERE = ("Qwen/", "--use-vllm", "vllm-serve", "accelerate launch", "--push-to-hub", "pip install", "pytest",
+            "benchmarks/")
+CAPS = {"grpo": ["--max-steps", "1", "--rl-max-new-tokens", "16"], "sft": ["--max-steps", "1", "--episodes", "4"],
+        "eval": ["--episodes", "2"], "check": ["--episodes", "2"]}
+
+
+@pytest.mark.integration
+@pytest.mark.slow
+def test_the_readme_runs_top_to_bottom_in_one_fresh_folder(tmp_path):
+    """Every README command that can run here (the tiny model, local environments), in the README's order,
+    in one fresh folder, each cut to a step or two: none fails, so none collides with an earlier one's
+    outputs (a taken default folder gives the next numbered one). The GuessEnv example is saved as the
+    README tells its reader to, in envs/guess.py."""
+    shutil.copytree(REPO / "envs", tmp_path / "envs")
+    shutil.copytree(REPO / "examples", tmp_path / "examples")
+    guess = re.search(r"```python\n(# envs/guess.py\n.*?)```", (REPO / "README.md").read_text(), flags=re.S)
+    (tmp_path / "envs" / "guess.py").write_text(guess.group(1))
+    ran = []
+    for where, command in COMMANDS:
+        if where != "README.md" or any(marker in command.split("&&")[-1] for marker in NOT_HERE):
+            continue
+        args = aitrain_arguments(command)
+        caps = CAPS.get(args[1] if args[0] == "env" else args[0], [])
+        result = run_cli(*args, *caps, cwd=tmp_path)
+        assert result.returncode == 0, f"{command}\n{result.stdout[-1500:]}\n{result.stderr[-1500:]}"
+        ran.append(" ".join(args[:3]))
+    assert len(ran) >= 12, ran
+    assert (tmp_path / "models" / "hotel-agent" / "export_info.json").is_file()
+    assert (tmp_path / "outputs" / "hotelenv-2" / "run_summary.json").is_file()  # the second hotel run
