@@ -209,7 +209,7 @@ def test_an_uncached_hub_model_without_network_is_one_line_at_once(command, tmp_
     result = run_cli(command, *LETTERS, "--model", "Qwen/Qwen2.5-0.5B-Instruct", *where)
     assert result.returncode == 2 and "Retrying" not in result.stderr, result.stderr[-1500:]
     assert result.stderr.strip().splitlines()[-1].endswith(
-        "Qwen/Qwen2.5-0.5B-Instruct is not in the local Hugging Face cache and hub.invalid cannot be reached (no "
-        "network); download it where there is one (huggingface-cli download Qwen/Qwen2.5-0.5B-Instruct) or pass a "
-        "local model folder")
+        "Qwen/Qwen2.5-0.5B-Instruct is neither a folder here nor in the local Hugging Face cache, and hub.invalid "
+        "cannot be reached (no network); download it where there is one (huggingface-cli download "
+        "Qwen/Qwen2.5-0.5B-Instruct) or pass a local model folder")
     assert time.monotonic() - started < 30

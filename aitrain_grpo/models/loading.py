@@ -64,8 +64,9 @@ def hub_problem(spec: str) -> str | None:
     try:
         socket.getaddrinfo(host, 443)
     except OSError:
-        return (f"{spec} is not in the local Hugging Face cache and {host} cannot be reached (no network); "
-                f"download it where there is one (huggingface-cli download {spec}) or pass a local model folder")
+        return (f"{spec} is neither a folder here nor in the local Hugging Face cache, and {host} cannot be reached "
+                f"(no network); download it where there is one (huggingface-cli download {spec}) or pass a local "
+                f"model folder")
     return None
 
 
