@@ -139,7 +139,7 @@ class RunConfig:
     epochs: float = _opt(1.0, "Passes over the dataset when --max-steps is not set.")
     batch_size: int = _opt(8, "Episodes per device per optimizer step; a multiple of --rl-num-generations.")
     gradient_accumulation_steps: int = _opt(1, "Micro-batches per optimizer step.")
-    micro_batch_size: int | None = _opt(None, "Episodes per forward/backward pass; --batch-size episodes are trained in micro-batches of this many (default: chosen from the model and the budget).")
+    micro_batch_size: int | None = _opt(None, "Episodes per forward/backward pass: the --batch-size episodes of a step are trained in passes of this many, with the gradient of one pass (default: 2, or 1 for an odd batch; one pass with --rl-zero-std-groups drop/refill).")
     seed: int = _opt(42, "Random seed.")
     # LoRA
     peft: bool = _opt(True, "Train a LoRA adapter (--no-peft: full fine-tuning).")
