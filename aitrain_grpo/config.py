@@ -43,6 +43,9 @@ def check_episode_options(values: Mapping[str, Any]) -> None:
     timeout = values.get("rl_env_timeout")
     if timeout is not None and timeout <= 0:
         raise ConfigError(f"--rl-env-timeout must be positive seconds, got {timeout}")
+    schedule = values.get("rl_rollout_schedule")
+    if schedule is not None and schedule not in ROLLOUT_SCHEDULES:
+        raise ConfigError(f"--rl-rollout-schedule {schedule!r} is not one of {', '.join(ROLLOUT_SCHEDULES)}")
 
 
 VLLM_MODES = ("colocate", "server")
@@ -300,8 +303,6 @@ class RunConfig:
             raise ConfigError(f"--lora-dropout must be in [0, 1), got {self.lora_dropout}")
         if self.rl_cut_turn not in CUT_TURN:
             raise ConfigError(f"--rl-cut-turn {self.rl_cut_turn!r} is not one of {', '.join(CUT_TURN)}")
-        if self.rl_rollout_schedule not in ROLLOUT_SCHEDULES:
-            raise ConfigError(f"--rl-rollout-schedule {self.rl_rollout_schedule!r} is not one of {', '.join(ROLLOUT_SCHEDULES)}")
         if self.rl_tool_parser not in TOOL_PARSERS:
             raise ConfigError(f"--rl-tool-parser {self.rl_tool_parser!r} is not one of {', '.join(TOOL_PARSERS)}")
         if self.micro_batch_size is not None and (isinstance(self.micro_batch_size, bool) or self.micro_batch_size < 1):

@@ -17,7 +17,7 @@ from typing import Any
 from rich.table import Table
 
 from aitrain_grpo.commands.options import check_positive
-from aitrain_grpo.config import ROLLOUT_SCHEDULES, RunConfig, check_episode_options
+from aitrain_grpo.config import RunConfig, check_episode_options
 from aitrain_grpo.engine.backends.base import SamplingParams
 from aitrain_grpo.env.adapters.aitraining import AITrainingEnvironment, use_policy
 from aitrain_grpo.env.dataset import build_rows
@@ -71,8 +71,7 @@ def run_eval(*, model: str, baseline: str | None, module: str | None, class_name
                               f"run_config.json to take them from)")
     env = load_environment(module, class_name, env_config)
     settings = {name: _option(options.get(name), run_config, name) for name in (*RUN_FLAGS, "rl_cut_turn")}
-    if settings["rl_rollout_schedule"] not in ROLLOUT_SCHEDULES:
-        raise ConfigError(f"--rl-rollout-schedule {settings['rl_rollout_schedule']!r} is not one of {', '.join(ROLLOUT_SCHEDULES)}")
+    check_episode_options(settings)  # a training run's values too (its run_config.json may be older)
     sampling = SamplingParams(settings["rl_temperature"], settings["rl_top_k"], settings["rl_top_p"])
     labels = ["model", "baseline"]
     results: list[EvalResult] = []

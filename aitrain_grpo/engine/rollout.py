@@ -90,11 +90,8 @@ class RolloutBatch:
         }
 
 
-SCHEDULES = ROLLOUT_SCHEDULES  # what --rl-rollout-schedule accepts
-
-
 @dataclass
-class _Turn:
+class _RecordedTurn:
     """One model turn as recorded: the text to decode, whether it ended with a stop token, and which
     limit cut it off (None, "turn_tokens" or "completion_budget")."""
 
@@ -148,8 +145,8 @@ class RolloutEngine:
         cut_turn: str = DEFAULT_CUT_TURN,
         tool_parser: str = DEFAULT_TOOL_PARSER,
     ):
-        if schedule not in SCHEDULES:
-            raise ValueError(f"schedule must be one of {SCHEDULES}, not {schedule!r}")
+        if schedule not in ROLLOUT_SCHEDULES:  # a Python caller's typo; options are checked in config.py
+            raise ValueError(f"schedule must be one of {ROLLOUT_SCHEDULES}, not {schedule!r}")
         self.env = env
         self.tokenizer = tokenizer
         self.backend = backend
@@ -211,7 +208,7 @@ class RolloutEngine:
         episode.truncated = episode.done = True
         episode.stop_reason = reason
 
-    def _record_turn(self, trace: TokenTrace, sample: Sample, budget: int) -> _Turn:
+    def _record_turn(self, trace: TokenTrace, sample: Sample, budget: int) -> _RecordedTurn:
         ids, logprobs = sample.token_ids, sample.logprobs
         cut = None if sample.finish_reason == "stop" else "turn_tokens"
         if len(ids) > budget:  # this episode's completion budget is below the call's limit
@@ -220,9 +217,9 @@ class RolloutEngine:
             cut = "completion_budget"  # the budget, not --rl-max-new-tokens, set this turn's limit
         trace.add_model_tokens(ids, logprobs)
         ended_with_eos = bool(ids) and ids[-1] in self.stop_ids
-        return _Turn(ids[:-1] if ended_with_eos else ids, ended_with_eos, cut)
+        return _RecordedTurn(ids[:-1] if ended_with_eos else ids, ended_with_eos, cut)
 
-    async def _respond(self, episode: Episode, text: str, turn: _Turn) -> list[Message] | None:
+    async def _respond(self, episode: Episode, text: str, turn: _RecordedTurn) -> list[Message] | None:
         # A cut turn ends the episode here (runner.respond with cut_off), or with `cut_turn="continue"`
         # is shown to the environment and counted in `episode.truncated_turns`; a turn cut by the
         # completion budget then stops at the next budget check (no room is left for another turn).

@@ -22,7 +22,9 @@ from aitrain_grpo.engine.backends.base import GenerationBackend, Sample, Samplin
 
 
 @dataclass
-class _Turn:
+class _QueuedTurn:
+    """One episode's turn waiting for a batched `generate` call; `sample` resolves when it is sampled."""
+
     order: int
     prompt: list[int]
     max_tokens: int
@@ -35,13 +37,13 @@ class TurnBatcher:
     def __init__(self, backend: GenerationBackend, sampling: SamplingParams):
         self.backend = backend
         self.sampling = sampling
-        self._queued: list[_Turn] = []
+        self._queued: list[_QueuedTurn] = []
         self._driver: asyncio.Task | None = None
         self.calls = 0
 
     async def submit(self, order: int, prompt: list[int], max_tokens: int) -> Sample:
         loop = asyncio.get_running_loop()
-        turn = _Turn(order, prompt, max_tokens, loop.create_future())
+        turn = _QueuedTurn(order, prompt, max_tokens, loop.create_future())
         self._queued.append(turn)
         if self._driver is None or self._driver.done():
             self._driver = loop.create_task(self._drive())
