@@ -58,6 +58,7 @@ CUT_TURN = ("end", "continue")
 DEFAULT_CUT_TURN = "continue"
 ROLLOUT_SCHEDULES = ("auto", "continuous", "lockstep")
 ZERO_STD_GROUPS = ("keep", "drop", "refill")
+ADVANTAGE_MODES = ("outcome", "turn")  # training/turn_credit.py
 TOOL_PARSERS = ("auto", "hermes", "json", "llama3_json", "mistral", "pythonic")  # engine/tool_parsers.py
 DEFAULT_TOOL_PARSER = "auto"
 REWARD_FUNC_EXAMPLE = "aitrain_grpo.rewards:length_penalty"
@@ -133,6 +134,7 @@ class RunConfig:
     # GRPO
     rl_reward_funcs: str | None = _opt(None, "Rewards added to the environment's score: module:func[,module:func...], each called with TRL's reward arguments plus `episodes` and logged as rewards/<func>/mean (--rl-zero-std-groups still looks at the environment's score alone).")
     rl_reward_weights: str | None = _opt(None, "Weights of the rewards, the environment's score first: w_env,w1,... (default: 1 each).")
+    rl_advantage: str = _opt("outcome", "Credit: outcome (every token of an episode gets its score's group advantage) or turn (plus each turn's group-normalised reward-to-go, from the environment's episode.reward_turn).")
     rl_kl_coef: float = _opt(0.1, "KL penalty against the reference model (TRL's beta).")
     rl_clip_range: float = _opt(0.2, "PPO-style clip range (TRL's epsilon).")
     rl_entropy_coef: float = _opt(0.0, "Entropy bonus in the loss (TRL's entropy_coef): keeps exploring instead of collapsing onto one answer.")
@@ -309,6 +311,8 @@ class RunConfig:
             raise ConfigError(f"--micro-batch-size must be a positive integer, got {self.micro_batch_size!r}")
         if self.rl_zero_std_groups not in ZERO_STD_GROUPS:
             raise ConfigError(f"--rl-zero-std-groups {self.rl_zero_std_groups!r} is not one of {', '.join(ZERO_STD_GROUPS)}")
+        if self.rl_advantage not in ADVANTAGE_MODES:
+            raise ConfigError(f"--rl-advantage {self.rl_advantage!r} is not one of {', '.join(ADVANTAGE_MODES)}")
         if self.rl_refill_max_episodes is not None and (isinstance(self.rl_refill_max_episodes, bool) or self.rl_refill_max_episodes < 0):
             raise ConfigError(f"--rl-refill-max-episodes must be an integer >= 0, got {self.rl_refill_max_episodes!r}")
         if isinstance(self.rl_async_steps, bool) or not isinstance(self.rl_async_steps, int) or self.rl_async_steps < 0:

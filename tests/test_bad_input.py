@@ -48,6 +48,7 @@ def assert_one_line_error(result, *fragments: str) -> str:
     [
         (["--report-to", "mlflow"], ["--report-to 'mlflow' is not one of none, tensorboard, wandb, trackio"]),
         (["--rl-loss-type", "ppo"], ["--rl-loss-type 'ppo' is not one of grpo"]),
+        (["--rl-advantage", "turns"], ["--rl-advantage 'turns' is not one of outcome, turn"]),
         (["--batch-size", "0"], ["--batch-size must be a positive integer, got 0"]),
         (["--batch-size", "-8"], ["--batch-size must be a positive integer, got -8"]),
         (["--max-steps", "0"], ["--max-steps must be a positive integer, got 0"]),

@@ -40,14 +40,18 @@ from aitrain_grpo.engine.stats import EpisodeSummary, episode_scores
 
 @dataclass
 class TokenTrace:
-    """One episode as tokens. `env_mask[i]` is 1 where the model sampled `completion_ids[i]`."""
+    """One episode as tokens. `env_mask[i]` is 1 where the model sampled `completion_ids[i]`;
+    `turn_starts[k]` is where model turn k begins in `completion_ids`."""
 
     prompt_ids: list[int]
     completion_ids: list[int] = field(default_factory=list)
     logprobs: list[float] = field(default_factory=list)
     env_mask: list[int] = field(default_factory=list)
+    turn_starts: list[int] = field(default_factory=list)
 
     def add_model_tokens(self, ids: list[int], logprobs: list[float]) -> None:
+        """One model turn's sampled tokens."""
+        self.turn_starts.append(len(self.completion_ids))
         self.completion_ids.extend(ids)
         self.logprobs.extend(logprobs)
         self.env_mask.extend([1] * len(ids))

@@ -41,6 +41,7 @@ class EpisodeSummary:
     truncated_turns: int = 0
     metrics: dict[str, float] = field(default_factory=dict)  # the environment's own numbers
     tool_forms: dict[str, int] = field(default_factory=dict)  # model turns read as calls, per form
+    turn_reward: float | None = None  # the sum of its turn rewards (episode.reward_turn); None if it gave none
 
     @classmethod
     def of(cls, episode: Episode) -> EpisodeSummary:
@@ -51,6 +52,7 @@ class EpisodeSummary:
             stop_reason=episode.stop_reason, truncated_turns=episode.truncated_turns,
             tool_forms=dict(Counter(form for form in episode.tool_call_forms if form)),
             metrics={k: float(v) for k, v in episode.metrics.items() if isinstance(v, (int, float)) and not isinstance(v, bool)},
+            turn_reward=float(sum(episode.turn_rewards)) if episode.turn_rewards else None,
         )
 
 
@@ -71,6 +73,8 @@ class EpisodeStats:
     stop_fractions: dict[str, float]  # every reason in STOP_REASONS, 0.0 where none stopped so
     tool_forms: dict[str, int]  # model turns whose calls were read in each form (engine/tool_parsers.py)
     metrics: dict[str, float]  # each environment metric's mean over the episodes that reported it
+    # Mean reward per model turn, over the episodes whose environment rewarded turns (None: none did).
+    turn_reward_mean: float | None = None
 
     def env_metrics(self) -> dict[str, float]:
         """The per-step training metrics, named as `metrics.jsonl` and the trackers show them."""
@@ -88,6 +92,8 @@ class EpisodeStats:
         logged.update({f"env/stop/{reason}": share for reason, share in self.stop_fractions.items()})
         logged.update({f"env/{key}": value for key, value in self.metrics.items()})
         logged.update({f"tools/format/{form}": float(count) for form, count in self.tool_forms.items()})
+        if self.turn_reward_mean is not None:
+            logged["env/turn_reward_mean"] = self.turn_reward_mean
         return logged
 
 
@@ -97,6 +103,7 @@ def episode_stats(items: Iterable[EpisodeSummary | Episode]) -> EpisodeStats:
     n = max(len(summaries), 1)
     stops = {reason: 0 for reason in STOP_REASONS}
     custom: dict[str, list[float]] = {}
+    rewarded = [s for s in summaries if s.turn_reward is not None]
     for s in summaries:
         if s.stop_reason in stops:
             stops[s.stop_reason] += 1
@@ -115,4 +122,6 @@ def episode_stats(items: Iterable[EpisodeSummary | Episode]) -> EpisodeStats:
         stop_fractions={reason: count / n for reason, count in stops.items()},
         metrics={key: sum(values) / len(values) for key, values in custom.items()},
         tool_forms=dict(sum((Counter(s.tool_forms) for s in summaries), Counter())),
+        turn_reward_mean=(sum(s.turn_reward for s in rewarded) / max(sum(s.turns for s in rewarded), 1)
+                          if rewarded else None),
     )

@@ -11,6 +11,7 @@ Left out: tools (env/tools.py), loading a user's class (env/loading.py), checkin
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field
 from typing import Any, NotRequired, Required, TypedDict
 
@@ -69,6 +70,24 @@ class Episode:
     stop_reason: str | None = None
     # Model turns cut off by the per-turn token limit that the episode went on after (--rl-cut-turn continue).
     truncated_turns: int = 0
+    # Per model turn, the reward the environment gave it (`reward_turn`); empty when it gave none.
+    turn_rewards: list[float] = field(default_factory=list)
+
+    def reward_turn(self, value: float, turn: int | None = None) -> None:
+        """Reward one model turn, beside the episode's score: the latest turn by default (so `step`, which
+        answers that turn, needs one line: `episode.reward_turn(0.5)`), or model turn `turn` (0-based, e.g.
+        from `score_episode`). Rewards given to the same turn add up. Logged as `env/turn_reward_mean`,
+        shown per turn in transcripts, and with `--rl-advantage turn` credited to that turn's tokens and the
+        turns before it; with the default `outcome` only the score trains. Raises ValueError for a value that
+        is not a finite number or a turn the model has not played."""
+        if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
+            raise ValueError(f"reward_turn takes a finite number, got {value!r}")
+        index = self.turns - 1 if turn is None else turn
+        if not 0 <= index < self.turns:
+            raise ValueError(f"reward_turn: turn {index} has not been played (the model has played {self.turns} turn(s))")
+        if len(self.turn_rewards) < self.turns:
+            self.turn_rewards.extend([0.0] * (self.turns - len(self.turn_rewards)))
+        self.turn_rewards[index] += float(value)
 
     @property
     def last_completion(self) -> str:

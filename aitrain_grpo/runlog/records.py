@@ -56,6 +56,7 @@ def episode_record(episode: Episode, **extra: Any) -> dict[str, Any]:
         **asdict(EpisodeSummary.of(episode)),  # score, turns, stop_reason, error, tool use, metrics
         "row": row,
         "tool_call_forms": list(episode.tool_call_forms),  # per model turn: the form its calls were read in
+        "turn_rewards": list(episode.turn_rewards),  # per model turn: the environment's reward (episode.reward_turn)
         "messages": [{k: v for k, v in m.items() if isinstance(v, (str, int, float, bool, type(None)))}
                      for m in episode.messages],
     }))

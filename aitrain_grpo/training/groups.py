@@ -34,6 +34,7 @@ from typing import Any, Callable, Sequence
 
 from aitrain_grpo.engine.rollout import RolloutBatch
 from aitrain_grpo.training.micro_batches import trim_padding
+from aitrain_grpo.training.turn_credit import with_turn_advantages
 
 # Scores closer than this count as equal: TRL's advantage is (r - mean) / (std + 1e-4), so a spread
 # this small gives advantages of 1e-2 at most, i.e. noise rather than signal.
@@ -160,6 +161,7 @@ class DroppedRowsLoss:
 
     def _compute_loss(self, model, inputs):
         inputs = trim_padding(inputs)  # each micro-batch costs its own length (micro_batches.py)
+        inputs = with_turn_advantages(inputs)  # --rl-advantage turn: (batch, tokens) advantages (turn_credit.py)
         mask = inputs.get("tool_mask")
         if self.drop_masked_rows and mask is not None:
             rows = inputs["completion_ids"].shape[0]

@@ -49,6 +49,7 @@ from aitrain_grpo.runlog.memory import peak_rss_bytes, reset_peak
 from aitrain_grpo.training.generation import GenerationPlan, make_backend
 from aitrain_grpo.training.async_rollout import AsyncRollout, start_async_rollout, versioned
 from aitrain_grpo.training.groups import play_groups
+from aitrain_grpo.training.turn_credit import rollout_turn_advantages
 
 SummaryObserver = Callable[[list[EpisodeSummary]], None]
 
@@ -145,7 +146,10 @@ class TrainingRollout(TrainerCallback):
         seconds = time.perf_counter() - started
         self.rollout_seconds += seconds
         self.metrics.update(rollout_timing(batch, seconds))
-        return grouped.for_trl()
+        out = grouped.for_trl()
+        if self.config.rl_advantage == "turn":  # per-token turn credit, an extra field (turn_credit.py)
+            out["turn_advantages"] = rollout_turn_advantages(batch.episodes, batch.traces, trainer.num_generations)
+        return out
 
     def _start(self, trainer) -> RolloutEngine:
         config = self.config

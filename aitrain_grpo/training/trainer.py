@@ -60,6 +60,7 @@ from aitrain_grpo.training.reward_funcs import check_required_arguments, episode
 from aitrain_grpo.training.rollout_func import TrainingRollout
 from aitrain_grpo.training.signals import SignalStop
 from aitrain_grpo.training.stopping import ErrorRateStop, clean_stops
+from aitrain_grpo.training.turn_credit import attach_turn_advantages
 
 
 # Saving an adapter, PEFT looks for its base's config.json to see whether the vocabulary changed. An
@@ -97,7 +98,8 @@ class EpisodeGRPOTrainer(AtomicCheckpoints, DroppedRowsLoss, MaskedShareMetric, 
 
     def _generate_and_score_completions(self, inputs):
         self.rollout.take_rows(inputs)
-        return super()._generate_and_score_completions(inputs)
+        # TRL leaves the rollout's per-sample extra fields in `inputs`: turn credit joins the batch here.
+        return attach_turn_advantages(super()._generate_and_score_completions(inputs), inputs)
 
     def _generate(self, prompts):
         if self.external_weight_sync:
