@@ -82,7 +82,6 @@ class SingleTurnEnv(Environment):
 def test_env_without_step_is_single_turn():
     episodes = play(SingleTurnEnv(), [{"prompt": "Say hi."}], lambda ep: "hi there")
     assert episodes[0].turns == 1 and episodes[0].score == 1.0 and not episodes[0].truncated
-    assert not SingleTurnEnv().is_multi_turn and GuessEnv().is_multi_turn
 
 
 class Calculator(ToolEnvironment):

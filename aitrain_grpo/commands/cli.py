@@ -47,7 +47,7 @@ from aitrain_grpo.commands.scaffold import print_next_steps, write_scaffold
 from aitrain_grpo.commands.vllm_serve import (
     SERVER_STOP_GRACE, ServeOptions, signal_server, start_server, stop_server, trainer_flags, wait_until_ready,
 )
-from aitrain_grpo.config import RunConfig
+from aitrain_grpo.config import RunConfig, environment_of
 from aitrain_grpo.engine.backends.choice import require_vllm
 from aitrain_grpo.env.adapters.aitraining import describe_interface
 from aitrain_grpo.env.loading import load_environment
@@ -68,8 +68,8 @@ app = typer.Typer(
     # Plain click help: rich's option table cuts long flag names (--rl-max-completion-le…) at 80 columns.
     rich_markup_mode=None,
 )
-err = Console(stderr=True, highlight=False, soft_wrap=True)
-out = Console(highlight=False, soft_wrap=True)
+err = Console(stderr=True, highlight=False, soft_wrap=True, emoji=False)
+out = Console(highlight=False, soft_wrap=True, emoji=False)
 
 
 
@@ -127,7 +127,7 @@ def grpo(**kwargs) -> None:
 
         plan = plan_run(config)  # a bad option or a clobbered output dir fails before the environment loads
         config = plan.config  # a taken default output folder becomes the next numbered one
-        env = load_environment(config.rl_env_module, config.rl_env_class, config.rl_env_config)
+        env = load_environment(*config.environment())
         out.print(f"environment {type(env).__name__}: {describe_interface(env)}", markup=False, highlight=False)
         from aitrain_grpo.training.trainer import train  # after the checks: TRL imports vLLM, which prints
 
@@ -253,8 +253,10 @@ def env_check(**options) -> None:
 
     Exits 1 when the environment breaks its contract, 0 otherwise (warnings included)."""
     with reported_errors(options.pop("debug")):
+        module, class_name, env_config = environment_of(options["rl_env"], options["rl_env_module"],
+                                                        options["rl_env_class"], options["rl_env_config"])
         report = run_env_check(
-            module=options["rl_env_module"], class_name=options["rl_env_class"], env_config=options["rl_env_config"],
+            module=module, class_name=class_name, env_config=env_config,
             model_name=options["model"], episodes=options["episodes"], policies=options["policies"],
             seed=options["seed"], max_new_tokens=options["rl_max_new_tokens"], max_turns=options["rl_max_turns"],
             temperature=options["rl_temperature"], timeout=options["rl_env_timeout"], console=out,
@@ -268,9 +270,10 @@ def env_check(**options) -> None:
 
 
 env_check.__signature__ = inspect.Signature([
-    as_in_grpo("rl_env_module", required=True),
-    as_in_grpo("rl_env_class", required=True),
+    as_in_grpo("rl_env_module"),
+    as_in_grpo("rl_env_class"),
     as_in_grpo("rl_env_config"),
+    as_in_grpo("rl_env"),
     as_in_grpo("model", help_text="Model whose chat template renders the prompts and that plays the 'model' policy."),
     command_option("episodes", 16, "Episodes per policy.", int),
     command_option("policies", ",".join(POLICIES), f"Which of {', '.join(POLICIES)} to play.", str),
@@ -288,8 +291,9 @@ env_app.command("check")(env_check)
 def eval_command(**options) -> None:
     """Evaluate a model (or a training run) in an environment: mean score, success rate, pass@k, turns, errors."""
     with reported_errors(options.pop("debug")):
-        run_eval(model=options["model"], baseline=options["baseline"], module=options["rl_env_module"],
-                 class_name=options["rl_env_class"], env_config=options["rl_env_config"], episodes=options["episodes"],
+        run_eval(model=options["model"], baseline=options["baseline"], spec=options["rl_env"],
+                 module=options["rl_env_module"], class_name=options["rl_env_class"], env_config=options["rl_env_config"],
+                 episodes=options["episodes"],
                  samples=options["rl_num_generations"], use_vllm=options["use_vllm"], output=options["output"],
                  options={name: options[name] for name in RUN_FLAGS}, seed=options["seed"],
                  batch_size=options["batch_size"], console=out)
@@ -300,6 +304,7 @@ eval_command.__signature__ = inspect.Signature([
     from_training_run("rl_env_module"),
     from_training_run("rl_env_class"),
     as_in_grpo("rl_env_config"),
+    from_training_run("rl_env"),
     command_option("episodes", 32, "Tasks to play: the first N rows of the dataset.", int),
     field_option("rl_num_generations", 1, with_default("Episodes per task (k of pass@k).", 1)),
     command_option("baseline", None, "A second model to compare against, on the same tasks and seed.", str),

@@ -23,7 +23,7 @@ import json
 import random
 import time
 from dataclasses import dataclass, field
-from typing import Any, Callable
+from typing import Any
 
 from rich.markup import escape
 from rich.table import Table
@@ -33,7 +33,7 @@ from aitrain_grpo.config import DEFAULT_TOOL_PARSER, check_episode_options
 from aitrain_grpo.engine.backends.base import SamplingParams
 from aitrain_grpo.engine.chat import ChatRenderer, prompt_messages
 from aitrain_grpo.engine.rollout import RolloutEngine
-from aitrain_grpo.engine.runner import EpisodeRunner, play_text
+from aitrain_grpo.engine.runner import EpisodeRunner, oracle_policy, play_text
 from aitrain_grpo.engine.stats import EpisodeStats, episode_scores, episode_stats
 from aitrain_grpo.engine.tool_parsers import read_tool_calls, tool_names_of
 from aitrain_grpo.env.adapters.aitraining import AITrainingEnvironment, describe_interface, use_policy
@@ -104,16 +104,6 @@ def pick_rows(rows: list[dict[str, Any]], count: int, seed: int) -> list[dict[st
     else:
         picked = [i % len(rows) for i in range(count)]
     return [dict(rows[i]) for i in picked]
-
-
-def _oracle(env: Environment) -> Callable[[Episode], str]:
-    def policy(episode: Episode) -> str:
-        message = env.solve(episode)
-        if not isinstance(message, str):
-            raise TypeError(f"solve returned {type(message).__name__}, not the text of the next message")
-        return message
-
-    return policy
 
 
 def play_text_policy(env: Environment, name: str, rows: list[dict[str, Any]], policy, *, max_turns, timeout,
@@ -248,7 +238,7 @@ def check_environment(
                 report.notes.append(f"{report.env_name} has no solve(episode) -> str, so no oracle was played; add "
                                     f"one to check that a perfect episode scores 1.0")
                 continue
-            result = play_text_policy(env, "oracle", rows, _oracle(env), max_turns=max_turns, timeout=timeout,
+            result = play_text_policy(env, "oracle", rows, oracle_policy(env), max_turns=max_turns, timeout=timeout,
                                       policy_name="solve", tool_parser=tool_parser)
         elif name == "empty":
             result = play_text_policy(env, "empty", rows, lambda episode: "", max_turns=max_turns, timeout=timeout,

@@ -17,7 +17,7 @@ from typing import Any
 from rich.table import Table
 
 from aitrain_grpo.commands.options import check_positive
-from aitrain_grpo.config import RunConfig, check_episode_options
+from aitrain_grpo.config import RunConfig, check_episode_options, environment_of
 from aitrain_grpo.engine.backends.base import SamplingParams
 from aitrain_grpo.env.adapters.aitraining import AITrainingEnvironment, use_policy
 from aitrain_grpo.env.dataset import build_rows
@@ -51,7 +51,8 @@ def _option(value, run_config: dict[str, Any], name: str):
     return RunConfig.__dataclass_fields__[name].default
 
 
-def run_eval(*, model: str, baseline: str | None, module: str | None, class_name: str | None, env_config: str | None,
+def run_eval(*, model: str, baseline: str | None, spec: str | None = None, module: str | None, class_name: str | None,
+             env_config: str | None,
              episodes: int, samples: int, use_vllm: bool, output: str | None, options: dict[str, Any], seed: int,
              batch_size: int, console) -> list[EvalResult]:
     """What `aitrain eval` does: resolve models and environment, play, print the table, write JSONL.
@@ -63,13 +64,13 @@ def run_eval(*, model: str, baseline: str | None, module: str | None, class_name
         read = [p for s in sources for p in (s.weights, s.adapter) if p and Path(p).expanduser().is_dir()]
         output = str(check_file_output(output, flag="--output", suffixes=(".jsonl",), reads=read))
     run_config = sources[0].run_config
-    if not module or not class_name:
-        module, class_name = run_config.get("rl_env_module"), run_config.get("rl_env_class")
+    if not (spec or module or class_name):
+        spec, module, class_name = (run_config.get(k) for k in ("rl_env", "rl_env_module", "rl_env_class"))
         env_config = env_config if env_config is not None else run_config.get("rl_env_config")
-        if not module or not class_name:
-            raise ConfigError(f"no environment given; pass --rl-env-module and --rl-env-class ({model} has no "
-                              f"run_config.json to take them from)")
-    env = load_environment(module, class_name, env_config)
+        if not (spec or module):
+            raise ConfigError(f"no environment given; pass --rl-env-module and --rl-env-class, or --rl-env ({model} "
+                              f"has no run_config.json to take them from)")
+    env = load_environment(*environment_of(spec, module, class_name, env_config))
     settings = {name: _option(options.get(name), run_config, name) for name in (*RUN_FLAGS, "rl_cut_turn")}
     check_episode_options(settings)  # a training run's values too (its run_config.json may be older)
     sampling = SamplingParams(settings["rl_temperature"], settings["rl_top_k"], settings["rl_top_p"])

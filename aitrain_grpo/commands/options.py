@@ -13,7 +13,7 @@ Left out: the commands themselves (cli.py) and checks that involve a whole run (
 from __future__ import annotations
 
 import inspect
-from dataclasses import MISSING, Field, fields
+from dataclasses import Field, fields
 from typing import Any, Optional
 
 import typer

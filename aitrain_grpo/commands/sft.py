@@ -25,12 +25,11 @@ import inspect
 from pathlib import Path
 from typing import Any
 
-from aitrain_grpo.commands.envcheck import _oracle
 from aitrain_grpo.commands.options import as_in_grpo, check_positive, command_option, field_option, with_default
 from aitrain_grpo.config import RunConfig
 from aitrain_grpo.engine.chat import prompt_messages
 from aitrain_grpo.engine.demos import Demonstration
-from aitrain_grpo.engine.runner import play
+from aitrain_grpo.engine.runner import oracle_policy, play
 from aitrain_grpo.env.dataset import build_rows
 from aitrain_grpo.env.loading import load_environment
 from aitrain_grpo.errors import ConfigError, UserError
@@ -46,9 +45,10 @@ SFT_EPOCHS = 3.0
 DEMOS_FILE = "demos.jsonl"
 
 SFT_PARAMETERS = [
-    as_in_grpo("rl_env_module", required=True),
-    as_in_grpo("rl_env_class", required=True),
+    as_in_grpo("rl_env_module"),
+    as_in_grpo("rl_env_class"),
     as_in_grpo("rl_env_config"),
+    as_in_grpo("rl_env"),
     as_in_grpo("model"),
     field_option("output_dir", None, "Where the model, demos.jsonl and logs go (default: outputs/<env class>-sft)."),
     command_option("episodes", 64, "Oracle episodes to play: the first N rows of the dataset (cycled when fewer).", int),
@@ -81,8 +81,8 @@ def sft_run_config(options: dict[str, Any]) -> RunConfig:
     GRPO-only rule that --batch-size be a multiple of the group size does not apply to SFT."""
     fields = {k: v for k, v in options.items() if k not in _COMMAND_ONLY and v is not None}
     config = RunConfig(**fields)
-    if not config.output_dir and config.rl_env_class:
-        config.output_dir = f"outputs/{config.rl_env_class.lower()}-sft"
+    if not config.output_dir and (config.rl_env_class or config.rl_env):
+        config.output_dir = f"{config.resolved_output_dir()}-sft"
     check_positive(batch_size=config.batch_size)
     grouped = dataclasses.replace(config, batch_size=config.batch_size * config.rl_num_generations).validate()
     return dataclasses.replace(grouped, batch_size=config.batch_size)
@@ -93,7 +93,7 @@ def play_demonstrations(env, rows: list[dict[str, Any]], episodes: int, *, max_t
     """The oracle's episodes on the first `episodes` rows (cycled), as `Demonstration`s, and the errors
     of those that failed (an exception in solve, step or score_episode: scored 0)."""
     indices = [i % len(rows) for i in range(episodes)]
-    played = play(env, [dict(rows[i]) for i in indices], _oracle(env), max_turns=max_turns, timeout=timeout,
+    played = play(env, [dict(rows[i]) for i in indices], oracle_policy(env), max_turns=max_turns, timeout=timeout,
                   policy_name="solve")
     demos = [Demonstration(messages=ep.messages, prompt_length=len(prompt_messages(rows[i]["prompt"])),
                            score=float(ep.score or 0.0), row=i) for i, ep in zip(indices, played)]
@@ -127,7 +127,7 @@ def run_sft(options: dict[str, Any], console) -> dict[str, Any]:
     if note:
         console.print(note, markup=False)
     check_output_dir_for_run(config)
-    env = load_environment(config.rl_env_module, config.rl_env_class, config.rl_env_config)
+    env = load_environment(*config.environment())
     env_name = type(env).__name__
     if not callable(getattr(env, "solve", None)):
         raise ConfigError(f"{env_name} has no solve(episode) -> str, so there is no oracle to learn from; add "
@@ -150,10 +150,7 @@ def run_sft(options: dict[str, Any], console) -> dict[str, Any]:
     trend = f", loss {losses[0]:.3f} -> {losses[-1]:.3f}" if losses else ""
     console.print(f"done: {summary['global_step']} steps on {len(demos)} demonstrations in "
                   f"{summary['runtime_seconds']:.0f}s{trend}; model saved to {output_dir}", markup=False)
-    env_flags = f"--rl-env-module {config.rl_env_module} --rl-env-class {config.rl_env_class}"
-    if config.rl_env_config:
-        env_flags += f" --rl-env-config '{config.rl_env_config}'"
-    console.print(f"next: aitrain grpo --model {output_dir} {env_flags} --output-dir {output_dir}-grpo", markup=False)
+    console.print(f"next: aitrain grpo --model {output_dir} {config.env_flags()} --output-dir {output_dir}-grpo", markup=False)
     console.print(f"      aitrain eval --model {output_dir}", markup=False)
     return summary
 

@@ -236,6 +236,17 @@ def play_text(runner: EpisodeRunner, rows: list[dict[str, Any]], policy: Callabl
     return episodes
 
 
+def oracle_policy(env: Environment) -> Callable[[Episode], str]:
+    """The environment's `solve` as a text-level policy (env check's oracle, sft's demonstrations)."""
+    def policy(episode: Episode) -> str:
+        message = env.solve(episode)
+        if not isinstance(message, str):
+            raise TypeError(f"solve returned {type(message).__name__}, not the text of the next message")
+        return message
+
+    return policy
+
+
 def play(
     env: Environment,
     rows: list[dict[str, Any]],

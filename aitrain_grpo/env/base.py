@@ -132,7 +132,3 @@ class Environment:
     def tools(self) -> list[dict[str, Any]]:
         """JSON schemas of the tools offered to the model (rendered through the chat template)."""
         return []
-
-    @property
-    def is_multi_turn(self) -> bool:
-        return type(self).step is not Environment.step

@@ -27,7 +27,6 @@ import json
 import os
 import pkgutil
 import sys
-import traceback
 from collections.abc import Iterable, Mapping
 from pathlib import Path
 from typing import Any

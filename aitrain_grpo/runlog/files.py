@@ -172,7 +172,7 @@ def training_callbacks(config: RunConfig, output_dir: str | Path, rollout: Rollo
     """The callbacks of a training run, in the order they must run: files first, then the console
     (progress and health share one console so warnings print above the progress bar), then the report."""
     check_tracker_installed(config.report_to)
-    console = Console(highlight=False, soft_wrap=True)
+    console = Console(highlight=False, soft_wrap=True, emoji=False)
     return [
         MetricsFileCallback(output_dir),
         EpisodeLogCallback(output_dir, rollout, config.log_episodes_every, config.log_episodes_count,

@@ -179,7 +179,7 @@ class HealthCallback(TrainerCallback):
     """Checks the history at each logging step and prints each kind of warning once."""
 
     def __init__(self, console: Console | None = None):
-        self.console = console or Console(highlight=False)
+        self.console = console or Console(highlight=False, emoji=False)
         self.history: list[Record] = []
         self.shown: dict[str, HealthWarning] = {}
 

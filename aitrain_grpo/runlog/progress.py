@@ -68,7 +68,7 @@ class TrainingProgress(TrainerCallback):
     """A progress bar on a terminal; plain metrics lines otherwise. Only the main process shows it."""
 
     def __init__(self, console: Console | None = None):
-        self.console = console or Console(highlight=False)
+        self.console = console or Console(highlight=False, emoji=False)
         self.started: float | None = None
         self.first_step = 0
         self.progress: Progress | None = None

@@ -36,7 +36,7 @@ from aitrain_grpo.engine.demos import Demonstration, demo_tokens
 from aitrain_grpo.models.loading import load_model_and_tokenizer
 from aitrain_grpo.runlog.redaction import redact
 from aitrain_grpo.training.checkpoints import prepare_output_dir
-from aitrain_grpo.training.trainer import _peft_config, save_run, trainer_args
+from aitrain_grpo.training.trainer import lora_config, save_run, trainer_args
 
 def demo_dataset(tokenizer, tools: list[dict[str, Any]], demos: list[Demonstration]) -> Dataset:
     """The pre-tokenized dataset SFTTrainer trains on (labels come from `assistant_masks`)."""
@@ -81,7 +81,7 @@ def train_sft(config: RunConfig, demos: list[Demonstration], tools: list[dict[st
     (output_dir / "run_config.json").write_text(json.dumps(redact(config.to_dict()), indent=2, default=str) + "\n")
     losses = LossLines(show)
     trainer = SFTTrainer(model=model, args=sft_config(config, output_dir), train_dataset=dataset,
-                         processing_class=tokenizer, peft_config=_peft_config(config), callbacks=[losses])
+                         processing_class=tokenizer, peft_config=lora_config(config), callbacks=[losses])
     trainer.remove_callback(PrinterCallback)
     trainer.remove_callback(ProgressCallback)
     started = time.time()

@@ -49,7 +49,7 @@ _CHECKPOINT_NAME = re.compile(r"^checkpoint-(\d+)$")
 STEP_SHAPE = ("batch_size", "rl_num_generations", "gradient_accumulation_steps", "seed")
 # Options that change what the checkpoint's weights are: the model, the environment it learned, and the
 # adapter's shape. A resume with another value would train one run's weights on another's task.
-RUN_MEANING = ("model", "rl_env_module", "rl_env_class", "rl_env_config", "peft", "lora_r", "lora_alpha",
+RUN_MEANING = ("model", "rl_env", "rl_env_module", "rl_env_class", "rl_env_config", "peft", "lora_r", "lora_alpha",
                "target_modules")
 
 

@@ -166,7 +166,9 @@ class ErrorRateStop(TrainerCallback):
         }
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
-        self.window = deque((StepErrors(**entry) for entry in state.get("window", [])), maxlen=self.window_size)
+        # Checkpoints from before StepErrors stored each entry as a list [step, episodes, errors, {message: count}].
+        self.window = deque((StepErrors(*entry) if isinstance(entry, (list, tuple)) else StepErrors(**entry)
+                             for entry in state.get("window", [])), maxlen=self.window_size)
         self.seen = list(state.get("seen", []))
         self.episodes_total = int(state.get("episodes_total", 0))
         self.errors_total = int(state.get("errors_total", 0))

@@ -48,7 +48,7 @@ from aitrain_grpo.runlog.files import ReportCallback, training_callbacks
 from aitrain_grpo.runlog.redaction import redact
 from aitrain_grpo.training import small_dataset
 from aitrain_grpo.training.async_rollout import MaskedShareMetric
-from aitrain_grpo.training.checkpoints import AtomicCheckpoints, check_output_dir_for_run, prepare_output_dir
+from aitrain_grpo.training.checkpoints import AtomicCheckpoints, prepare_output_dir
 from aitrain_grpo.training.generation import check_server as check_vllm_server
 from aitrain_grpo.training.generation import grpo_kwargs as generation_grpo_kwargs
 from aitrain_grpo.training.generation import sampling_warning
@@ -162,7 +162,8 @@ def grpo_config(config: RunConfig, plan: RunPlan) -> GRPOConfig:
     return GRPOConfig(**kwargs)
 
 
-def _peft_config(config: RunConfig) -> LoraConfig | None:
+def lora_config(config: RunConfig) -> LoraConfig | None:
+    """The LoRA adapter `grpo` and `sft` train (None with --no-peft)."""
     if not config.peft:
         return None
     targets: Any = config.target_modules
@@ -174,18 +175,14 @@ def _peft_config(config: RunConfig) -> LoraConfig | None:
     )
 
 
-def check_output_dir(config: RunConfig) -> Path:
-    """Refuse to overwrite a finished run, or one with checkpoints, unless asked to (checkpoints.py)."""
-    check_output_dir_for_run(config)
-    return config.resolved_output_dir()
-
-
 def with_environment_origin(config: RunConfig, env: Any) -> RunConfig:
     """`config` (a copy) naming the environment an instance handed in from Python came from, where the
     config leaves it out: `load_environment`'s module, class and keyword arguments when it built the
     instance, else the instance's own class (an AITraining instance's, not its wrapper's). So
     `train(RunConfig(), env=instance)` needs no `rl_env_module`/`rl_env_class`, and run_config.json records
     how to build the environment again (eval and resume read it)."""
+    if config.rl_env:  # named by --rl-env already
+        return config
     origin = getattr(env, "loaded_from", None)
     if not isinstance(origin, dict):
         cls = type(getattr(env, "user", env))
@@ -236,7 +233,7 @@ def build_trainer(config: RunConfig, env: Environment | None = None, *, callback
     if warning:
         print(warning, file=sys.stderr)
     if env is None:
-        env = load_environment(config.rl_env_module, config.rl_env_class, config.rl_env_config)
+        env = load_environment(*config.environment())
     elif not isinstance(env, Environment) and scores_with_policy(type(env)):
         env = adapt(env)  # an AITraining-style instance handed in from Python, as load_environment would
     os.environ.setdefault("TRL_EXPERIMENTAL_SILENCE", "1")
@@ -262,7 +259,7 @@ def build_trainer(config: RunConfig, env: Environment | None = None, *, callback
         train_dataset=dataset,
         processing_class=tokenizer,
         reward_funcs=[episode_score, *episode_rewards(extra_rewards, rollout)],
-        peft_config=_peft_config(config),
+        peft_config=lora_config(config),
         callbacks=[rollout, *training_callbacks(config, plan.output_dir, rollout), SignalStop(), error_stop,
                    *(callbacks or [])],
     )
