@@ -1,0 +1,212 @@
+"""Does GRPO improve a tool-using agent beyond the imitation it starts from? SmolLM2, `sft` then `grpo`.
+
+    OMP_NUM_THREADS=1 python benchmarks/beyond_sft.py all --workload weather --seeds 1 2 3
+    python benchmarks/beyond_sft.py sft --workload stations          # or one phase at a time:
+    python benchmarks/beyond_sft.py train --workload stations --seeds 1 --advantage turn
+    python benchmarks/beyond_sft.py eval --workload stations
+    python benchmarks/beyond_sft.py report
+
+`sft` warms SmolLM2-135M-Instruct up on a few oracle demonstrations (`aitrain sft`: enough to learn
+the form of a call, not the task); `train` runs `aitrain grpo --model <sft output>` once per seed;
+`eval` plays the held-back tasks (`{"split": "held_out"}`: cities training never shows) with every
+GRPO run, each against the SFT model as `--baseline`: the same tasks, the same sampling seed, so the
+SFT start is measured exactly as the model trained from it. `report` writes the block between the
+`<!-- beyond-sft -->` markers of benchmarks/LEARNING.md: per run, held-back success (episodes scoring
+1.0) and mean score of the GRPO model and of its SFT start, the environment's metrics for both, and
+a transcript of each from the same task.
+
+Workloads: `weather` (envs/weather.py: one call, then the number) and `stations` (envs/stations.py:
+find_station, then read_station with the id it returned, then the number: two dependent calls).
+Runs go to <runs-dir>/<workload>[-<advantage>]-seed<N>, the SFT model to <runs-dir>/<workload>-sft.
+
+Left out: GPUs, statistical tests beyond the three seeds, and running seeds in parallel.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+from results_table import machine as describe_machine
+
+REPO = Path(__file__).resolve().parent.parent
+LEARNING_MD = REPO / "benchmarks" / "LEARNING.md"
+BEGIN, END = "<!-- beyond-sft -->", "<!-- /beyond-sft -->"
+SUCCESS = 1.0 - 1e-9
+
+
+@dataclass(frozen=True)
+class Workload:
+    module: str
+    env_class: str
+    demos: int  # oracle demonstrations for sft
+    sft_steps: int
+    turn_options: tuple[str, ...]  # per-turn and per-episode token limits
+    metrics: tuple[str, ...]  # the environment's metrics shown in the table
+
+
+WORKLOADS = {
+    "weather": Workload("envs.weather", "WeatherEnv", 16, 6,
+                        ("--rl-max-new-tokens", "48", "--rl-max-completion-length", "192"),
+                        ("valid_call", "right_city", "answered")),
+    "stations": Workload("envs.stations", "StationEnv", 16, 6,
+                         ("--rl-max-new-tokens", "48", "--rl-max-completion-length", "256"),
+                         ("found_station", "read_station", "answered", "wrong_id")),
+}
+# GRPO from the warm start: LoRA, no KL, 16 episodes a step in groups of 4 (LEARNING.md's recipe), at
+# temperature 1.0: the warm-started model is peaked, and at 0.7 its groups barely differ.
+GRPO = ("--lr", "1e-3", "--rl-kl-coef", "0", "--rl-temperature", "1.0", "--batch-size", "16",
+        "--rl-num-generations", "4", "--overwrite")
+EVAL = ("--rl-env-config", '{"split": "held_out"}', "--episodes", "16", "--rl-num-generations", "2",
+        "--rl-temperature", "0.7", "--seed", "0")
+
+
+def aitrain(*args: str) -> list[str]:
+    return [sys.executable, "-m", "aitrain_grpo", *args]
+
+
+def run_logged(command: list[str], log: Path) -> float:
+    env = dict(os.environ, OMP_NUM_THREADS="1", PYTHONUNBUFFERED="1")
+    started = time.time()
+    with log.open("w") as out:
+        out.write("$ " + " ".join(command) + "\n")
+        out.flush()
+        code = subprocess.run(command, cwd=REPO, env=env, stdout=out, stderr=subprocess.STDOUT).returncode
+    if code != 0:
+        sys.exit(f"{' '.join(command[2:4])} failed (exit {code}); see {log}")
+    return time.time() - started
+
+
+def sft_dir(args) -> Path:
+    return args.runs_dir / f"{args.workload}-sft"
+
+
+def run_name(workload: str, advantage: str, seed: int) -> str:
+    return f"{workload}{'' if advantage == 'outcome' else '-' + advantage}-seed{seed}"
+
+
+def sft(args) -> None:
+    w = WORKLOADS[args.workload]
+    out = sft_dir(args)
+    command = aitrain("sft", "--model", "smollm2", "--rl-env-module", w.module, "--rl-env-class", w.env_class,
+                      "--episodes", str(args.demos or w.demos), "--max-steps", str(args.sft_steps or w.sft_steps),
+                      "--output-dir", str(out), "--overwrite")
+    print("sft:", " ".join(command[2:]), flush=True)
+    run_logged(command, args.runs_dir / f"{out.name}.log")
+
+
+def train(args) -> None:
+    w = WORKLOADS[args.workload]
+    for seed in args.seeds:
+        out = args.runs_dir / run_name(args.workload, args.advantage, seed)
+        command = aitrain("grpo", "--model", str(sft_dir(args)), "--rl-env-module", w.module, "--rl-env-class",
+                          w.env_class, *GRPO, *w.turn_options, "--rl-advantage", args.advantage,
+                          "--max-steps", str(args.steps), "--seed", str(seed), "--output-dir", str(out))
+        print("grpo:", " ".join(command[2:]), flush=True)
+        seconds = run_logged(command, args.runs_dir / f"{out.name}.log")
+        (out / "wall.json").write_text(json.dumps({"train_seconds": seconds}))
+
+
+def evaluate(args) -> None:
+    w = WORKLOADS[args.workload]
+    for seed in args.seeds:
+        out = args.runs_dir / run_name(args.workload, args.advantage, seed)
+        command = aitrain("eval", "--model", str(out), "--baseline", str(sft_dir(args)), "--rl-env-module", w.module,
+                          "--rl-env-class", w.env_class, *EVAL, *w.turn_options, "--output", str(out / "heldout.jsonl"))
+        print("eval:", " ".join(command[2:]), flush=True)
+        run_logged(command, out / "heldout.log")
+
+
+# ------------------------------------------------------------------------------------------ report
+
+
+def read_jsonl(path: Path) -> list[dict]:
+    return [json.loads(line) for line in path.read_text().splitlines() if line.strip()] if path.exists() else []
+
+
+def by_model(records: list[dict]) -> tuple[list[dict], list[dict]]:
+    """The GRPO model's episodes and the SFT baseline's (`aitrain eval` writes the model's first)."""
+    labels = list(dict.fromkeys(r.get("model") for r in records))
+    return ([r for r in records if r.get("model") == labels[0]],
+            [r for r in records if len(labels) > 1 and r.get("model") == labels[1]])
+
+
+def summary(records: list[dict], metrics: tuple[str, ...]) -> dict[str, float]:
+    n = max(len(records), 1)
+    out = {"success": sum(r["score"] >= SUCCESS for r in records) / n, "score": sum(r["score"] for r in records) / n}
+    out.update({m: sum(r.get("metrics", {}).get(m, 0.0) for r in records) / n for m in metrics})
+    return out
+
+
+def transcript(record: dict, limit: int = 200) -> str:
+    lines = [f"score {record.get('score', 0):.2f}"]
+    for message in record.get("messages", []):
+        if message.get("role") != "system":
+            text = " ".join(str(message.get("content", "")).split())
+            lines.append(f"{message['role']:>9}: {text[:limit]}{' ...' if len(text) > limit else ''}")
+    return "\n".join(lines)
+
+
+def results_block(runs_dir: Path) -> str:
+    out = [f"Machine: {describe_machine()}; one torch thread per process. Written by "
+           "`python benchmarks/beyond_sft.py report`.", ""]
+    for name, w in WORKLOADS.items():
+        runs = sorted(p for p in runs_dir.glob(f"{name}*-seed*") if (p / "heldout.jsonl").exists())
+        if not runs:
+            continue
+        cells = " | ".join(f"{m} (sft -> grpo)" for m in w.metrics)
+        out += [f"### {name}", "", f"| run | steps | success: sft | success: grpo | gain | score: sft -> grpo | {cells} | train wall |",
+                "| --- " * (6 + len(w.metrics)) + "|"]
+        for run in runs:
+            grpo, base = by_model(read_jsonl(run / "heldout.jsonl"))
+            start, trained = summary(base, w.metrics), summary(grpo, w.metrics)
+            steps = sum(1 for r in read_jsonl(run / "metrics.jsonl") if "env/score_mean" in r)
+            wall = json.loads((run / "wall.json").read_text()).get("train_seconds", 0) / 60 if (run / "wall.json").exists() else 0
+            metric_cells = " | ".join(f"{start[m]:.2f} -> {trained[m]:.2f}" for m in w.metrics)
+            out.append(f"| {run.name} | {steps} | {start['success']:.3f} | {trained['success']:.3f} | "
+                       f"{trained['success'] - start['success']:+.3f} | {start['score']:.3f} -> {trained['score']:.3f} | "
+                       f"{metric_cells} | {wall:.0f} min |")
+        grpo, base = by_model(read_jsonl(runs[-1] / "heldout.jsonl"))
+        if base and grpo:
+            out += ["", f"The first held-back task, {runs[-1].name}: the SFT start, then the GRPO model.", "", "```",
+                    transcript(base[0]), "", transcript(grpo[0]), "```"]
+        out.append("")
+    return "\n".join(out)
+
+
+def report(args) -> None:
+    block = results_block(args.runs_dir)
+    text = LEARNING_MD.read_text()
+    if BEGIN not in text:
+        text += f"\n{BEGIN}\n{END}\n"
+    head, rest = text.split(BEGIN, 1)
+    LEARNING_MD.write_text(f"{head}{BEGIN}\n{block}\n{END}{rest.split(END, 1)[1]}")
+    print(block)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("phase", choices=("sft", "train", "eval", "report", "all"))
+    parser.add_argument("--workload", choices=sorted(WORKLOADS), default="weather")
+    parser.add_argument("--seeds", type=int, nargs="+", default=[1, 2, 3])
+    parser.add_argument("--steps", type=int, default=20, help="GRPO steps per seed")
+    parser.add_argument("--demos", type=int, default=None, help="oracle demonstrations (default: the workload's)")
+    parser.add_argument("--sft-steps", type=int, default=None)
+    parser.add_argument("--advantage", choices=("outcome", "turn"), default="outcome")
+    parser.add_argument("--runs-dir", type=Path, default=REPO / "runs" / "beyond_sft")
+    args = parser.parse_args()
+    args.runs_dir.mkdir(parents=True, exist_ok=True)
+    phases = {"sft": [sft], "train": [train], "eval": [evaluate], "report": [report],
+              "all": [sft, train, evaluate, report]}[args.phase]
+    for phase in phases:
+        phase(args)
+
+
+if __name__ == "__main__":
+    main()
