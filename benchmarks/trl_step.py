@@ -90,7 +90,7 @@ def build_trl(model_path: str, output_dir: Path, episodes: int, generations: int
 
     from aitrain_grpo.models.loading import load_model_and_tokenizer
     from aitrain_grpo.training.plan import plan_run
-    from aitrain_grpo.training.trainer import _peft_config, grpo_config
+    from aitrain_grpo.training.trainer import lora_config, grpo_config
 
     config = _run_config(model_path, output_dir, episodes, generations)
     model, tokenizer = load_model_and_tokenizer(model_path)
@@ -100,7 +100,7 @@ def build_trl(model_path: str, output_dir: Path, episodes: int, generations: int
     rows = LookupToolEnv(num_tasks=episodes // generations).build_dataset(tokenizer)
     trainer = GRPOTrainer(
         model=model, args=grpo_config(config, plan_run(config)), train_dataset=Dataset.from_list(rows),
-        processing_class=tokenizer, environment_factory=TRLLookupEnv, peft_config=_peft_config(config),
+        processing_class=tokenizer, environment_factory=TRLLookupEnv, peft_config=lora_config(config),
     )
     trainer.remove_callback(PrinterCallback)
     trainer.remove_callback(ProgressCallback)

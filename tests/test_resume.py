@@ -173,24 +173,24 @@ def test_run_state_is_saved_with_the_checkpoint(uninterrupted):
     ],
 )
 def test_bad_resume_targets_are_refused_before_loading(uninterrupted, overrides, fragments):
-    from aitrain_grpo.training.trainer import check_output_dir
+    from aitrain_grpo.training.checkpoints import check_output_dir_for_run
 
     out, _ = uninterrupted
     overrides = {k: v.format(out=out) if isinstance(v, str) else v for k, v in overrides.items()}
     config = letters_config(out / "elsewhere", **overrides).validate()
     with pytest.raises(ConfigError) as caught:
-        check_output_dir(config)
+        check_output_dir_for_run(config)
     for fragment in fragments:
         assert fragment in str(caught.value)
 
 
 def test_a_finished_run_is_refused_without_resume_or_overwrite(uninterrupted):
-    from aitrain_grpo.training.trainer import check_output_dir
+    from aitrain_grpo.training.checkpoints import check_output_dir_for_run
 
     out, _ = uninterrupted
     assert (out / "run_summary.json").exists()
     with pytest.raises(ConfigError, match="already holds a finished run"):
-        check_output_dir(letters_config(out, max_steps=8))
+        check_output_dir_for_run(letters_config(out, max_steps=8))
 
 
 LOG_FILES = ("metrics.jsonl", "scores.jsonl", "episodes.jsonl")
@@ -245,17 +245,18 @@ def test_a_finished_run_resumed_with_more_steps_trains_them_and_logs_steps_1_to_
 
 
 def test_an_incomplete_checkpoint_path_is_refused(tmp_path):
-    from aitrain_grpo.training.trainer import check_output_dir
+    from aitrain_grpo.training.checkpoints import check_output_dir_for_run
 
     broken = tmp_path / "checkpoint-9"
     broken.mkdir()
     (broken / "adapter_model.safetensors").write_bytes(b"")
     with pytest.raises(ConfigError, match="not a complete checkpoint"):
-        check_output_dir(letters_config(tmp_path / "o", resume_from_checkpoint=str(broken)))
+        check_output_dir_for_run(letters_config(tmp_path / "o", resume_from_checkpoint=str(broken)))
 
 
 def test_a_fresh_start_over_an_unfinished_run_needs_overwrite(tmp_path):
-    from aitrain_grpo.training.trainer import check_output_dir, train
+    from aitrain_grpo.training.checkpoints import check_output_dir_for_run
+    from aitrain_grpo.training.trainer import train
 
     out = tmp_path / "run"
     checkpoint = out / "checkpoint-2"
@@ -263,7 +264,7 @@ def test_a_fresh_start_over_an_unfinished_run_needs_overwrite(tmp_path):
     (checkpoint / "trainer_state.json").write_text("{}")
     (checkpoint / "aitrain_state.json").write_text("{}")
     with pytest.raises(ConfigError) as caught:
-        check_output_dir(letters_config(out))
+        check_output_dir_for_run(letters_config(out))
     assert "unfinished run (newest: checkpoint-2)" in str(caught.value)
     assert "--resume-from-checkpoint auto" in str(caught.value) and "--overwrite" in str(caught.value)
     # --overwrite starts over, and the old run's checkpoints go (a later `auto` must not find them).
