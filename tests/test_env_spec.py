@@ -55,3 +55,39 @@ def test_the_cli_trains_an_environment_named_by_module_and_class(tmp_path):
     bad = run_cli("grpo", "--rl-env", "gym:x:y")
     # ":x:" is printed as written (rich would make it an emoji).
     assert bad.returncode == 2 and bad.stderr.strip().startswith("error: --rl-env 'gym:x:y': unknown kind")
+
+
+TRL_STYLE_MODULE = '''
+class Counter:
+    """An environment written for TRL's environment_factory: tools are public methods, get_reward scores."""
+
+    def reset(self, **kwargs):
+        self.total = 0
+        return " Add numbers until the total is " + str(kwargs["target"]) + "."
+
+    def add(self, number: int) -> str:
+        """Add a number to the total.
+
+        Args:
+            number: The number to add.
+        """
+        self.total += number
+        return str(self.total)
+
+    def get_reward(self) -> float:
+        return 1.0 if self.total else 0.0
+
+
+def rows():
+    return [{"prompt": [{"role": "user", "content": "Count."}], "target": t} for t in (3, 5)]
+'''
+
+
+def test_env_check_runs_a_trl_environment_named_by_kind(tmp_path):
+    # What a TRL user types: their own module, unchanged, named as trl:module:Class.
+    (tmp_path / "my_trl_envs.py").write_text(TRL_STYLE_MODULE)
+    result = run_cli("env", "check", "--rl-env", "trl:my_trl_envs:Counter", "--rl-env-config", '{"rows": "my_trl_envs:rows"}',
+                     "--policies", "empty,model", "--episodes", "2", "--rl-max-new-tokens", "8", cwd=tmp_path)
+    assert result.returncode == 0, result.stdout[-2000:] + result.stderr[-2000:]
+    assert "interface: TRL environment_factory (Counter)" in result.stdout
+    assert "add(number)" in result.stdout  # the public method is offered as a tool
