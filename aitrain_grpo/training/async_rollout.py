@@ -19,7 +19,7 @@ trains, so the server and the trainer work at the same time.
   correction, which the trainer keeps on in server mode (trainer.py); stale episodes are reweighted,
   and sequences whose ratio leaves TRL's bounds are masked. Logged: `async/staleness_mean` (all
   episodes of a step share a version), `async/wait_seconds` (time the trainer waited for episodes),
-  `sampling/importance_sampling_ratio/*` (TRL) and `sampling/is_masked_frac` (`MaskedShareMetric`).
+  `sampling/importance_sampling_ratio/*` (TRL) and `sampling/is_masked_frac` (`masked_share_metrics`, called from trl_hooks.py).
 
 Left out: several training processes (refused), `--vllm-sync nccl` (refused: TRL pushes NCCL weights
 inside its own generation call, which this worker does not go through), and evaluation, which plays
@@ -289,20 +289,16 @@ def start_async_rollout(engine, backend: VersionedBackend, weight_sync, trainer,
     )
 
 
-class MaskedShareMetric:
-    """Mixin for the GRPOTrainer subclass: logs `sampling/is_masked_frac`, the share of model tokens
-    whose importance-sampling weight TRL set to 0 (ratio out of bounds in its `*_mask` modes)."""
-
-    def _generate_and_score_completions(self, inputs):
-        output = super()._generate_and_score_completions(inputs)
-        ratio = output.get("importance_sampling_ratio")
-        if ratio is not None:
-            mask = output["completion_mask"]
-            if "tool_mask" in output:
-                mask = mask * output["tool_mask"]
-            weights = ratio.expand_as(mask) if ratio.shape != mask.shape else ratio
-            tokens = self.accelerator.gather(mask.sum().float()).sum()
-            masked = self.accelerator.gather(((weights == 0) & (mask > 0)).sum().float()).sum()
-            # Into the training rollout's step metrics (trainer.py), not TRL's private ones.
-            self.rollout.metrics.update({"sampling/is_masked_frac": (masked / tokens.clamp(min=1)).item()})
-        return output
+def masked_share_metrics(trainer, output: dict[str, Any]) -> dict[str, float]:
+    """`sampling/is_masked_frac`: the share of model tokens whose importance-sampling weight TRL set to 0
+    (ratio out of bounds in its `*_mask` modes), from a batch TRL scored; nothing without the ratio."""
+    ratio = output.get("importance_sampling_ratio")
+    if ratio is None:
+        return {}
+    mask = output["completion_mask"]
+    if "tool_mask" in output:
+        mask = mask * output["tool_mask"]
+    weights = ratio.expand_as(mask) if ratio.shape != mask.shape else ratio
+    tokens = trainer.accelerator.gather(mask.sum().float()).sum()
+    masked = trainer.accelerator.gather(((weights == 0) & (mask > 0)).sum().float()).sum()
+    return {"sampling/is_masked_frac": (masked / tokens.clamp(min=1)).item()}

@@ -267,57 +267,56 @@ class ResumableRepeatSampler(RepeatSampler):
         return super().__iter__()
 
 
+def resumable_sampler(sampler):
+    """TRL's `RepeatSampler` re-classed as `ResumableRepeatSampler` (re-classed rather than rebuilt, so it
+    keeps whatever arguments TRL gave it); any other sampler as it is."""
+    if type(sampler) is RepeatSampler:
+        sampler.__class__ = ResumableRepeatSampler
+    return sampler
+
+
+def save_checkpoint_atomically(trainer, trial, save, *, run_dir: str) -> None:
+    """Write the checkpoint of `trainer`'s step into a staging folder (`save`, transformers' own
+    `_save_checkpoint`, writes wherever `trainer._staging_dir` points), add the run's own state, and
+    rename it into place whole: a killed run never leaves a checkpoint a resume could half-read."""
+    run_dir = Path(run_dir)
+    name = f"checkpoint-{trainer.state.global_step}"
+    staging = run_dir / f"{PARTIAL_PREFIX}{name}"
+    if trainer.args.should_save:
+        shutil.rmtree(staging, ignore_errors=True)
+    trainer.accelerator.wait_for_everyone()
+    trainer._staging_dir = staging
+    try:
+        save()  # every rank writes its part (RNG state, shards)
+    finally:
+        trainer._staging_dir = None
+    trainer.accelerator.wait_for_everyone()
+    if trainer.args.should_save:
+        written = staging / name
+        state = {
+            "global_step": trainer.state.global_step,
+            # The run's own options (not TRL's per-device batch, which is the micro-batch).
+            "settings": {key: getattr(trainer.run_config, key) for key in STEP_SHAPE},
+            "parts": {key: cb.state_dict() for key, cb in trainer.stateful_callbacks().items()},
+        }
+        (written / RUN_STATE_FILE).write_text(json.dumps(state, indent=2) + "\n")
+        # The same step may be saved twice (a stop right after a scheduled save): publish replaces it.
+        publish(written, run_dir / name)
+        shutil.rmtree(staging, ignore_errors=True)
+        trainer.keep_newest_checkpoints(run_dir)
+    trainer.accelerator.wait_for_everyone()
+
+
 class AtomicCheckpoints:
-    """Mixin for the GRPOTrainer subclass: write-then-rename checkpoints that carry the run's own
-    counters, and a sampler that resumes in place. Callbacks with a `run_state_key` attribute and
-    `state_dict()` / `load_state_dict()` methods have their state saved and restored with each checkpoint."""
+    """Mixin for the GRPOTrainer subclass: the run's own counters saved and restored with each
+    checkpoint (callbacks with a `run_state_key` attribute and `state_dict()` / `load_state_dict()`),
+    checkpoint rotation, and a checkpoint saved outside the training loop. The private overrides that
+    write checkpoints atomically and resume the sampler in place are in trl_hooks.py."""
 
-    _staging_dir: Path | None = None
-
-    def _get_train_sampler(self, dataset=None):
-        sampler = super()._get_train_sampler(dataset)
-        if type(sampler) is RepeatSampler:
-            # Re-class rather than rebuild, so the sampler keeps whatever arguments TRL gave it.
-            sampler.__class__ = ResumableRepeatSampler
-        return sampler
-
-    def _get_output_dir(self, trial):
-        if self._staging_dir is not None:
-            return str(self._staging_dir)
-        return super()._get_output_dir(trial)
-
-    def _stateful_callbacks(self) -> dict[str, Any]:
+    def stateful_callbacks(self) -> dict[str, Any]:
         return {cb.run_state_key: cb for cb in self.callback_handler.callbacks if hasattr(cb, "run_state_key")}
 
-    def _save_checkpoint(self, model, trial):
-        run_dir = Path(super()._get_output_dir(trial))
-        name = f"checkpoint-{self.state.global_step}"
-        staging = run_dir / f"{PARTIAL_PREFIX}{name}"
-        if self.args.should_save:
-            shutil.rmtree(staging, ignore_errors=True)
-        self.accelerator.wait_for_everyone()
-        self._staging_dir = staging
-        try:
-            super()._save_checkpoint(model, trial)  # every rank writes its part (RNG state, shards)
-        finally:
-            self._staging_dir = None
-        self.accelerator.wait_for_everyone()
-        if self.args.should_save:
-            written = staging / name
-            state = {
-                "global_step": self.state.global_step,
-                # The run's own options (not TRL's per-device batch, which is the micro-batch).
-                "settings": {name: getattr(self.run_config, name) for name in STEP_SHAPE},
-                "parts": {key: cb.state_dict() for key, cb in self._stateful_callbacks().items()},
-            }
-            (written / RUN_STATE_FILE).write_text(json.dumps(state, indent=2) + "\n")
-            # The same step may be saved twice (a stop right after a scheduled save): publish replaces it.
-            publish(written, run_dir / name)
-            shutil.rmtree(staging, ignore_errors=True)
-            self._keep_newest_checkpoints(run_dir)
-        self.accelerator.wait_for_everyone()
-
-    def _keep_newest_checkpoints(self, run_dir: Path) -> None:
+    def keep_newest_checkpoints(self, run_dir: Path) -> None:
         # Not HF's rotation: it counts any folder named checkpoint-N, so a broken one with a high
         # step number would survive and push out good ones.
         limit = self.args.save_total_limit
@@ -330,7 +329,7 @@ class AtomicCheckpoints:
         if resume_from_checkpoint:
             state = read_run_state(Path(resume_from_checkpoint))
             parts = state.get("parts", {})
-            for key, cb in self._stateful_callbacks().items():
+            for key, cb in self.stateful_callbacks().items():
                 if key in parts:
                     cb.load_state_dict(parts[key])
             if self.accelerator.is_main_process:

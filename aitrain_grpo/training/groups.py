@@ -9,7 +9,7 @@ grpo/sapo/luspo, the batch size for dr_grpo), which shrinks the step the informa
 - `keep` (default): TRL's behaviour, unchanged.
 - `drop`: the episodes of such groups leave the loss. Their `env_mask` is zeroed (so no token of
   theirs counts in the loss, the KL, the entropy bonus or TRL's token count `num_items_in_batch`),
-  and `DroppedRowsLoss` takes their all-masked rows out of each micro-batch before TRL's loss, so
+  and `without_masked_rows` takes their all-masked rows out of each micro-batch before TRL's loss, so
   the per-sequence and batch-size normalisations count only the groups that are left.
 - `refill` (DAPO's dynamic sampling): plays further prompts from the training dataset until the batch
   has as many informative groups as it was handed, replacing the flat groups in place, so TRL still
@@ -22,7 +22,7 @@ Metrics: `groups/zero_std_frac` (share of the groups TRL handed over that were f
 returned groups that are out of the loss).
 
 Left out: filtering on anything but score equality (e.g. DAPO's overlong filter), refilling in eval,
-and multimodal inputs in `DroppedRowsLoss` (rows are sliced by their leading dimension).
+and multimodal inputs in `without_masked_rows` (rows are sliced by their leading dimension).
 """
 
 from __future__ import annotations
@@ -33,8 +33,6 @@ from dataclasses import dataclass, field
 from typing import Any, Callable, Sequence
 
 from aitrain_grpo.engine.rollout import RolloutBatch
-from aitrain_grpo.training.micro_batches import trim_padding
-from aitrain_grpo.training.turn_credit import with_turn_advantages
 
 # Scores closer than this count as equal: TRL's advantage is (r - mean) / (std + 1e-4), so a spread
 # this small gives advantages of 1e-2 at most, i.e. noise rather than signal.
@@ -150,28 +148,21 @@ class ZeroStdGroups:
         return batch, waiting, played
 
 
-class DroppedRowsLoss:
-    """Mixin for the GRPOTrainer subclass: rows whose loss mask is all zero (the dropped groups) leave
-    each micro-batch before TRL's `_compute_loss`, so no loss type counts them in its normalisation and
-    they cost no forward pass. Active only when the class attribute `drop_masked_rows` is true (the
-    trainer sets it for `drop` and `refill`; with `keep` a row masked out for another reason, such as
-    an episode whose reset failed, keeps TRL's treatment)."""
-
-    drop_masked_rows = False
-
-    def _compute_loss(self, model, inputs):
-        inputs = trim_padding(inputs)  # each micro-batch costs its own length (micro_batches.py)
-        inputs = with_turn_advantages(inputs)  # --rl-advantage turn: (batch, tokens) advantages (turn_credit.py)
-        mask = inputs.get("tool_mask")
-        if self.drop_masked_rows and mask is not None:
-            rows = inputs["completion_ids"].shape[0]
-            keep = (mask * inputs["completion_mask"]).sum(-1) > 0
-            if 0 < int(keep.sum()) < rows:
-                inputs = {
-                    key: value[keep] if hasattr(value, "dim") and value.dim() >= 1 and value.shape[0] == rows else value
-                    for key, value in inputs.items()
-                }
-        return super()._compute_loss(model, inputs)
+def without_masked_rows(inputs: dict[str, Any]) -> dict[str, Any]:
+    """One micro-batch of TRL's `_compute_loss` without its rows whose loss mask is all zero (the
+    dropped groups), so no loss type counts them in its normalisation and they cost no forward pass.
+    Applied for `drop` and `refill` only (trl_hooks.py): with `keep`, a row masked out for another
+    reason, such as an episode whose reset failed, keeps TRL's treatment. A micro-batch of masked rows
+    only is left whole (TRL needs a row to run)."""
+    mask = inputs.get("tool_mask")
+    if mask is None:
+        return inputs
+    rows = inputs["completion_ids"].shape[0]
+    keep = (mask * inputs["completion_mask"]).sum(-1) > 0
+    if not 0 < int(keep.sum()) < rows:
+        return inputs
+    return {key: value[keep] if hasattr(value, "dim") and value.dim() >= 1 and value.shape[0] == rows else value
+            for key, value in inputs.items()}
 
 
 def play_groups(

@@ -47,12 +47,10 @@ from aitrain_grpo.models.loading import load_model_and_tokenizer
 from aitrain_grpo.runlog.files import ReportCallback, training_callbacks
 from aitrain_grpo.runlog.redaction import redact
 from aitrain_grpo.training import small_dataset
-from aitrain_grpo.training.async_rollout import MaskedShareMetric
 from aitrain_grpo.training.checkpoints import AtomicCheckpoints, prepare_output_dir
 from aitrain_grpo.training.generation import check_server as check_vllm_server
 from aitrain_grpo.training.generation import grpo_kwargs as generation_grpo_kwargs
 from aitrain_grpo.training.generation import sampling_warning
-from aitrain_grpo.training.groups import DroppedRowsLoss
 from aitrain_grpo.training.memory_check import available_bytes, memory_warning
 from aitrain_grpo.training.micro_batches import micro_batch_size, trl_batch_arguments
 from aitrain_grpo.training.plan import RunPlan, plan_run
@@ -60,7 +58,7 @@ from aitrain_grpo.training.reward_funcs import check_required_arguments, episode
 from aitrain_grpo.training.rollout_func import TrainingRollout
 from aitrain_grpo.training.signals import SignalStop
 from aitrain_grpo.training.stopping import ErrorRateStop, clean_stops
-from aitrain_grpo.training.turn_credit import attach_turn_advantages
+from aitrain_grpo.training.trl_hooks import TRLHooks
 
 
 # Saving an adapter, PEFT looks for its base's config.json to see whether the vocabulary changed. An
@@ -78,10 +76,11 @@ def episode_score(prompts=None, completions=None, episode_score=None, **kwargs) 
     return [float(s) for s in episode_score]
 
 
-class EpisodeGRPOTrainer(AtomicCheckpoints, DroppedRowsLoss, MaskedShareMetric, GRPOTrainer):
-    """GRPOTrainer driven by a `TrainingRollout` (see the module docstring). `drop_masked_rows`: leave
-    rows whose loss mask is all zero out of the loss (--rl-zero-std-groups drop/refill, groups.py).
-    `external_weight_sync`: this package, not TRL, moves the weights into vLLM (generation.py)."""
+class EpisodeGRPOTrainer(TRLHooks, AtomicCheckpoints, GRPOTrainer):
+    """GRPOTrainer driven by a `TrainingRollout` (see the module docstring); its private overrides are
+    in trl_hooks.py. `drop_masked_rows`: leave rows whose loss mask is all zero out of the loss
+    (--rl-zero-std-groups drop/refill, groups.py). `external_weight_sync`: this package, not TRL, moves
+    the weights into vLLM (generation.py)."""
 
     def __init__(self, *, rollout: TrainingRollout, plan: RunPlan, drop_masked_rows: bool = False,
                  external_weight_sync: bool = False, **kwargs):
@@ -95,16 +94,6 @@ class EpisodeGRPOTrainer(AtomicCheckpoints, DroppedRowsLoss, MaskedShareMetric, 
             # TRL gates its importance-sampling correction on use_vllm, so that goes on once TRL has
             # built whatever it builds; `_generate` keeps TRL's own push before each rollout off.
             self.use_vllm = True
-
-    def _generate_and_score_completions(self, inputs):
-        self.rollout.take_rows(inputs)
-        # TRL leaves the rollout's per-sample extra fields in `inputs`: turn credit joins the batch here.
-        return attach_turn_advantages(super()._generate_and_score_completions(inputs), inputs)
-
-    def _generate(self, prompts):
-        if self.external_weight_sync:
-            self._last_loaded_step = self.state.global_step  # marks TRL's weights as pushed: ours are
-        return super()._generate(prompts)
 
     def log(self, logs: dict[str, float], start_time: float | None = None) -> None:
         if self.model.training:

@@ -21,7 +21,7 @@ How the numbers reach TRL's loss: the training rollout returns them per completi
 per-sample extra field `turn_advantages` of its `rollout_func` result (TRL's channel to reward
 functions, which also leaves it in each input row); the trainer pads them into a (batch, tokens)
 tensor beside TRL's `advantages` (`attach_turn_advantages`), TRL splits and shuffles it with the
-rest of the batch, and the loss override (groups.py `DroppedRowsLoss._compute_loss`) adds it to the
+rest of the batch, and the loss override (trl_hooks.py `_compute_loss`) adds it to the
 (batch,) advantages, giving TRL's loss the (batch, tokens) advantages it supports. Environment
 tokens carry 0 and are masked out of the loss anyway.
 

@@ -1,0 +1,81 @@
+"""Every private method of TRL's `GRPOTrainer` (and transformers' `Trainer`) this package overrides, in
+one place, each with why. Read from trl 1.16.0 with transformers 5.17 and 5.23; `PINNED` holds the
+parameter names each was read with, and tests/test_trl_hooks.py fails naming the method when TRL or
+transformers change one (then re-read that method before raising the pin).
+
+What each override does lives in the module of its concern; the hooks only call it:
+- `_generate_and_score_completions`: hands the batch's dataset rows to the rollout first (TRL gives
+  `rollout_func` only the prompts; an episode needs its row), then after TRL's scoring adds the
+  share of importance-sampling-masked tokens to the step's metrics (async_rollout.py) and the turn
+  credit of `--rl-advantage turn` to the batch (turn_credit.py).
+- `_generate`: with weights synced by this package (generation.py), marks TRL's own push before each
+  rollout as done, so TRL does not push them a second time.
+- `_compute_loss`: per micro-batch, cuts padding no row uses (micro_batches.py), makes the advantages
+  per token for turn credit (turn_credit.py), and takes dropped groups' all-masked rows out of the loss
+  and its normalisation (groups.py); then TRL's own loss.
+- `_get_train_sampler`: TRL's sampler re-classed so its order after a resume is the uninterrupted
+  run's (checkpoints.py).
+- `_get_output_dir`, `_save_checkpoint`: checkpoints written into a staging folder and renamed into
+  place when whole, with the run's own state (checkpoints.py).
+
+Left out: public methods and callbacks (`train`, `log`; TrainerCallback events), which are stable API.
+"""
+
+from __future__ import annotations
+
+from aitrain_grpo.training.async_rollout import masked_share_metrics
+from aitrain_grpo.training.checkpoints import resumable_sampler, save_checkpoint_atomically
+from aitrain_grpo.training.groups import without_masked_rows
+from aitrain_grpo.training.micro_batches import trim_padding
+from aitrain_grpo.training.turn_credit import attach_turn_advantages, with_turn_advantages
+
+# Method -> the parameter names it was read with (trl 1.16.0; transformers 5.17 and 5.23 for Trainer's).
+PINNED = {
+    "_generate_and_score_completions": ("self", "inputs"),
+    "_generate": ("self", "prompts"),
+    "_compute_loss": ("self", "model", "inputs"),
+    "_get_train_sampler": ("self", "dataset"),
+    "_get_output_dir": ("self", "trial"),
+    "_save_checkpoint": ("self", "model", "trial"),
+}
+
+
+class TRLHooks:
+    """Mixin placed before `GRPOTrainer`. The trainer sets `rollout`, `drop_masked_rows` (leave rows
+    whose loss mask is all zero out of the loss: --rl-zero-std-groups drop/refill) and
+    `external_weight_sync` (this package, not TRL, moves the weights into vLLM)."""
+
+    drop_masked_rows = False
+    external_weight_sync = False
+    _staging_dir = None  # a checkpoint being written (checkpoints.py)
+
+    def _generate_and_score_completions(self, inputs):
+        self.rollout.take_rows(inputs)
+        output = super()._generate_and_score_completions(inputs)
+        self.rollout.metrics.update(masked_share_metrics(self, output))
+        # TRL leaves the rollout's per-sample extra fields in `inputs`: turn credit joins the batch here.
+        return attach_turn_advantages(output, inputs)
+
+    def _generate(self, prompts):
+        if self.external_weight_sync:
+            self._last_loaded_step = self.state.global_step  # marks TRL's weights as pushed: ours are
+        return super()._generate(prompts)
+
+    def _compute_loss(self, model, inputs):
+        inputs = trim_padding(inputs)
+        inputs = with_turn_advantages(inputs)
+        if self.drop_masked_rows:
+            inputs = without_masked_rows(inputs)
+        return super()._compute_loss(model, inputs)
+
+    def _get_train_sampler(self, dataset=None):
+        return resumable_sampler(super()._get_train_sampler(dataset))
+
+    def _get_output_dir(self, trial):
+        if self._staging_dir is not None:
+            return str(self._staging_dir)
+        return super()._get_output_dir(trial)
+
+    def _save_checkpoint(self, model, trial):
+        save_checkpoint_atomically(self, trial, lambda: super(TRLHooks, self)._save_checkpoint(model, trial),
+                                   run_dir=super()._get_output_dir(trial))

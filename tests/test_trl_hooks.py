@@ -1,0 +1,31 @@
+"""The private TRL methods this package overrides (training/trl_hooks.py) still have the parameters
+they were read with: a TRL or transformers upgrade that changes one fails here, naming the method,
+instead of mid-run."""
+
+from __future__ import annotations
+
+import inspect
+
+from trl import GRPOTrainer
+
+from aitrain_grpo.training.trainer import EpisodeGRPOTrainer
+from aitrain_grpo.training.trl_hooks import PINNED, TRLHooks
+
+
+def test_every_pinned_method_has_the_parameters_it_was_read_with():
+    changed = []
+    for name, parameters in PINNED.items():
+        method = getattr(GRPOTrainer, name, None)
+        found = tuple(inspect.signature(method).parameters) if method is not None else None
+        if found != parameters:
+            changed.append(f"{name}: read with {parameters}, TRL now has {found}")
+    assert not changed, "re-read these TRL methods before changing training/trl_hooks.py: " + "; ".join(changed)
+
+
+def test_the_hooks_are_every_private_override_and_come_first():
+    # Each private method the trainer overrides is defined in TRLHooks and pinned, and nowhere else.
+    private = {name for cls in EpisodeGRPOTrainer.__mro__ if cls.__module__.startswith("aitrain_grpo")
+               for name, value in vars(cls).items()
+               if name.startswith("_") and not name.startswith("__") and callable(value) and hasattr(GRPOTrainer, name)}
+    assert private == set(PINNED) == {n for n in vars(TRLHooks) if n in PINNED}
+    assert EpisodeGRPOTrainer.__mro__[1] is TRLHooks
