@@ -1,14 +1,17 @@
 """aitrain-grpo: train language-model agents with GRPO in environments you write.
 
-Public API: `Environment`, `ToolEnvironment`, `tool`, `Episode` (the environment contract),
-`load_environment` (import an environment class by module path with JSON keyword arguments),
-`RunConfig` and `train` (a training run, as `aitrain grpo` does it).
+Public API: `Environment`, `ToolEnvironment`, `tool`, `Episode` and the types that cross the contract
+(`Message`, `ToolCall`, `EnvReply`), `load_environment` (import an environment class by module path with
+JSON keyword arguments), `RunConfig` and `train` (a training run, as `aitrain grpo` does it), and the
+errors a caller may catch: `UserError` (bad input, with a one-line message; `EnvLoadError` and
+`ConfigError` are kinds of it) and `TrainingStopped` (a run stopped early with a checkpoint).
 
 Left out: everything else is imported from its layer (`aitrain_grpo.env`, `.engine`, `.training`, ...).
 """
 
 from aitrain_grpo.config import RunConfig
-from aitrain_grpo.env.base import Environment, Episode
+from aitrain_grpo.env.base import Environment, EnvReply, Episode, Message, ToolCall
+from aitrain_grpo.errors import ConfigError, UserError
 from aitrain_grpo.env.loading import EnvLoadError, load_environment
 from aitrain_grpo.env.tools import ToolEnvironment, tool
 
@@ -19,18 +22,28 @@ __all__ = [
     "ToolEnvironment",
     "tool",
     "Episode",
+    "Message",
+    "ToolCall",
+    "EnvReply",
     "load_environment",
     "EnvLoadError",
+    "ConfigError",
+    "UserError",
+    "TrainingStopped",
     "train",
     "RunConfig",
 ]
 
 
 def __getattr__(name: str):
-    # `train` pulls in torch and TRL; importing it lazily keeps `import aitrain_grpo` and the CLI's
+    # `train` and `TrainingStopped` pull in torch and TRL; importing them lazily keeps `import aitrain_grpo` and the CLI's
     # error paths fast.
     if name == "train":
         from aitrain_grpo.training.trainer import train_from_python
 
         return train_from_python
+    if name == "TrainingStopped":
+        from aitrain_grpo.training.stopping import TrainingStopped
+
+        return TrainingStopped
     raise AttributeError(f"module 'aitrain_grpo' has no attribute {name!r}")

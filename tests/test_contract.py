@@ -286,3 +286,13 @@ def test_the_tool_calls_of_one_turn_run_in_the_order_written():
     (episode,) = play(Ledger(), Ledger().build_dataset(None), scripted(calls, "Done."))
     assert episode.state["ledger"] == ["a", "b"]
     assert [m["content"] for m in episode.messages[2:4]] == ["a", "a|b"]
+
+
+def test_the_public_names_import_and_user_errors_are_one_kind():
+    import aitrain_grpo
+
+    assert all(getattr(aitrain_grpo, name) is not None for name in aitrain_grpo.__all__)
+    with pytest.raises(aitrain_grpo.UserError, match="did you mean 'HotelEnv'"):
+        aitrain_grpo.load_environment("envs.hotel", "HotelEnvv")
+    assert issubclass(aitrain_grpo.ConfigError, aitrain_grpo.UserError)
+    assert issubclass(aitrain_grpo.TrainingStopped, Exception)
