@@ -16,7 +16,7 @@ from typer.testing import CliRunner
 
 from aitrain_grpo.commands.cli import app
 from aitrain_grpo.engine.runner import play
-from aitrain_grpo.env.adapters.aitraining import AITrainingEnvironment, use_policy
+from aitrain_grpo.env.adapters.aitraining import AITrainingEnvironment
 from aitrain_grpo.env.dataset import build_rows
 from aitrain_grpo.env.loading import load_environment
 from aitrain_grpo.errors import ConfigError, EnvLoadError
@@ -80,7 +80,7 @@ def test_completion_and_case_idx_are_what_aitraining_passes(tiny_model_and_token
     log = tmp_path / "chat.jsonl"
     env = load_environment(MODULE, "GreetingEnv", {"log_path": str(log), "fail_case": 11})
     model.train()
-    use_policy(env, model, tokenizer)
+    env.use_policy(model, tokenizer)
     episodes = play(env, build_rows(env, tokenizer), lambda episode: "Hello there, friend!")
     assert model.training
     by_case = {c["case_idx"]: c for c in calls(log)}

@@ -36,8 +36,8 @@ from aitrain_grpo.engine.rollout import RolloutEngine
 from aitrain_grpo.engine.runner import EpisodeRunner, oracle_policy, play_text
 from aitrain_grpo.engine.stats import EpisodeStats, episode_scores, episode_stats
 from aitrain_grpo.engine.tool_parsers import read_tool_calls, tool_names_of
-from aitrain_grpo.env.adapters.aitraining import AITrainingEnvironment, describe_interface, use_policy
-from aitrain_grpo.env.base import Environment, Episode
+from aitrain_grpo.env.adapters.aitraining import describe_interface
+from aitrain_grpo.env.base import Environment, Episode, needs_policy
 from aitrain_grpo.env.dataset import build_rows
 from aitrain_grpo.env.loading import load_environment
 from aitrain_grpo.errors import ConfigError, EnvLoadError, TemplateError
@@ -354,18 +354,19 @@ def run_env_check(
     env = load_environment(module, class_name, env_config)
     source = resolve_source(model_name)
     model = None
-    # An AITraining-style score_episode takes the policy model, so every policy's episodes are scored
-    # with the --model model (loaded even when only text policies play).
-    if "model" in chosen or isinstance(env, AITrainingEnvironment):
+    # A score_episode that takes the policy model (needs_policy: AITraining's interface) scores every
+    # policy's episodes with the --model model (loaded even when only text policies play).
+    if "model" in chosen or needs_policy(env):
         model, tokenizer = load_for_generation(source)
-        use_policy(env, model, tokenizer)
+        if needs_policy(env):
+            env.use_policy(model, tokenizer)
     else:
         tokenizer = load_tokenizer(source)
     report = check_environment(
         env, tokenizer, model=model, episodes=episodes, policies=chosen, seed=seed, max_new_tokens=max_new_tokens,
         max_turns=max_turns, sampling=SamplingParams(temperature, 0, 1.0), timeout=timeout, tool_parser=tool_parser,
     )
-    if isinstance(env, AITrainingEnvironment):
+    if needs_policy(env):
         report.notes.append(f"score_episode was given {model_name} as its model under every policy")
     show_report(report, console, module=module, model_name=model_name)
     return report

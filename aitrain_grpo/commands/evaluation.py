@@ -19,7 +19,7 @@ from rich.table import Table
 from aitrain_grpo.commands.options import check_positive
 from aitrain_grpo.config import RunConfig, check_episode_options, environment_of
 from aitrain_grpo.engine.backends.base import SamplingParams
-from aitrain_grpo.env.adapters.aitraining import AITrainingEnvironment, use_policy
+from aitrain_grpo.env.base import needs_policy
 from aitrain_grpo.env.dataset import build_rows
 from aitrain_grpo.env.loading import load_environment
 from aitrain_grpo.errors import ConfigError
@@ -79,8 +79,8 @@ def run_eval(*, model: str, baseline: str | None, spec: str | None = None, modul
     rows = None
     for label, source in zip(labels, sources):
         backend, tokenizer, model_ = open_backend(source, use_vllm=use_vllm)
-        if isinstance(env, AITrainingEnvironment):  # its score_episode takes the model (vLLM: load it in HF too)
-            use_policy(env, model_ if model_ is not None else load_for_generation(source)[0], tokenizer)
+        if needs_policy(env):  # its score_episode takes the model (vLLM: load it in HF too)
+            env.use_policy(model_ if model_ is not None else load_for_generation(source)[0], tokenizer)
         if rows is None:  # both models play the same tasks, built once
             rows = build_rows(env, tokenizer)[:episodes]
         console.print(f"playing {len(rows)} tasks x {samples} with {source.spec} ...", markup=False)

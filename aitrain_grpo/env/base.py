@@ -109,6 +109,14 @@ class Environment:
 
     #: Upper bound on model turns per episode; the run config may lower it.
     max_turns: int = 10
+    #: True when `score_episode` needs the policy model itself (AITraining's interface, a judge that is the
+    #: policy): training, eval and env check then call `use_policy` with the live model before scoring.
+    needs_policy: bool = False
+
+    def use_policy(self, model, tokenizer) -> None:
+        """Receive the policy model (unwrapped, as it is now) and its tokenizer; only called when
+        `needs_policy` is true. Such an environment cannot be trained with --rl-async-steps."""
+        return None
 
     def build_dataset(self, tokenizer) -> Any:
         """Return a `datasets.Dataset` or a list of dicts, each with a `prompt` (a string or a list of
@@ -132,3 +140,8 @@ class Environment:
     def tools(self) -> list[dict[str, Any]]:
         """JSON schemas of the tools offered to the model (rendered through the chat template)."""
         return []
+
+
+def needs_policy(env: Any) -> bool:
+    """Whether `env` (an `Environment`, or a duck-typed class the loader accepted) scores with the policy."""
+    return bool(getattr(env, "needs_policy", False))

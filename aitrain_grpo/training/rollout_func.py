@@ -41,8 +41,7 @@ from aitrain_grpo.config import RunConfig
 from aitrain_grpo.engine.backends.base import SamplingParams
 from aitrain_grpo.engine.rollout import RolloutBatch, RolloutEngine
 from aitrain_grpo.engine.stats import EpisodeSummary, episode_stats
-from aitrain_grpo.env.adapters.aitraining import AITrainingEnvironment, use_policy
-from aitrain_grpo.env.base import Environment
+from aitrain_grpo.env.base import Environment, needs_policy
 from aitrain_grpo.errors import ConfigError
 from aitrain_grpo.models.loading import stop_token_ids
 from aitrain_grpo.runlog.memory import peak_rss_bytes, reset_peak
@@ -91,9 +90,9 @@ class TrainingRollout(TrainerCallback):
 
     def __init__(self, env: Environment, config: RunConfig, generation: GenerationPlan,
                  observers: Iterable[SummaryObserver] = ()):
-        if isinstance(env, AITrainingEnvironment) and config.rl_async_steps:
+        if needs_policy(env) and config.rl_async_steps:
             # Its score_episode uses the live model, which would be training in another thread meanwhile.
-            raise ConfigError(f"{type(env).__name__} scores with the policy model (AITraining interface), which "
+            raise ConfigError(f"{type(env).__name__} scores with the policy model (needs_policy), which "
                               f"--rl-async-steps trains while episodes are scored; use --rl-async-steps 0")
         self.env = env
         self.config = config
@@ -125,8 +124,8 @@ class TrainingRollout(TrainerCallback):
             raise RuntimeError(f"rollout got {len(prompts)} prompts but {got} dataset rows; "
                                f"the trainer must hand the batch's rows to take_rows first")
         engine = self.engine or self._start(trainer)
-        # An AITraining-style score_episode gets the policy as it is now (others ignore it).
-        use_policy(self.env, trainer.accelerator.unwrap_model(trainer.model), trainer.processing_class)
+        if needs_policy(self.env):  # e.g. an AITraining-style score_episode: the policy as it is now
+            self.env.use_policy(trainer.accelerator.unwrap_model(trainer.model), trainer.processing_class)
         if self.async_rollout is not None:  # --rl-async-steps: episodes played ahead (async_rollout.py)
             grouped, step_metrics = self.async_rollout.rollout(rows, trainer, training=trainer.model.training)
         else:

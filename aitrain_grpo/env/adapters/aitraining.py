@@ -20,7 +20,7 @@ schemas). `scores_with_policy(cls)` recognises that `score_episode` by its param
   user code written for it may not be thread-safe. So `--rl-env-timeout` bounds a call together with
   its wait for the calls queued before it.
 
-The policy reaches the adapter explicitly: whoever plays episodes calls `use_policy(env, model,
+The policy reaches the adapter explicitly (`needs_policy`): whoever plays episodes calls `env.use_policy(model,
 tokenizer)` (training: the unwrapped trainer model before each rollout; `eval` and `env check`: the
 model they load). The adapter class is made per user class and carries its name, so every message
 that names the environment ("HelloEnv.score_episode raised ...") names the user's class.
@@ -120,6 +120,7 @@ class AITrainingEnvironment(Environment):
 
     max_turns = 1
     interface = "AITraining"
+    needs_policy = True
 
     def __init__(self, user: Any):
         self.user = user
@@ -202,12 +203,6 @@ def adapt(user: Any) -> AITrainingEnvironment:
         _ADAPTERS[cls] = type(cls.__name__, (AITrainingEnvironment,),
                               {"__module__": cls.__module__, "__qualname__": cls.__qualname__})
     return _ADAPTERS[cls](user)
-
-
-def use_policy(env: Environment, model, tokenizer) -> None:
-    """Hand the policy to an environment that scores with it (AITraining-style); others ignore it."""
-    if isinstance(env, AITrainingEnvironment):
-        env.use_policy(model, tokenizer)
 
 
 def describe_interface(env: Environment) -> str:
