@@ -12,6 +12,7 @@ import pytest
 from aitrain_grpo.commands.cli import build_run_config
 from aitrain_grpo.config import RunConfig
 from envs.letters import LetterEnv
+from helpers import REPO
 
 LETTERS = dict(rl_env_module="envs.letters", rl_env_class="LetterEnv", rl_max_new_tokens=8)
 # option -> (value, where TRL or peft keeps it)
@@ -98,3 +99,12 @@ def test_the_default_output_dir_is_outputs_slash_the_class_name(tmp_path, monkey
     trainer = build_trainer(RunConfig(**LETTERS, model=tiny_model_dir, max_steps=1), env=LetterEnv(turns=1, num_tasks=4))
     assert trainer.args.output_dir == "outputs/letterenv"
     assert (tmp_path / "outputs" / "letterenv" / "run_config.json").is_file()
+
+
+def test_the_options_reference_is_current():
+    from aitrain_grpo.commands.options_doc import options_markdown
+
+    written = (REPO / "docs" / "options.md").read_text()
+    assert written == options_markdown(), (
+        "docs/options.md is stale; regenerate it: python -m aitrain_grpo.commands.options_doc > docs/options.md")
+    assert "| `--rl-advantage` | `outcome` |" in written and "## Logging and saving" in written

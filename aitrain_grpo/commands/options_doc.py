@@ -1,0 +1,63 @@
+"""docs/options.md, written from `RunConfig` itself: every option of `aitrain grpo` with its flag, default
+and help, in the sections of the dataclass (its `# model and environment`, `# episodes`, ... comments).
+
+    python -m aitrain_grpo.commands.options_doc > docs/options.md
+
+tests/test_options.py fails when the file and the code disagree, so the reference never goes stale.
+Left out: the options of one command only (`--episodes` of eval, ...): `aitrain <command> --help`.
+"""
+
+from __future__ import annotations
+
+import inspect
+import re
+from dataclasses import fields
+
+from aitrain_grpo.commands.options import flag_name
+from aitrain_grpo.config import RunConfig
+
+HEADER = """# Options of `aitrain grpo`
+
+Written by `python -m aitrain_grpo.commands.options_doc > docs/options.md` from `RunConfig` (the test
+suite checks it is current). Every option is a flag and a key of a `--config run.yaml` (or `.json`) file;
+flags given on the command line override the file.
+"""
+
+
+def sections() -> dict[str, str]:
+    """Field name -> the section comment above it in `RunConfig`'s source."""
+    found, current = {}, "options"
+    for line in inspect.getsource(RunConfig).splitlines():
+        comment = re.match(r"^    # (?!-)(.+)$", line)
+        if comment:
+            current = comment.group(1).strip()
+            continue
+        field = re.match(r"^    (\w+): ", line)
+        if field:
+            found[field.group(1)] = current
+    return found
+
+
+def _default(value) -> str:
+    if value is None or value == "":
+        return "-"
+    if isinstance(value, bool):
+        return "on" if value else "off"
+    return f"`{value}`"
+
+
+def options_markdown() -> str:
+    where = sections()
+    out, last = [HEADER], None
+    for f in fields(RunConfig):
+        section = where.get(f.name, "options")
+        if section != last:
+            out += [f"\n## {section[0].upper()}{section[1:]}\n", "| flag | default | meaning |", "| --- | --- | --- |"]
+            last = section
+        text = " ".join(str(f.metadata.get("help", "")).split()).replace("|", "\\|")
+        out.append(f"| `{flag_name(f.name)}` | {_default(f.default)} | {text} |")
+    return "\n".join(out) + "\n"
+
+
+if __name__ == "__main__":
+    print(options_markdown(), end="")
