@@ -1,0 +1,78 @@
+"""TextArena single-player games through `--rl-env textarena:GAME`: real games from the package (no
+mocks), played turn by turn through our engine; the game's reward in -1..1 becomes a score in 0..1."""
+
+from __future__ import annotations
+
+import json
+import re
+
+import pytest
+
+pytest.importorskip("textarena")
+
+from aitrain_grpo.engine.runner import play  # noqa: E402
+from aitrain_grpo.env.adapters.textarena import TextArenaEnv, game_reply  # noqa: E402
+from aitrain_grpo.errors import EnvLoadError  # noqa: E402
+from helpers import run_cli  # noqa: E402
+
+
+def bisect(episode) -> str:
+    """Guess the Number by halving the range, reading the game's replies in the conversation."""
+    low, high, last = 1, 20, None
+    for message in episode.messages:
+        guess = re.search(r"\[(\d+)\]", message["content"]) if message["role"] == "assistant" else None
+        if guess:
+            last = int(guess.group(1))
+        elif last is not None and "lower" in message["content"]:
+            high = last - 1
+        elif last is not None and "higher" in message["content"]:
+            low = last + 1
+    return f"My guess is [{(low + high) // 2}]"
+
+
+def test_a_won_game_scores_one_and_the_model_sees_only_the_games_replies():
+    env = TextArenaEnv("GuessTheNumber-v0", num_tasks=3, seed=7)
+    episodes = play(env, env.build_dataset(None), bisect, max_turns=10)
+    assert [ep.score for ep in episodes] == [1.0, 1.0, 1.0]
+    replies = [m["content"] for ep in episodes for m in ep.messages[1:] if m["role"] == "user"]
+    assert replies and all(r.startswith("[GAME] The target number is") for r in replies)
+    assert "You are Player 0. You are playing Guess The Number" in episodes[0].messages[0]["content"]
+
+
+@pytest.mark.parametrize("game", ["TowerOfHanoi-v0", "Mastermind-v0", "FrozenLake-v0"])
+def test_other_games_play_and_score_in_range(game):
+    env = TextArenaEnv(game, num_tasks=2, seed=1, max_turns=3)
+    episodes = play(env, env.build_dataset(None), lambda ep: "[not a move]", max_turns=3)
+    for episode in episodes:
+        assert episode.error is None and 0.0 <= episode.score <= 1.0
+        assert episode.metrics["invalid_move"] >= 1  # the game's own rule for invalid moves applied
+    # The prompt is the game's first observation for that seed: the same seed gives the same prompt.
+    assert env.build_dataset(None)[0]["prompt"] == TextArenaEnv(game, num_tasks=1, seed=1).build_dataset(None)[0]["prompt"]
+
+
+def test_held_out_games_are_other_seeds():
+    train = {r["seed"] for r in TextArenaEnv("GuessTheNumber-v0", num_tasks=8).build_dataset(None)}
+    held = {r["seed"] for r in TextArenaEnv("GuessTheNumber-v0", num_tasks=8, split="held_out").build_dataset(None)}
+    assert len(train) == len(held) == 8 and not train & held
+
+
+def test_games_that_cannot_run_here_are_refused_in_one_line():
+    with pytest.raises(EnvLoadError, match="not a single-player game.*two-player games are not supported yet"):
+        TextArenaEnv("TicTacToe-v0")
+    with pytest.raises(EnvLoadError, match="no game 'GuessTheNumbr-v0'; did you mean GuessTheNumber-v0"):
+        TextArenaEnv("GuessTheNumbr-v0")
+
+
+def test_game_reply_drops_the_echo_of_the_action():
+    before = "[GAME] Guess a number."
+    assert game_reply(before, before + "\n[Player] I say [5]\n[GAME] Higher.", "I say [5]") == "[GAME] Higher."
+    assert game_reply(before, before + "\n[GAME] [A C]\n[GAME] Moved.", "A C") == "[GAME] Moved."
+
+
+def test_grpo_trains_a_game_from_the_command_line(tmp_path):
+    run = run_cli("grpo", "--rl-env", "textarena:GuessTheNumber-v0", "--rl-env-config", '{"num_tasks": 8}',
+                  "--max-steps", "2", "--batch-size", "4", "--rl-max-new-tokens", "8", "--rl-max-turns", "3",
+                  "--output-dir", str(tmp_path / "run"))
+    assert run.returncode == 0, run.stderr[-2000:]
+    metrics = [json.loads(line) for line in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()]
+    assert sum("env/invalid_move" in m for m in metrics) == 2
