@@ -52,10 +52,10 @@ class Workload:
 
 
 WORKLOADS = {
-    "weather": Workload("envs.weather", "WeatherEnv", 16, 6,
+    "weather": Workload("envs.weather", "WeatherEnv", 64, 8,
                         ("--rl-max-new-tokens", "48", "--rl-max-completion-length", "192"),
                         ("valid_call", "right_city", "answered")),
-    "stations": Workload("envs.stations", "StationEnv", 16, 6,
+    "stations": Workload("envs.stations", "StationEnv", 64, 12,
                          ("--rl-max-new-tokens", "48", "--rl-max-completion-length", "256"),
                          ("found_station", "read_station", "answered", "wrong_id")),
 }

@@ -76,3 +76,15 @@ def test_grpo_trains_a_game_from_the_command_line(tmp_path):
     assert run.returncode == 0, run.stderr[-2000:]
     metrics = [json.loads(line) for line in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()]
     assert sum("env/invalid_move" in m for m in metrics) == 2
+
+
+def test_a_game_that_downloads_data_is_refused_in_one_line():
+    nltk = pytest.importorskip("nltk")
+    try:
+        nltk.data.find("corpora/words")
+        pytest.skip("nltk's word list is installed here, so Wordle runs")
+    except LookupError:
+        pass
+    with pytest.raises(EnvLoadError, match="Wordle-v0 needs data it downloads at run time") as refused:
+        TextArenaEnv("Wordle-v0")
+    assert "\n" not in str(refused.value)

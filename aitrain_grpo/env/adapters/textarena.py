@@ -82,15 +82,15 @@ class TextArenaEnv(Environment):
 
     def _start(self, seed: int):
         """A fresh game reset with `seed`, and player 0's first observation."""
-        env = self.ta.make(self.game)
         try:
+            env = self.ta.make(self.game)
             env.reset(num_players=1, seed=seed)
         except AssertionError as exc:
             raise EnvLoadError(f"TextArena's {self.game} is not a single-player game ({one_line(str(exc), 120)}); "
                                f"two-player games are not supported yet") from None
         except LookupError as exc:
             raise EnvLoadError(f"TextArena's {self.game} needs data it downloads at run time "
-                               f"({one_line(str(exc), 120)}); pick a game that runs offline") from None
+                               f"({one_line(str(exc).strip(' *' + chr(10)), 120)}); pick a game that runs offline") from None
         player, observation = env.get_observation()
         return env, str(observation)
 
