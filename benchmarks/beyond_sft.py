@@ -33,6 +33,7 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
+from learning import run_logged  # the benchmarks' one way to run a logged command
 from results_table import machine as describe_machine
 
 REPO = Path(__file__).resolve().parent.parent
@@ -69,18 +70,6 @@ EVAL = ("--rl-env-config", '{"split": "held_out"}', "--episodes", "16", "--rl-nu
 
 def aitrain(*args: str) -> list[str]:
     return [sys.executable, "-m", "aitrain_grpo", *args]
-
-
-def run_logged(command: list[str], log: Path) -> float:
-    env = dict(os.environ, OMP_NUM_THREADS="1", PYTHONUNBUFFERED="1")
-    started = time.time()
-    with log.open("w") as out:
-        out.write("$ " + " ".join(command) + "\n")
-        out.flush()
-        code = subprocess.run(command, cwd=REPO, env=env, stdout=out, stderr=subprocess.STDOUT).returncode
-    if code != 0:
-        sys.exit(f"{' '.join(command[2:4])} failed (exit {code}); see {log}")
-    return time.time() - started
 
 
 def sft_dir(args) -> Path:

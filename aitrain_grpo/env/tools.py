@@ -196,6 +196,22 @@ def validate_arguments(spec: ToolSpec, arguments: Any) -> str | None:
     return None
 
 
+def refused_call(specs: dict[str, Any], episode: Episode, call: ToolCall) -> Message | None:
+    """The `Error: ...` tool message for a call of a tool not in `specs` or with arguments its schema
+    refuses, counted in `episode.num_tool_errors`; None when the call may run."""
+    name = call.get("name")
+    spec = specs.get(name) if isinstance(name, str) else None
+    if spec is None:
+        episode.num_tool_errors += 1
+        known = ", ".join(specs) or "none"
+        return {"role": "tool", "name": str(name), "content": f"Error: unknown tool {name!r}; tools: {known}"}
+    problem = validate_arguments(spec, call.get("arguments"))
+    if problem:
+        episode.num_tool_errors += 1
+        return {"role": "tool", "name": name, "content": f"Error: {problem}"}
+    return None
+
+
 class ToolEnvironment(Environment):
     """An environment whose replies are the results of the model's tool calls.
 
@@ -253,16 +269,10 @@ class ToolEnvironment(Environment):
 
     async def run_tool_call(self, episode: Episode, call: ToolCall) -> Message:
         """Run one parsed tool call and turn its result (or failure) into a `tool` message."""
-        name = call.get("name")
-        spec = self.tool_specs.get(name) if isinstance(name, str) else None
-        if spec is None:
-            episode.num_tool_errors += 1
-            known = ", ".join(self.tool_specs) or "none"
-            return {"role": "tool", "name": str(name), "content": f"Error: unknown tool {name!r}; tools: {known}"}
-        problem = validate_arguments(spec, call.get("arguments"))
-        if problem:
-            episode.num_tool_errors += 1
-            return {"role": "tool", "name": spec.name, "content": f"Error: {problem}"}
+        refused = refused_call(self.tool_specs, episode, call)
+        if refused is not None:
+            return refused
+        spec = self.tool_specs[call["name"]]
         kwargs = dict(call["arguments"])
         if spec.wants_episode:
             kwargs[EPISODE_PARAMETER] = episode

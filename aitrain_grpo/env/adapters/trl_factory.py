@@ -53,7 +53,7 @@ from typing import Any
 from aitrain_grpo.env.adapters.common import (clamp01, import_object, load_rows, origin, resolve_named,
                                               reward_number, without)
 from aitrain_grpo.env.base import Episode, Message, ToolCall
-from aitrain_grpo.env.tools import ToolEnvironment, ToolSpec, validate_arguments
+from aitrain_grpo.env.tools import ToolEnvironment, ToolSpec, refused_call
 from aitrain_grpo.errors import EnvLoadError, describe_exception, one_line, user_location
 
 RESERVED = ("reset", "get_reward")  # never tools, as in TRL
@@ -204,16 +204,10 @@ class TRLFactoryEnv(ToolEnvironment):
 
     async def run_tool_call(self, episode: Episode, call: ToolCall) -> Message:
         """Run one call on the episode's instance; its result as TRL shows it, `str(result)`."""
-        name = call.get("name")
-        spec = self._specs.get(name) if isinstance(name, str) else None
-        if spec is None:
-            episode.num_tool_errors += 1
-            known = ", ".join(self._specs) or "none"
-            return {"role": "tool", "name": str(name), "content": f"Error: unknown tool {name!r}; tools: {known}"}
-        problem = validate_arguments(spec, call.get("arguments"))
-        if problem:
-            episode.num_tool_errors += 1
-            return {"role": "tool", "name": name, "content": f"Error: {problem}"}
+        refused = refused_call(self._specs, episode, call)
+        if refused is not None:
+            return refused
+        name = call["name"]
         method = getattr(episode.state[STATE_KEY], name)
         try:
             if inspect.iscoroutinefunction(method):
