@@ -26,10 +26,7 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
-import subprocess
 import sys
-import time
 from dataclasses import dataclass
 from pathlib import Path
 
