@@ -148,7 +148,7 @@ def results_block(runs_dir: Path) -> str:
             continue
         cells = " | ".join(f"{m} (sft -> grpo)" for m in w.metrics)
         out += [f"### {name}", "", f"| run | steps | success: sft | success: grpo | gain | score: sft -> grpo | {cells} | train wall |",
-                "| --- " * (6 + len(w.metrics)) + "|"]
+                "| --- " * (7 + len(w.metrics)) + "|"]
         for run in runs:
             grpo, base = by_model(read_jsonl(run / "heldout.jsonl"))
             start, trained = summary(base, w.metrics), summary(grpo, w.metrics)
