@@ -30,11 +30,10 @@ import sys
 from dataclasses import dataclass
 from pathlib import Path
 
-from learning import run_logged  # the benchmarks' one way to run a logged command
+from learning import run_logged, write_block  # the benchmarks' one way to run a command, write LEARNING.md
 from results_table import machine as describe_machine
 
 REPO = Path(__file__).resolve().parent.parent
-LEARNING_MD = REPO / "benchmarks" / "LEARNING.md"
 BEGIN, END = "<!-- beyond-sft -->", "<!-- /beyond-sft -->"
 SUCCESS = 1.0 - 1e-9
 
@@ -168,11 +167,7 @@ def results_block(runs_dir: Path) -> str:
 
 def report(args) -> None:
     block = results_block(args.runs_dir)
-    text = LEARNING_MD.read_text()
-    if BEGIN not in text:
-        text += f"\n{BEGIN}\n{END}\n"
-    head, rest = text.split(BEGIN, 1)
-    LEARNING_MD.write_text(f"{head}{BEGIN}\n{block}\n{END}{rest.split(END, 1)[1]}")
+    write_block(block, BEGIN, END)
     print(block)
 
 

@@ -254,12 +254,17 @@ def report(args) -> None:
         sys.exit(f"no finished runs in {args.runs_dir}; run `train` first")
     draw(runs)
     block = results_block(runs)
-    text = LEARNING_MD.read_text() if LEARNING_MD.exists() else f"# Learning\n\n{BEGIN}\n{END}\n"
-    if BEGIN not in text:
-        text += f"\n{BEGIN}\n{END}\n"
-    head, rest = text.split(BEGIN, 1)
-    LEARNING_MD.write_text(f"{head}{BEGIN}\n{block}\n{END}{rest.split(END, 1)[1]}")
+    write_block(block, BEGIN, END)
     print(block)
+
+
+def write_block(block: str, begin: str, end: str) -> None:
+    """Put `block` between the `begin` and `end` markers of LEARNING.md (added at its end when missing)."""
+    text = LEARNING_MD.read_text() if LEARNING_MD.exists() else "# Learning\n"
+    if begin not in text:
+        text += f"\n{begin}\n{end}\n"
+    head, rest = text.split(begin, 1)
+    LEARNING_MD.write_text(f"{head}{begin}\n{block}\n{end}{rest.split(end, 1)[1]}")
 
 
 def main() -> None:
