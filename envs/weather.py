@@ -6,9 +6,14 @@ cannot be guessed without the tool. Graded, so that a group of attempts differs 
 the model rarely gets everything right:
 
     a <tool_call> block, even a broken one                          0.1
-    a well-formed call of get_temperature with valid arguments      +0.3
-    ... whose city is the one asked about                           +0.2
-    a later answer that states the tool's temperature               +0.4
+    a well-formed call of get_temperature with valid arguments      +0.1
+    ... whose city is the one asked about                           +0.3
+    a later answer that states the tool's temperature               +0.5
+
+A valid call of the wrong city pays 0.2, not more: when it paid 0.4 (and the right city 0.6), GRPO
+from a weak SFT start learned to look up one training city for every question (benchmarks/LEARNING.md,
+"Beyond imitation"). The tool's description gives a city that is never a task (Tokyo), so copying the
+example earns nothing beyond a valid call.
 
 Metrics (logged as env/<name>): `tried_call` (a <tool_call> block was written), `valid_call` (the episode
 made a valid call), `right_city`, `answered`.
@@ -84,7 +89,7 @@ class WeatherEnv(ToolEnvironment):
         """Get the current temperature of a city, in degrees Celsius.
 
         Args:
-            city: The city's name, e.g. Lisbon.
+            city: The city's name, e.g. Tokyo.
         """
         name = city.strip().title()
         if name not in self.temperatures:
@@ -121,4 +126,4 @@ class WeatherEnv(ToolEnvironment):
         episode.metrics["valid_call"] = float(valid_call)
         episode.metrics["right_city"] = float(right_city)
         episode.metrics["answered"] = float(answered)
-        return 0.1 * tried_call + 0.3 * valid_call + 0.2 * right_city + 0.4 * answered
+        return 0.1 * tried_call + 0.1 * valid_call + 0.3 * right_city + 0.5 * answered
