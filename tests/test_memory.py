@@ -39,6 +39,9 @@ def test_micro_batches_give_the_gradient_of_one_pass(tiny_model_dir, tmp_path):
     assert pieces["loss"] == pytest.approx(whole["loss"], rel=1e-3, abs=1e-6)
     for record in (whole, pieces):
         assert 0 < record["memory/peak_rss_gb"] < 24
+        # The step's peak is its largest phase's: rollout, loss (forward and backward), optimizer.
+        phases = [record[f"memory/{phase}_peak_rss_gb"] for phase in ("rollout", "loss", "optimizer")]
+        assert record["memory/peak_rss_gb"] == pytest.approx(max(phases))
 
 
 @pytest.mark.slow

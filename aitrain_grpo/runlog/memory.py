@@ -5,6 +5,11 @@ Linux keeps the process's resident high-water mark in /proc/self/status (`VmHWM`
 /proc/self/clear_refs resets it, so each step's peak is its own. Where that file cannot be written (not
 Linux, or not allowed) the peak is the run's so far, which still grows when a step needs more.
 
+A step's peak is also split by phase (`StepPeaks`): the rollout (generation and environment), the loss
+(the log-probabilities TRL computes from the rollout where it needs them, then the forward and backward
+of every micro-batch), and the optimizer step. The phases follow each other, so each mark reads the peak since
+the last one and starts a new one; the step's peak is the largest.
+
 Left out: GPU memory (torch.cuda.max_memory_allocated belongs beside it once a GPU run needs it) and
 child processes (a vLLM server is its own process).
 """
@@ -36,3 +41,25 @@ def reset_peak() -> bool:
         return True
     except OSError:
         return False
+
+
+class StepPeaks:
+    """One step's peak resident memory per phase, in GB: `start()` when the step begins, `mark(phase)`
+    when a phase ends (the peak since the previous mark), `metrics()` at the step's end."""
+
+    def __init__(self) -> None:
+        self.peaks: dict[str, float] = {}
+
+    def start(self) -> None:
+        self.peaks = {}
+        reset_peak()
+
+    def mark(self, phase: str) -> None:
+        self.peaks[phase] = max(self.peaks.get(phase, 0.0), peak_rss_bytes() / 2**30)
+        reset_peak()
+
+    def metrics(self) -> dict[str, float]:
+        """`memory/<phase>_peak_rss_gb` for each phase marked, and `memory/peak_rss_gb`, the step's."""
+        out = {f"memory/{phase}_peak_rss_gb": gb for phase, gb in self.peaks.items()}
+        out["memory/peak_rss_gb"] = max(self.peaks.values(), default=peak_rss_bytes() / 2**30)
+        return out

@@ -19,7 +19,8 @@ optimizer step). Timing per step: `time/rollout_s` (the whole rollout call), `ti
 parts of the rollout; under the continuous schedule they overlap; with --rl-async-steps they were
 mostly spent while earlier steps trained), `time/optimizer_s`, `time/step_s`, and `time/tokens_per_s`
 (tokens the model generated per second of generation); and `memory/peak_rss_gb`, the process's peak
-resident memory during the step (runlog/memory.py).
+resident memory during the step, split into `memory/rollout_peak_rss_gb`, `memory/loss_peak_rss_gb`
+(forward and backward) and `memory/optimizer_peak_rss_gb` (runlog/memory.py).
 
 Left out: building the trainer (trainer.py), choosing and building the backend (generation.py), the
 files a run writes (runlog/), and metrics of TRL's evaluation loop (no run configures one).
@@ -44,7 +45,7 @@ from aitrain_grpo.engine.stats import EpisodeSummary, episode_stats
 from aitrain_grpo.env.base import Environment, needs_policy
 from aitrain_grpo.errors import ConfigError
 from aitrain_grpo.models.loading import stop_token_ids
-from aitrain_grpo.runlog.memory import peak_rss_bytes, reset_peak
+from aitrain_grpo.runlog.memory import StepPeaks
 from aitrain_grpo.training.generation import GenerationPlan, make_backend
 from aitrain_grpo.training.async_rollout import AsyncRollout, start_async_rollout, versioned
 from aitrain_grpo.training.groups import play_groups
@@ -109,6 +110,7 @@ class TrainingRollout(TrainerCallback):
         self._rows: list[dict[str, Any]] | None = None
         self._step_started = 0.0
         self._rollout_seconds_at_step_start = 0.0
+        self._peaks = StepPeaks()
 
     # --------------------------------------------------------------------------------- the rollout
 
@@ -142,6 +144,7 @@ class TrainingRollout(TrainerCallback):
         for observe in self.observers:
             observe(summaries)
         self.last_batch = batch
+        self._peaks.mark("rollout")
         seconds = time.perf_counter() - started
         self.rollout_seconds += seconds
         self.metrics.update(rollout_timing(batch, seconds))
@@ -195,12 +198,15 @@ class TrainingRollout(TrainerCallback):
     # ------------------------------------------------------------------------ step boundaries
 
     def on_step_begin(self, args, state, control, **kwargs):
-        reset_peak()  # this step's own peak (runlog/memory.py)
+        self._peaks.start()  # this step's own peaks (runlog/memory.py)
         self._step_started = time.perf_counter()
         self._rollout_seconds_at_step_start = self.rollout_seconds
 
     def on_step_end(self, args, state, control, **kwargs):
         wall = time.perf_counter() - self._step_started
         in_rollout = self.rollout_seconds - self._rollout_seconds_at_step_start
-        self.metrics.update({"time/step_s": wall, "time/optimizer_s": wall - in_rollout,
-                             "memory/peak_rss_gb": peak_rss_bytes() / 2**30})
+        self._peaks.mark("optimizer")
+        self.metrics.update({"time/step_s": wall, "time/optimizer_s": wall - in_rollout, **self._peaks.metrics()})
+
+    def on_pre_optimizer_step(self, args, state, control, **kwargs):
+        self._peaks.mark("loss")  # every micro-batch's forward and backward are done
