@@ -17,7 +17,7 @@ from dataclasses import dataclass, field, fields
 from pathlib import Path
 from typing import Any, Mapping
 
-from aitrain_grpo.env_spec import expand_env_spec
+from aitrain_grpo.env_spec import check_environment_named, env_specs, environment_of, spec_label
 from aitrain_grpo.errors import ConfigError, one_line
 from aitrain_grpo.models.loading import local_model_problem
 
@@ -63,27 +63,6 @@ ADVANTAGE_MODES = ("outcome", "turn")  # training/turn_credit.py
 TOOL_PARSERS = ("auto", "hermes", "json", "llama3_json", "mistral", "pythonic")  # engine/tool_parsers.py
 DEFAULT_TOOL_PARSER = "auto"
 REWARD_FUNC_EXAMPLE = "aitrain_grpo.rewards:length_penalty"
-
-
-def check_environment_named(spec: str | None, module: str | None, class_name: str | None) -> None:
-    """Exactly one way of naming the environment: --rl-env, or --rl-env-module with --rl-env-class."""
-    if spec and (module or class_name):
-        raise ConfigError("give the environment once: --rl-env, or --rl-env-module and --rl-env-class, not both")
-    if spec:
-        expand_env_spec(spec)  # a malformed spec is refused here, before anything loads
-        return
-    if not module:
-        raise ConfigError("no environment given; pass --rl-env-module (e.g. envs.hotel) and --rl-env-class, "
-                          "or --rl-env (e.g. reasoning_gym:basic_arithmetic)")
-    if not class_name:
-        raise ConfigError("no environment class given; pass --rl-env-class (e.g. HotelEnv)")
-
-
-def environment_of(spec: str | None, module: str | None, class_name: str | None, env_config: Any) -> tuple[str, str, Any]:
-    """(module, class name, keyword arguments) of an environment named by --rl-env or by
-    --rl-env-module/--rl-env-class, checked (`check_environment_named`); every command names one so."""
-    check_environment_named(spec, module, class_name)
-    return expand_env_spec(spec, env_config) if spec else (module, class_name, env_config)
 
 
 def reward_func_specs(text: str | None) -> list[tuple[str, str]]:
@@ -137,7 +116,8 @@ class RunConfig:
     rl_env_module: str = _opt("", "Python module of the environment, e.g. envs.hotel (resolved from the current directory).")
     rl_env_class: str = _opt("", "Environment class in that module, e.g. HotelEnv.")
     rl_env_config: Any = _opt(None, "JSON object of keyword arguments for the environment, or @file.json.")
-    rl_env: str | None = _opt(None, "The environment as KIND:NAME instead of --rl-env-module/--rl-env-class: textarena:Wordle-v0, reasoning_gym:basic_arithmetic, trl:module:Class, skyrl:module:Class, or module:Class.")
+    rl_env: str | list[str] | None = _opt(None, "The environment as KIND:NAME instead of --rl-env-module/--rl-env-class: textarena:Wordle-v0, reasoning_gym:basic_arithmetic, trl:module:Class, skyrl:module:Class, or module:Class. Repeat it to train on a mixture (--rl-env-config then takes a JSON array, one object per environment).")
+    rl_env_weights: str | None = _opt(None, "With --rl-env repeated: each environment's share of the dataset, comma-separated in the same order, e.g. 0.7,0.3 (default: the rows each builds).")
     # episodes
     rl_num_generations: int = _opt(4, "Episodes per prompt (the GRPO group size).")
     rl_max_new_tokens: int = _opt(128, "Token limit of one model turn.")
@@ -256,23 +236,26 @@ class RunConfig:
         return dataclasses.asdict(self)
 
     def resolved_output_dir(self) -> Path:
-        name = self.rl_env.rsplit(":", 1)[-1] if self.rl_env else self.rl_env_class
+        name = spec_label(self.rl_env) if self.rl_env else self.rl_env_class
         return Path(self.output_dir or f"outputs/{(name or 'run').lower()}")
 
     def environment(self) -> tuple[str, str, Any]:
         """(module, class name, keyword arguments) of the environment, from --rl-env or
         --rl-env-module/--rl-env-class with --rl-env-config (env_spec.py)."""
-        return environment_of(self.rl_env, self.rl_env_module, self.rl_env_class, self.rl_env_config)
+        return environment_of(self.rl_env, self.rl_env_module, self.rl_env_class, self.rl_env_config, self.rl_env_weights)
 
     def env_flags(self) -> str:
         """The flags that name this run's environment, for commands printed to the user."""
-        flags = f"--rl-env {self.rl_env}" if self.rl_env else f"--rl-env-module {self.rl_env_module} --rl-env-class {self.rl_env_class}"
-        return flags + (f" --rl-env-config '{self.rl_env_config}'" if self.rl_env_config else "")
+        flags = (" ".join(f"--rl-env {spec}" for spec in env_specs(self.rl_env)) if self.rl_env
+                 else f"--rl-env-module {self.rl_env_module} --rl-env-class {self.rl_env_class}")
+        config = self.rl_env_config if isinstance(self.rl_env_config, str) else json.dumps(self.rl_env_config)
+        flags += f" --rl-env-weights {self.rl_env_weights}" if self.rl_env_weights else ""
+        return flags + (f" --rl-env-config '{config}'" if self.rl_env_config else "")
 
     def validate(self) -> "RunConfig":
         """Check the options against each other; raise `ConfigError` on the first problem."""
         self._check_types()
-        check_environment_named(self.rl_env, self.rl_env_module, self.rl_env_class)
+        check_environment_named(self.rl_env, self.rl_env_module, self.rl_env_class, self.rl_env_weights)
         positive = [
             "rl_num_generations", "batch_size",
             "gradient_accumulation_steps", "logging_steps", "lora_r", "lora_alpha", "vllm_tensor_parallel_size",
@@ -380,6 +363,10 @@ class RunConfig:
                     raise ConfigError(f"{flag} must be a finite number, got {shown}")
                 if ok:
                     setattr(self, f.name, float(value))
+            elif "list[str]" in kinds and isinstance(value, (list, tuple)):  # --rl-env repeated
+                ok = all(isinstance(v, str) for v in value)
+                if ok:  # one spec is the plain form; none is not given
+                    setattr(self, f.name, value[0] if len(value) == 1 else list(value) or None)
             else:
                 ok = isinstance(value, str)
             if not ok:

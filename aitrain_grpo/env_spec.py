@@ -9,12 +9,16 @@ training run and `sft` see an ordinary environment, and the adapter's own class 
     trl:my_module:MyEnv              -> aitrain_grpo.env.adapters.trl_factory.TRLFactoryEnv(env_class="my_module:MyEnv", ...)
     skyrl:my_module:MyEnv            -> aitrain_grpo.env.adapters.skyrl.SkyRLEnv(env_class="my_module:MyEnv", ...)
     my_module:MyEnv                  -> my_module.MyEnv(...)  (the same as --rl-env-module/--rl-env-class)
+    --rl-env A --rl-env B            -> aitrain_grpo.env.adapters.mixture.MixtureEnv(envs=[A, B], weights=...)
 
 The rest of the keyword arguments come from `--rl-env-config` as usual; giving the spec's own key there
 as well is refused (two values for one argument). Each adapter imports its package only when built,
 and a missing package is a one-line error with its install command (the adapter's).
 
-Left out: OpenEnv URLs, mixtures of several environments, and discovering kinds from entry points.
+Several specs make a mixture: `--rl-env-config` is then a JSON array with one object (or null) per
+environment, in order, and `--rl-env-weights 0.7,0.3` their shares of the dataset.
+
+Left out: OpenEnv URLs and discovering kinds from entry points.
 """
 
 from __future__ import annotations
@@ -23,7 +27,9 @@ import json
 from dataclasses import dataclass
 from typing import Any
 
-from aitrain_grpo.errors import EnvLoadError
+from aitrain_grpo.errors import ConfigError, EnvLoadError
+
+MIXTURE = ("aitrain_grpo.env.adapters.mixture", "MixtureEnv")
 
 
 @dataclass(frozen=True)
@@ -82,3 +88,80 @@ def expand_env_spec(spec: str, env_config: Any = None) -> tuple[str, str, Any]:
         raise EnvLoadError(f"--rl-env {spec!r} sets {kind.key!r}, and --rl-env-config sets it too; keep one")
     arguments[kind.key] = rest
     return kind.module, kind.class_name, json.dumps(arguments)
+
+
+def env_specs(spec: str | list[str] | tuple[str, ...] | None) -> list[str]:
+    """`--rl-env`'s value as a list of specs: one string, several (a mixture), or none."""
+    if not spec:
+        return []
+    return [spec] if isinstance(spec, str) else [str(s) for s in spec]
+
+
+def spec_label(spec: str | list[str] | None) -> str:
+    """A short name for what `spec` names, for default output folders: `Wordle-v0`, or `mixture`."""
+    specs = env_specs(spec)
+    return "mixture" if len(specs) > 1 else specs[0].rsplit(":", 1)[-1] if specs else ""
+
+
+def mixture_weights(weights: Any, count: int) -> list[float] | None:
+    """`--rl-env-weights 0.7,0.3` (or a list) as numbers, one per environment of the mixture."""
+    if weights is None or weights == "":
+        return None
+    items = weights.split(",") if isinstance(weights, str) else list(weights)
+    try:
+        values = [float(w) for w in items]
+    except (TypeError, ValueError):
+        values = []
+    if len(values) != count or any(not v >= 0 for v in values) or not sum(values) > 0:
+        raise ConfigError(f"--rl-env-weights {weights!r} must be {count} non-negative numbers, one per --rl-env, "
+                          f"not all zero; e.g. {','.join(['1'] * count)}")
+    return values
+
+
+def _mixture_configs(env_config: Any, count: int) -> list[Any]:
+    if env_config is None or env_config == "":
+        return [None] * count
+    value = env_config
+    if isinstance(env_config, str):
+        try:
+            value = json.loads(env_config)
+        except json.JSONDecodeError as exc:
+            raise EnvLoadError(f"--rl-env-config is not valid JSON ({exc}); with --rl-env repeated give a JSON array, "
+                               f"one object (or null) per environment") from None
+    if not isinstance(value, list) or len(value) != count or not all(v is None or isinstance(v, dict) for v in value):
+        raise EnvLoadError(f"with --rl-env given {count} times, --rl-env-config must be a JSON array of {count} objects "
+                           f"(or nulls), one per environment in order, e.g. '[{{\"size\": 100}}, null]'")
+    return value
+
+
+def check_environment_named(spec: Any, module: str | None, class_name: str | None, weights: Any = None) -> None:
+    """Exactly one way of naming the environment: --rl-env (once, or repeated for a mixture), or
+    --rl-env-module with --rl-env-class. A malformed spec is refused here, before anything loads."""
+    specs = env_specs(spec)
+    if specs and (module or class_name):
+        raise ConfigError("give the environment once: --rl-env, or --rl-env-module and --rl-env-class, not both")
+    if weights not in (None, "") and len(specs) < 2:
+        raise ConfigError("--rl-env-weights weighs the environments of a mixture; give --rl-env two or more times")
+    for one in specs:
+        expand_env_spec(one)
+    if specs:
+        mixture_weights(weights, len(specs))
+        return
+    if not module:
+        raise ConfigError("no environment given; pass --rl-env-module (e.g. envs.hotel) and --rl-env-class, "
+                          "or --rl-env (e.g. reasoning_gym:basic_arithmetic)")
+    if not class_name:
+        raise ConfigError("no environment class given; pass --rl-env-class (e.g. HotelEnv)")
+
+
+def environment_of(spec: Any, module: str | None, class_name: str | None, env_config: Any,
+                   weights: Any = None) -> tuple[str, str, Any]:
+    """(module, class name, keyword arguments) of the environment named by --rl-env (a mixture when
+    repeated) or by --rl-env-module/--rl-env-class, checked first; every command names one so."""
+    check_environment_named(spec, module, class_name, weights)
+    specs = env_specs(spec)
+    if len(specs) > 1:
+        configs = _mixture_configs(env_config, len(specs))
+        members = [{"spec": one, "config": config} for one, config in zip(specs, configs)]
+        return (*MIXTURE, json.dumps({"envs": members, "weights": mixture_weights(weights, len(specs))}))
+    return expand_env_spec(specs[0], env_config) if specs else (module, class_name, env_config)

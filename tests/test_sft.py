@@ -149,7 +149,7 @@ def test_sft_tokens_are_what_the_rollout_engine_builds(model, request):
     folder = request.getfixturevalue("tiny_model_dir" if model == "tiny" else "smollm2_model_dir")
     tokenizer = load_tokenizer(resolve_source(folder))
     env, demos = hotel_demos()
-    dataset = demo_dataset(tokenizer, env.tools, demos)
+    dataset = demo_dataset(tokenizer, demos)
     engine = RolloutEngine(env, tokenizer, OracleBackend(dataset, tokenizer.eos_token_id), max_new_tokens=512,
                            max_completion_length=4096)
     try:
@@ -173,7 +173,7 @@ def test_the_loss_is_on_the_assistant_turns_only(tiny_model_and_tokenizer, tmp_p
     model, tokenizer = tiny_model_and_tokenizer
     env, demos = hotel_demos(3)
     config = RunConfig(rl_env_module="envs.hotel", rl_env_class="HotelEnv", max_steps=1)
-    dataset = demo_dataset(tokenizer, env.tools, demos)
+    dataset = demo_dataset(tokenizer, demos)
     trainer = SFTTrainer(model=model, args=sft_config(config, tmp_path), train_dataset=dataset, processing_class=tokenizer)
     for demo, example in zip(demos, trainer.train_dataset):
         labels, ids = example["labels"], example["input_ids"]

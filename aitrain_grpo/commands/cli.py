@@ -47,7 +47,8 @@ from aitrain_grpo.commands.scaffold import print_next_steps, write_scaffold
 from aitrain_grpo.commands.vllm_serve import (
     SERVER_STOP_GRACE, ServeOptions, signal_server, start_server, stop_server, trainer_flags, wait_until_ready,
 )
-from aitrain_grpo.config import RunConfig, environment_of
+from aitrain_grpo.config import RunConfig
+from aitrain_grpo.env_spec import environment_of
 from aitrain_grpo.engine.backends.choice import require_vllm
 from aitrain_grpo.env.adapters.aitraining import describe_interface
 from aitrain_grpo.env.loading import load_environment
@@ -254,7 +255,8 @@ def env_check(**options) -> None:
     Exits 1 when the environment breaks its contract, 0 otherwise (warnings included)."""
     with reported_errors(options.pop("debug")):
         module, class_name, env_config = environment_of(options["rl_env"], options["rl_env_module"],
-                                                        options["rl_env_class"], options["rl_env_config"])
+                                                        options["rl_env_class"], options["rl_env_config"],
+                                                        options["rl_env_weights"])
         report = run_env_check(
             module=module, class_name=class_name, env_config=env_config,
             model_name=options["model"], episodes=options["episodes"], policies=options["policies"],
@@ -274,6 +276,7 @@ env_check.__signature__ = inspect.Signature([
     as_in_grpo("rl_env_class"),
     as_in_grpo("rl_env_config"),
     as_in_grpo("rl_env"),
+    as_in_grpo("rl_env_weights"),
     as_in_grpo("model", help_text="Model whose chat template renders the prompts and that plays the 'model' policy."),
     command_option("episodes", 16, "Episodes per policy.", int),
     command_option("policies", ",".join(POLICIES), f"Which of {', '.join(POLICIES)} to play.", str),
@@ -292,6 +295,7 @@ def eval_command(**options) -> None:
     """Evaluate a model (or a training run) in an environment: mean score, success rate, pass@k, turns, errors."""
     with reported_errors(options.pop("debug")):
         run_eval(model=options["model"], baseline=options["baseline"], spec=options["rl_env"],
+                 weights=options["rl_env_weights"],
                  module=options["rl_env_module"], class_name=options["rl_env_class"], env_config=options["rl_env_config"],
                  episodes=options["episodes"],
                  samples=options["rl_num_generations"], use_vllm=options["use_vllm"], output=options["output"],
@@ -305,6 +309,7 @@ eval_command.__signature__ = inspect.Signature([
     from_training_run("rl_env_class"),
     as_in_grpo("rl_env_config"),
     from_training_run("rl_env"),
+    from_training_run("rl_env_weights"),
     command_option("episodes", 32, "Tasks to play: the first N rows of the dataset.", int),
     field_option("rl_num_generations", 1, with_default("Episodes per task (k of pass@k).", 1)),
     command_option("baseline", None, "A second model to compare against, on the same tasks and seed.", str),

@@ -37,7 +37,7 @@ from aitrain_grpo.engine.runner import EpisodeRunner, oracle_policy, play_text
 from aitrain_grpo.engine.stats import EpisodeStats, episode_scores, episode_stats
 from aitrain_grpo.engine.tool_parsers import read_tool_calls, tool_names_of
 from aitrain_grpo.env.adapters.aitraining import describe_interface
-from aitrain_grpo.env.base import Environment, Episode, needs_policy
+from aitrain_grpo.env.base import Environment, Episode, needs_policy, tools_for_row
 from aitrain_grpo.env.dataset import build_rows
 from aitrain_grpo.env.loading import load_environment
 from aitrain_grpo.errors import ConfigError, EnvLoadError, TemplateError
@@ -150,7 +150,7 @@ def inspect_dataset(env: Environment, tokenizer, report: EnvCheckReport) -> list
         report.problems.append(f"{report.env_name}.tools raised {type(exc).__name__}: {exc}")
         return None
     try:
-        renderer = ChatRenderer(tokenizer, tools=report.tools)
+        renderer = ChatRenderer(tokenizer, tools=tools_for_row(env, rows[0]))  # a mixture's first row's own
         report.sample_prompt = renderer.render(prompt_messages(rows[0]["prompt"]), add_generation_prompt=True)
         report.sample_tokens = len(renderer.encode(report.sample_prompt))
         report.rows_measured = min(len(rows), PROMPTS_MEASURED)

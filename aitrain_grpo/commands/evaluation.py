@@ -17,7 +17,8 @@ from typing import Any
 from rich.table import Table
 
 from aitrain_grpo.commands.options import check_positive
-from aitrain_grpo.config import RunConfig, check_episode_options, environment_of
+from aitrain_grpo.config import RunConfig, check_episode_options
+from aitrain_grpo.env_spec import env_specs, environment_of
 from aitrain_grpo.engine.backends.base import SamplingParams
 from aitrain_grpo.env.base import needs_policy
 from aitrain_grpo.env.dataset import build_rows
@@ -51,8 +52,8 @@ def _option(value, run_config: dict[str, Any], name: str):
     return RunConfig.__dataclass_fields__[name].default
 
 
-def run_eval(*, model: str, baseline: str | None, spec: str | None = None, module: str | None, class_name: str | None,
-             env_config: str | None,
+def run_eval(*, model: str, baseline: str | None, spec: str | list[str] | None = None, module: str | None,
+             class_name: str | None, env_config: str | None, weights: str | None = None,
              episodes: int, samples: int, use_vllm: bool, output: str | None, options: dict[str, Any], seed: int,
              batch_size: int, console) -> list[EvalResult]:
     """What `aitrain eval` does: resolve models and environment, play, print the table, write JSONL.
@@ -67,10 +68,11 @@ def run_eval(*, model: str, baseline: str | None, spec: str | None = None, modul
     if not (spec or module or class_name):
         spec, module, class_name = (run_config.get(k) for k in ("rl_env", "rl_env_module", "rl_env_class"))
         env_config = env_config if env_config is not None else run_config.get("rl_env_config")
+        weights = weights if weights is not None else run_config.get("rl_env_weights")
         if not (spec or module):
             raise ConfigError(f"no environment given; pass --rl-env-module and --rl-env-class, or --rl-env ({model} "
                               f"has no run_config.json to take them from)")
-    env = load_environment(*environment_of(spec, module, class_name, env_config))
+    env = load_environment(*environment_of(spec, module, class_name, env_config, weights))
     settings = {name: _option(options.get(name), run_config, name) for name in (*RUN_FLAGS, "rl_cut_turn")}
     check_episode_options(settings)  # a training run's values too (its run_config.json may be older)
     sampling = SamplingParams(settings["rl_temperature"], settings["rl_top_k"], settings["rl_top_p"])
@@ -92,7 +94,8 @@ def run_eval(*, model: str, baseline: str | None, spec: str | None = None, modul
             schedule=settings["rl_rollout_schedule"], tool_parser=settings["rl_tool_parser"],
         ))
         del backend  # the model's memory goes before the next one loads
-    show_results(results, console, env_name=f"{module}.{class_name}", sampling=sampling)
+    named = " + ".join(env_specs(spec)) if spec else f"{module}.{class_name}"
+    show_results(results, console, env_name=named, sampling=sampling)
     if output:
         console.print(f"episodes written to {write_records(output, results)}", markup=False)
     return results

@@ -51,8 +51,12 @@ def field_option(name: str, default: Any, help_text: str, *, required: bool = Fa
         decls = [f"{flag_name(name)}/--no-{flag_name(name)[2:]}" if name in _NEGATABLE else flag_name(name)]
     else:
         decls = [flag_name(name)]
-    option = typer.Option(... if required else default, *decls, help=help_text, show_default=False)
+    repeated = "list[str]" in str(FIELDS[name].type)  # the flag may be repeated (--rl-env A --rl-env B)
+    option = typer.Option(... if required else default, *decls, help=help_text, show_default=False,
+                          metavar="<str>" if repeated else None)
     annotation = Optional[kind] if default is None and not required else kind
+    if repeated:
+        annotation = Optional[list[str]]
     return inspect.Parameter(name, inspect.Parameter.KEYWORD_ONLY, default=option, annotation=annotation)
 
 

@@ -30,6 +30,7 @@ from aitrain_grpo.config import RunConfig
 from aitrain_grpo.engine.chat import prompt_messages
 from aitrain_grpo.engine.demos import Demonstration
 from aitrain_grpo.engine.runner import oracle_policy, play
+from aitrain_grpo.env.base import tools_for_row
 from aitrain_grpo.env.dataset import build_rows
 from aitrain_grpo.env.loading import load_environment
 from aitrain_grpo.errors import ConfigError, UserError
@@ -49,6 +50,7 @@ SFT_PARAMETERS = [
     as_in_grpo("rl_env_class"),
     as_in_grpo("rl_env_config"),
     as_in_grpo("rl_env"),
+    as_in_grpo("rl_env_weights"),
     as_in_grpo("model"),
     field_option("output_dir", None, "Where the model, demos.jsonl and logs go (default: outputs/<env class>-sft)."),
     command_option("episodes", 64, "Oracle episodes to play: the first N rows of the dataset (cycled when fewer).", int),
@@ -96,7 +98,8 @@ def play_demonstrations(env, rows: list[dict[str, Any]], episodes: int, *, max_t
     played = play(env, [dict(rows[i]) for i in indices], oracle_policy(env), max_turns=max_turns, timeout=timeout,
                   policy_name="solve")
     demos = [Demonstration(messages=ep.messages, prompt_length=len(prompt_messages(rows[i]["prompt"])),
-                           score=float(ep.score or 0.0), row=i) for i, ep in zip(indices, played)]
+                           score=float(ep.score or 0.0), row=i, tools=tools_for_row(env, rows[i]))
+             for i, ep in zip(indices, played)]
     return demos, [ep.error for ep in played if ep.error]
 
 
@@ -136,16 +139,15 @@ def run_sft(options: dict[str, Any], console) -> dict[str, Any]:
     rows = build_rows(env, tokenizer)
     played, errors = play_demonstrations(env, rows, episodes, max_turns=config.rl_max_turns, timeout=config.rl_env_timeout)
     demos = keep_good(played, errors, min_score, env_name)
-    tools = list(env.tools)
     output_dir = Path(config.resolved_output_dir())
     output_dir.mkdir(parents=True, exist_ok=True)
-    write_jsonl(output_dir / DEMOS_FILE, [demo.record(tools) for demo in demos])
+    write_jsonl(output_dir / DEMOS_FILE, [demo.record() for demo in demos])
     mean = sum(demo.score for demo in played) / len(played)
     console.print(f"oracle: {len(played)} episodes of {env_name} (mean score {mean:.3f}); kept {len(demos)} scoring "
                   f">= {min_score:g}, written to {output_dir / DEMOS_FILE}", markup=False)
     from aitrain_grpo.sft.trainer import train_sft  # TRL imports vLLM, which prints: only now
 
-    summary = train_sft(config, demos, tools, output_dir, show=lambda line: console.print(line, markup=False))
+    summary = train_sft(config, demos, output_dir, show=lambda line: console.print(line, markup=False))
     losses = summary["losses"]
     trend = f", loss {losses[0]:.3f} -> {losses[-1]:.3f}" if losses else ""
     console.print(f"done: {summary['global_step']} steps on {len(demos)} demonstrations in "

@@ -16,7 +16,7 @@ raises `TemplateError`, as `env check` reports).
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 from aitrain_grpo.engine.chat import ChatRenderer
@@ -33,12 +33,13 @@ class Demonstration:
     prompt_length: int
     score: float
     row: int
+    tools: list[dict[str, Any]] = field(default_factory=list)  # the schemas offered in its episode
 
-    def record(self, tools: list[dict[str, Any]]) -> dict[str, Any]:
+    def record(self) -> dict[str, Any]:
         """Its line in demos.jsonl. `tools` is there so the file stands alone: TRL's conversational
         SFT datasets carry the schemas in a `tools` column."""
         return {"messages": self.messages, "prompt_length": self.prompt_length, "score": self.score,
-                "row": self.row, "tools": tools}
+                "row": self.row, "tools": self.tools}
 
 
 @dataclass(frozen=True)

@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import json
 import time
 from dataclasses import dataclass, field
 from typing import Any
@@ -33,7 +34,7 @@ from aitrain_grpo.config import DEFAULT_CUT_TURN, DEFAULT_TOOL_PARSER, ROLLOUT_S
 from aitrain_grpo.engine.backends.base import GenerationBackend, RequestBackend, Sample, SamplingParams
 from aitrain_grpo.engine.chat import ChatRenderer
 from aitrain_grpo.engine.turn_batcher import TurnBatcher
-from aitrain_grpo.env.base import Environment, Episode, Message
+from aitrain_grpo.env.base import Environment, Episode, Message, tools_for_row, tools_vary_by_row
 from aitrain_grpo.engine.runner import EpisodeRunner
 from aitrain_grpo.engine.stats import EpisodeSummary, episode_scores
 
@@ -154,7 +155,11 @@ class RolloutEngine:
         self.env = env
         self.tokenizer = tokenizer
         self.backend = backend
+        self.template_kwargs = template_kwargs
         self.renderer = ChatRenderer(tokenizer, tools=env.tools, template_kwargs=template_kwargs)
+        # A mixture offers each row its own environment's tools: one renderer per set of tools.
+        self._tools_vary = tools_vary_by_row(env)
+        self._renderers: dict[str, ChatRenderer] = {}
         self.runner = EpisodeRunner(env, max_turns=max_turns, timeout=env_timeout, cut_turn=cut_turn,
                                     tool_parser=tool_parser)
         self.max_new_tokens = max_new_tokens
@@ -165,6 +170,16 @@ class RolloutEngine:
             schedule = "continuous" if isinstance(backend, RequestBackend) else "lockstep"
         self.schedule = schedule
         self.max_concurrent_episodes = max(1, max_concurrent_episodes)
+
+    def renderer_for(self, episode: Episode) -> ChatRenderer:
+        """The renderer of `episode`'s tools: the environment's, or its row's where they vary by row."""
+        if not self._tools_vary:
+            return self.renderer
+        tools = tools_for_row(self.env, episode.row)
+        key = json.dumps(tools, sort_keys=True, default=str)
+        if key not in self._renderers:
+            self._renderers[key] = ChatRenderer(self.tokenizer, tools=tools, template_kwargs=self.template_kwargs)
+        return self._renderers[key]
 
     @property
     def max_turns(self) -> int:
@@ -179,11 +194,24 @@ class RolloutEngine:
         with self.backend.rollout_session():
             return self._run(rows)
 
+    def _prompt_ids(self, episodes: list[Episode]) -> list[list[int]]:
+        """Each episode's rendered prompt, one batched template call per renderer."""
+        by_renderer: dict[int, list[int]] = {}
+        renderers = [self.renderer_for(ep) for ep in episodes]
+        for i, renderer in enumerate(renderers):
+            by_renderer.setdefault(id(renderer), []).append(i)
+        ids: list[list[int]] = [[] for _ in episodes]
+        for indices in by_renderer.values():
+            rendered = renderers[indices[0]].prompt_ids_many([episodes[i].messages for i in indices])
+            for i, prompt in zip(indices, rendered):
+                ids[i] = prompt
+        return ids
+
     def _run(self, rows: list[dict[str, Any]]) -> RolloutBatch:
         started = time.perf_counter()
         episodes = [self.runner.new_episode(row) for row in rows]
         # Tokenizer and template calls are batched per phase: each call costs more than the texts in it.
-        traces = [TokenTrace(prompt_ids=ids) for ids in self.renderer.prompt_ids_many([ep.messages for ep in episodes])]
+        traces = [TokenTrace(prompt_ids=ids) for ids in self._prompt_ids(episodes)]
         batch = RolloutBatch(episodes=episodes, traces=traces)
         if self.schedule == "continuous":
             self.runner.run(self._continuous(batch))
@@ -267,7 +295,8 @@ class RolloutEngine:
             batch.env_seconds += time.perf_counter() - t0
 
             answered = [(i, reply) for i, reply in zip(running, replies) if reply is not None]
-            suffixes = self.renderer.encode_many([self.renderer.reply_text(reply, turns[i].ended_with_eos) for i, reply in answered])
+            suffixes = self.renderer.encode_many([self.renderer_for(episodes[i]).reply_text(reply, turns[i].ended_with_eos)
+                                                  for i, reply in answered])
             for (i, reply), suffix in zip(answered, suffixes):
                 self._add_reply(episodes[i], traces[i], reply, suffix)
         t0 = time.perf_counter()
@@ -307,7 +336,7 @@ class RolloutEngine:
                     with answering.running():
                         reply = await self._respond(episode, text, turn)
                     if reply is not None:
-                        (suffix,) = self.renderer.encode_many([self.renderer.reply_text(reply, turn.ended_with_eos)])
+                        (suffix,) = self.renderer.encode_many([self.renderer_for(episode).reply_text(reply, turn.ended_with_eos)])
                         self._add_reply(episode, trace, reply, suffix)
                 with answering.running():
                     await self.runner.score(episode)

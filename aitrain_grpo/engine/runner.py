@@ -23,7 +23,7 @@ from typing import Any, Awaitable, Callable, Iterable
 from aitrain_grpo.config import DEFAULT_CUT_TURN, DEFAULT_TOOL_PARSER
 from aitrain_grpo.engine.chat import prompt_messages
 from aitrain_grpo.engine.tool_parsers import read_tool_calls, tool_names_of
-from aitrain_grpo.env.base import Environment, Episode, Message
+from aitrain_grpo.env.base import Environment, Episode, Message, tools_for_row, tools_vary_by_row
 
 VALID_REPLY_ROLES = ("user", "tool", "system")
 
@@ -56,6 +56,7 @@ class EpisodeRunner:
         # How tool calls are read from a turn (engine/tool_parsers.py), and the names `auto` accepts.
         self.tool_parser = tool_parser
         self.tool_names = tool_names_of(env.tools)
+        self._tools_vary = tools_vary_by_row(env)  # a mixture: each row's own environment's tools
         self.loop = asyncio.new_event_loop()
         # The default executor has min(32, cores + 4) threads: six on these machines, which would
         # serialise a batch of slow sync environments. One thread per concurrent episode instead.
@@ -128,7 +129,8 @@ class EpisodeRunner:
                 episode.stop_reason = "turn_tokens"
                 return None
             episode.truncated_turns += 1
-        parsed = read_tool_calls(completion, self.tool_parser, self.tool_names)
+        names = tool_names_of(tools_for_row(self.env, episode.row)) if self._tools_vary else self.tool_names
+        parsed = read_tool_calls(completion, self.tool_parser, names)
         episode.tool_calls, episode.tool_call_errors = parsed.calls, parsed.problems
         episode.tool_call_forms.append(parsed.form)
         episode.num_tool_calls += len(episode.tool_calls) + len(episode.tool_call_errors)
@@ -145,8 +147,8 @@ class EpisodeRunner:
             episode.done = True
             episode.stop_reason = "env"
             return None
-        if episode.turns >= self.max_turns:
-            # The environment wanted to go on; the turn cap stops it.
+        if episode.turns >= (episode.max_turns or self.max_turns):
+            # The environment wanted to go on; the turn cap (which `reset` may have lowered) stops it.
             episode.truncated = True
             episode.done = True
             episode.stop_reason = "max_turns"

@@ -141,6 +141,23 @@ class Environment:
         """JSON schemas of the tools offered to the model (rendered through the chat template)."""
         return []
 
+    def tools_for_row(self, row: dict[str, Any]) -> list[dict[str, Any]]:
+        """The tools offered in the episodes of dataset row `row`: `tools` unless overridden. A mixture of
+        environments (env/adapters/mixture.py) offers each row its own environment's tools."""
+        return self.tools
+
+
+def tools_for_row(env: Any, row: dict[str, Any]) -> list[dict[str, Any]]:
+    """The tools of `row`'s episodes, for an `Environment` or a duck-typed class the loader accepted."""
+    per_row = getattr(env, "tools_for_row", None)
+    return list(per_row(row) if callable(per_row) else getattr(env, "tools", None) or [])
+
+
+def tools_vary_by_row(env: Any) -> bool:
+    """Whether `env` overrides `tools_for_row`, so renderers and tool names are chosen per episode."""
+    method = getattr(type(env), "tools_for_row", None)
+    return method is not None and method is not Environment.tools_for_row
+
 
 def needs_policy(env: Any) -> bool:
     """Whether `env` (an `Environment`, or a duck-typed class the loader accepted) scores with the policy."""

@@ -38,10 +38,16 @@ from aitrain_grpo.runlog.redaction import redact
 from aitrain_grpo.training.checkpoints import prepare_output_dir
 from aitrain_grpo.training.trainer import lora_config, save_run, trainer_args
 
-def demo_dataset(tokenizer, tools: list[dict[str, Any]], demos: list[Demonstration]) -> Dataset:
-    """The pre-tokenized dataset SFTTrainer trains on (labels come from `assistant_masks`)."""
-    renderer = ChatRenderer(tokenizer, tools=tools)
-    tokens = [demo_tokens(renderer, demo) for demo in demos]
+def demo_dataset(tokenizer, demos: list[Demonstration]) -> Dataset:
+    """The pre-tokenized dataset SFTTrainer trains on (labels come from `assistant_masks`); each
+    demonstration rendered with the tools its episode offered (they differ by row in a mixture)."""
+    renderers: dict[str, ChatRenderer] = {}
+    tokens = []
+    for demo in demos:
+        key = json.dumps(demo.tools, sort_keys=True, default=str)
+        if key not in renderers:
+            renderers[key] = ChatRenderer(tokenizer, tools=demo.tools)
+        tokens.append(demo_tokens(renderers[key], demo))
     return Dataset.from_dict({"input_ids": [t.input_ids for t in tokens],
                               "assistant_masks": [t.assistant_masks for t in tokens]})
 
@@ -69,14 +75,14 @@ class LossLines(TrainerCallback):
             self.show(f"step {state.global_step}/{state.max_steps}  loss {logs['loss']:.4f}")
 
 
-def train_sft(config: RunConfig, demos: list[Demonstration], tools: list[dict[str, Any]], output_dir: Path,
+def train_sft(config: RunConfig, demos: list[Demonstration], output_dir: Path,
               show: Callable[[str], None] = print) -> dict[str, Any]:
     """Fine-tune `config.model` on `demos` and save it to `output_dir` (adapter or full model, tokenizer,
     run_config.json, run_summary.json). Returns the run summary."""
     os.environ.setdefault("TRL_EXPERIMENTAL_SILENCE", "1")
     datasets.disable_progress_bars()  # a bar per dataset pass over a few dozen rows is noise
     model, tokenizer = load_model_and_tokenizer(config.model)
-    dataset = demo_dataset(tokenizer, tools, demos)
+    dataset = demo_dataset(tokenizer, demos)
     prepare_output_dir(output_dir, None)
     (output_dir / "run_config.json").write_text(json.dumps(redact(config.to_dict()), indent=2, default=str) + "\n")
     losses = LossLines(show)
