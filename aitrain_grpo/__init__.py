@@ -1,7 +1,7 @@
 """aitrain-grpo: train language-model agents with GRPO in environments you write.
 
 Public API: `Environment`, `ToolEnvironment`, `tool`, `Episode` and the types that cross the contract
-(`Message`, `ToolCall`, `EnvReply`), `load_environment` (import an environment class by module path with
+(`Message`, `ToolCall`, `EnvReply`), `MCPTools` (an MCP server's tools for a `ToolEnvironment`), `load_environment` (import an environment class by module path with
 JSON keyword arguments), `RunConfig` and `train` (a training run, as `aitrain grpo` does it), and the
 errors a caller may catch: `UserError` (bad input, with a one-line message; `EnvLoadError` and
 `ConfigError` are kinds of it) and `TrainingStopped` (a run stopped early with a checkpoint).
@@ -13,6 +13,7 @@ from aitrain_grpo.config import RunConfig
 from aitrain_grpo.env.base import Environment, EnvReply, Episode, Message, ToolCall
 from aitrain_grpo.errors import ConfigError, UserError
 from aitrain_grpo.env.loading import EnvLoadError, load_environment
+from aitrain_grpo.env.mcp_tools import MCPTools
 from aitrain_grpo.env.tools import ToolEnvironment, tool
 
 __version__ = "0.1.0"
@@ -21,6 +22,7 @@ __all__ = [
     "Environment",
     "ToolEnvironment",
     "tool",
+    "MCPTools",
     "Episode",
     "Message",
     "ToolCall",

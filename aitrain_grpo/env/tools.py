@@ -15,6 +15,7 @@ state, e.g. a booking, so they run in the order the model wrote them).
 from __future__ import annotations
 
 import asyncio
+import functools
 import inspect
 import json
 import typing
@@ -233,6 +234,9 @@ class ToolEnvironment(Environment):
                     names[attr] = None
         cls._tool_names = list(names)
 
+    #: MCP servers whose tools are offered beside the `@tool` methods (env/mcp_tools.py: `MCPTools`).
+    mcp_servers: tuple = ()
+
     @property
     def tool_specs(self) -> dict[str, ToolSpec]:
         cached = self.__dict__.get("_tool_specs_cache")
@@ -241,6 +245,13 @@ class ToolEnvironment(Environment):
             for attr in getattr(type(self), "_tool_names", []):
                 spec = tool_spec(getattr(self, attr))
                 cached[spec.name] = spec
+            for server in self.mcp_servers or ():
+                for schema in server.schemas():
+                    name = schema["function"]["name"]
+                    if name in cached:
+                        raise EnvLoadError(f"{type(self).__name__} has two tools named {name!r} (a method and one of "
+                                           f"MCP server {server.where!r}); rename the method or pass include=[...]")
+                    cached[name] = ToolSpec(name, schema, functools.partial(server.call, name), wants_episode=False)
             self.__dict__["_tool_specs_cache"] = cached
         return cached
 
