@@ -8,6 +8,7 @@ training run and `sft` see an ordinary environment, and the adapter's own class 
     reasoning_gym:basic_arithmetic   -> aitrain_grpo.env.adapters.reasoning_gym.ReasoningGymEnv(task=..., ...)
     trl:my_module:MyEnv              -> aitrain_grpo.env.adapters.trl_factory.TRLFactoryEnv(env_class="my_module:MyEnv", ...)
     skyrl:my_module:MyEnv            -> aitrain_grpo.env.adapters.skyrl.SkyRLEnv(env_class="my_module:MyEnv", ...)
+    openenv:http://127.0.0.1:8000    -> aitrain_grpo.env.adapters.openenv.OpenEnvEnv(url="http://127.0.0.1:8000", ...)
     my_module:MyEnv                  -> my_module.MyEnv(...)  (the same as --rl-env-module/--rl-env-class)
     --rl-env A --rl-env B            -> aitrain_grpo.env.adapters.mixture.MixtureEnv(envs=[A, B], weights=...)
 
@@ -18,7 +19,7 @@ and a missing package is a one-line error with its install command (the adapter'
 Several specs make a mixture: `--rl-env-config` is then a JSON array with one object (or null) per
 environment, in order, and `--rl-env-weights 0.7,0.3` their shares of the dataset.
 
-Left out: OpenEnv URLs and discovering kinds from entry points.
+Left out: discovering kinds from entry points.
 """
 
 from __future__ import annotations
@@ -47,6 +48,7 @@ KINDS = {
                              "reasoning_gym:basic_arithmetic"),
     "trl": EnvKind("aitrain_grpo.env.adapters.trl_factory", "TRLFactoryEnv", "env_class", "trl:my_envs:SearchEnv", True),
     "skyrl": EnvKind("aitrain_grpo.env.adapters.skyrl", "SkyRLEnv", "env_class", "skyrl:my_envs:MathEnv", True),
+    "openenv": EnvKind("aitrain_grpo.env.adapters.openenv", "OpenEnvEnv", "url", "openenv:http://127.0.0.1:8000"),
 }
 
 
@@ -98,9 +100,13 @@ def env_specs(spec: str | list[str] | tuple[str, ...] | None) -> list[str]:
 
 
 def spec_label(spec: str | list[str] | None) -> str:
-    """A short name for what `spec` names, for default output folders: `Wordle-v0`, or `mixture`."""
+    """A short name for what `spec` names (output folders, a mixture's metrics): `Wordle-v0`, `HotelEnv`,
+    `openenv` for a URL, `mixture` for several."""
     specs = env_specs(spec)
-    return "mixture" if len(specs) > 1 else specs[0].rsplit(":", 1)[-1] if specs else ""
+    if len(specs) != 1:
+        return "mixture" if specs else ""
+    head, _, rest = specs[0].partition(":")
+    return head if "//" in rest else specs[0].rsplit(":", 1)[-1]
 
 
 def mixture_weights(weights: Any, count: int) -> list[float] | None:

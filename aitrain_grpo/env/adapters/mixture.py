@@ -31,11 +31,6 @@ from aitrain_grpo.errors import EnvLoadError
 ENV_COLUMN, ROW_COLUMN = "aitrain_env", "aitrain_row"
 
 
-def member_name(spec: str) -> str:
-    """What a mixture calls the environment of `spec`: the last part of the spec."""
-    return spec.rstrip(":").rsplit(":", 1)[-1].rsplit(".", 1)[-1] or spec
-
-
 def _check_members(envs: Any) -> None:
     if not isinstance(envs, list) or len(envs) < 2 or not all(isinstance(e, dict) and e.get("spec") for e in envs):
         raise EnvLoadError("a mixture takes envs=[{\"spec\": ..., \"config\": {...}}, ...] with two or more "
@@ -49,14 +44,14 @@ class MixtureEnv(Environment):
 
     def __init__(self, envs: list[dict[str, Any]], weights: list[float] | None = None, seed: int = 0):
         from aitrain_grpo.env.loading import load_environment  # loading imports the adapters' package
-        from aitrain_grpo.env_spec import expand_env_spec, mixture_weights
+        from aitrain_grpo.env_spec import expand_env_spec, mixture_weights, spec_label
 
         _check_members(envs)
         self.weights = mixture_weights(weights, len(envs)) or []
         self.seed = seed
         self.members: dict[str, Any] = {}
         for entry in envs:
-            name = base = member_name(entry["spec"])
+            name = base = spec_label(entry["spec"])
             count = 1
             while name in self.members:
                 count += 1
