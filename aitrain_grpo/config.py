@@ -22,8 +22,10 @@ from aitrain_grpo.errors import ConfigError, one_line
 from aitrain_grpo.models.loading import local_model_problem
 
 
-def _opt(default: Any, help: str, **kw) -> Any:
-    return field(default=default, metadata={"help": help, **kw})
+def _opt(default: Any, help: str, *, choices: tuple[str, ...] | None = None, minimum: int | None = None) -> Any:
+    """A field with its help, and what `validate` checks declaratively: the values it may take (`choices`;
+    None always passes) and its smallest value (`minimum`)."""
+    return field(default=default, metadata={"help": help, "choices": choices, "minimum": minimum})
 
 
 def check_episode_options(values: Mapping[str, Any]) -> None:
@@ -119,7 +121,7 @@ class RunConfig:
     rl_env: str | list[str] | None = _opt(None, "The environment as KIND:NAME instead of --rl-env-module/--rl-env-class: textarena:Wordle-v0, reasoning_gym:basic_arithmetic, trl:module:Class, skyrl:module:Class, or module:Class. Repeat it to train on a mixture (--rl-env-config then takes a JSON array, one object per environment).")
     rl_env_weights: str | None = _opt(None, "With --rl-env repeated: each environment's share of the dataset, comma-separated in the same order, e.g. 0.7,0.3 (default: the rows each builds).")
     # episodes
-    rl_num_generations: int = _opt(4, "Episodes per prompt (the GRPO group size).")
+    rl_num_generations: int = _opt(4, "Episodes per prompt (the GRPO group size).", minimum=1)
     rl_max_new_tokens: int = _opt(128, "Token limit of one model turn.")
     rl_max_turns: int | None = _opt(None, "Cap on model turns per episode (default: the environment's max_turns).")
     rl_max_completion_length: int = _opt(1024, "Token budget of a whole episode after the prompt (model + environment).")
@@ -127,51 +129,51 @@ class RunConfig:
     rl_top_k: int = _opt(0, "Top-k sampling (0 = off; with vLLM, filtering biases the importance-sampling ratio).")
     rl_top_p: float = _opt(1.0, "Nucleus sampling (1.0 = off).")
     rl_env_timeout: float = _opt(60.0, "Seconds one environment call (reset/step/score_episode) may take.")
-    rl_tool_parser: str = _opt(DEFAULT_TOOL_PARSER, f"How tool calls are read from the model's text: {', '.join(TOOL_PARSERS)} (auto: Hermes <tool_call> blocks, else one unambiguous call in another form).")
-    rl_cut_turn: str = _opt(DEFAULT_CUT_TURN, "A model turn cut off by --rl-max-new-tokens: continue (the environment sees the cut turn as it stands, and the episode goes on) or end the episode there.")
+    rl_tool_parser: str = _opt(DEFAULT_TOOL_PARSER, f"How tool calls are read from the model's text: {', '.join(TOOL_PARSERS)} (auto: Hermes <tool_call> blocks, else one unambiguous call in another form).", choices=TOOL_PARSERS)
+    rl_cut_turn: str = _opt(DEFAULT_CUT_TURN, "A model turn cut off by --rl-max-new-tokens: continue (the environment sees the cut turn as it stands, and the episode goes on) or end the episode there.", choices=CUT_TURN)
     rl_rollout_schedule: str = _opt("auto", "continuous: each episode's next turn goes out as soon as its environment replied; lockstep: one batched turn for all episodes; auto: continuous with vLLM, lockstep with hf.")
-    rl_async_steps: int = _opt(0, "Play the episodes of the next N steps while a step trains, on weights at most N steps old (needs a vLLM server; 0 = on-policy).")
-    rl_zero_std_groups: str = _opt("keep", "Groups whose episodes all scored the same: keep, drop (out of the loss) or refill (play more prompts).")
-    rl_refill_max_episodes: int | None = _opt(None, "Cap on the extra episodes --rl-zero-std-groups refill plays per step (default: twice the step's episodes).")
+    rl_async_steps: int = _opt(0, "Play the episodes of the next N steps while a step trains, on weights at most N steps old (needs a vLLM server; 0 = on-policy).", minimum=0)
+    rl_zero_std_groups: str = _opt("keep", "Groups whose episodes all scored the same: keep, drop (out of the loss) or refill (play more prompts).", choices=ZERO_STD_GROUPS)
+    rl_refill_max_episodes: int | None = _opt(None, "Cap on the extra episodes --rl-zero-std-groups refill plays per step (default: twice the step's episodes).", minimum=0)
     rl_max_error_rate: float = _opt(0.5, "Stop (after saving a checkpoint) when more than this share of the episodes of the last 4 steps failed; 1 never stops.")
     # GRPO
     rl_reward_funcs: str | None = _opt(None, "Rewards added to the environment's score: module:func[,module:func...], each called with TRL's reward arguments plus `episodes` and logged as rewards/<func>/mean (--rl-zero-std-groups still looks at the environment's score alone).")
     rl_reward_weights: str | None = _opt(None, "Weights of the rewards, the environment's score first: w_env,w1,... (default: 1 each).")
-    rl_advantage: str = _opt("outcome", "Credit: outcome (every token of an episode gets its score's group advantage) or turn (plus each turn's group-normalised reward-to-go, from the environment's episode.reward_turn).")
+    rl_advantage: str = _opt("outcome", "Credit: outcome (every token of an episode gets its score's group advantage) or turn (plus each turn's group-normalised reward-to-go, from the environment's episode.reward_turn).", choices=ADVANTAGE_MODES)
     rl_kl_coef: float = _opt(0.1, "KL penalty against the reference model (TRL's beta).")
     rl_clip_range: float = _opt(0.2, "PPO-style clip range (TRL's epsilon).")
     rl_entropy_coef: float = _opt(0.0, "Entropy bonus in the loss (TRL's entropy_coef): keeps exploring instead of collapsing onto one answer.")
-    rl_loss_type: str | None = _opt(None, f"TRL loss type: {', '.join(LOSS_TYPES)} (default: TRL's).")
+    rl_loss_type: str | None = _opt(None, f"TRL loss type: {', '.join(LOSS_TYPES)} (default: TRL's).", choices=LOSS_TYPES)
     lr: float = _opt(1e-5, "Learning rate.")
-    max_steps: int | None = _opt(None, "Optimizer steps to run (default: --epochs over the dataset).")
+    max_steps: int | None = _opt(None, "Optimizer steps to run (default: --epochs over the dataset).", minimum=1)
     epochs: float = _opt(1.0, "Passes over the dataset when --max-steps is not set.")
-    batch_size: int = _opt(8, "Episodes per device per optimizer step; a multiple of --rl-num-generations.")
-    gradient_accumulation_steps: int = _opt(1, "Micro-batches per optimizer step.")
-    micro_batch_size: int | None = _opt(None, "Episodes per forward/backward pass: the --batch-size episodes of a step are trained in passes of this many, with the gradient of one pass (default: 2, or 1 for an odd batch; one pass with --rl-zero-std-groups drop/refill).")
+    batch_size: int = _opt(8, "Episodes per device per optimizer step; a multiple of --rl-num-generations.", minimum=1)
+    gradient_accumulation_steps: int = _opt(1, "Micro-batches per optimizer step.", minimum=1)
+    micro_batch_size: int | None = _opt(None, "Episodes per forward/backward pass: the --batch-size episodes of a step are trained in passes of this many, with the gradient of one pass (default: 2, or 1 for an odd batch; one pass with --rl-zero-std-groups drop/refill).", minimum=1)
     seed: int = _opt(42, "Random seed.")
     # LoRA
     peft: bool = _opt(True, "Train a LoRA adapter (--no-peft: full fine-tuning).")
-    lora_r: int = _opt(16, "LoRA rank.")
-    lora_alpha: int = _opt(32, "LoRA alpha.")
+    lora_r: int = _opt(16, "LoRA rank.", minimum=1)
+    lora_alpha: int = _opt(32, "LoRA alpha.", minimum=1)
     lora_dropout: float = _opt(0.05, "LoRA dropout.")
     target_modules: str = _opt("all-linear", "LoRA target modules: all-linear or a comma-separated list.")
     # logging and saving
-    logging_steps: int = _opt(1, "Log metrics every N steps.")
-    save_steps: int | None = _opt(None, "Save a checkpoint every N steps (default: only at the end).")
-    save_total_limit: int | None = _opt(None, "Keep only the newest N checkpoints (default: all).")
+    logging_steps: int = _opt(1, "Log metrics every N steps.", minimum=1)
+    save_steps: int | None = _opt(None, "Save a checkpoint every N steps (default: only at the end).", minimum=1)
+    save_total_limit: int | None = _opt(None, "Keep only the newest N checkpoints (default: all).", minimum=1)
     resume_from_checkpoint: str | None = _opt(None, "Continue a run: auto (the newest complete checkpoint in --output-dir) or a checkpoint-N folder.")
-    report_to: str = _opt("none", f"Experiment tracker: {', '.join(REPORT_TO)}.")
-    log_episodes_every: int = _opt(10, "Write a sample of whole episodes to episodes.jsonl at step 1 and every N steps (0 = never).")
-    log_episodes_count: int = _opt(4, "Episodes in each sample written to episodes.jsonl (the best, the worst, and random others).")
+    report_to: str = _opt("none", f"Experiment tracker: {', '.join(REPORT_TO)}.", choices=REPORT_TO)
+    log_episodes_every: int = _opt(10, "Write a sample of whole episodes to episodes.jsonl at step 1 and every N steps (0 = never).", minimum=0)
+    log_episodes_count: int = _opt(4, "Episodes in each sample written to episodes.jsonl (the best, the worst, and random others).", minimum=0)
     overwrite: bool = _opt(False, "Allow writing into an output directory that holds a finished run.")
     # vLLM
     use_vllm: bool = _opt(False, "Generate with vLLM instead of Hugging Face generate.")
-    vllm_mode: str = _opt("colocate", "vLLM mode: colocate (in the trainer) or server (aitrain vllm-serve).")
+    vllm_mode: str = _opt("colocate", "vLLM mode: colocate (in the trainer) or server (aitrain vllm-serve).", choices=VLLM_MODES)
     vllm_gpu_memory_utilization: float = _opt(0.3, "Share of GPU memory for colocated vLLM.")
     vllm_server_url: str | None = _opt(None, "URL of the vLLM server (server mode), e.g. http://127.0.0.1:8000.")
-    vllm_tensor_parallel_size: int = _opt(1, "Tensor parallel size of colocated vLLM.")
-    vllm_server_gpus: int = _opt(1, "GPUs taken by the vLLM server (training uses the rest).")
-    vllm_sync: str = _opt("auto", "How weights reach a vLLM server: auto, nccl (GPU), lora (adapter folder) or disk (weights folder).")
+    vllm_tensor_parallel_size: int = _opt(1, "Tensor parallel size of colocated vLLM.", minimum=1)
+    vllm_server_gpus: int = _opt(1, "GPUs taken by the vLLM server (training uses the rest).", minimum=0)
+    vllm_sync: str = _opt("auto", "How weights reach a vLLM server: auto, nccl (GPU), lora (adapter folder) or disk (weights folder).", choices=VLLM_SYNC)
     vllm_sync_dir: str | None = _opt(None, "Folder shared with the vLLM server for lora/disk sync (default: <output-dir>/vllm-sync).")
     vllm_server_timeout: float = _opt(240.0, "Seconds to wait for the vLLM server to be healthy before training.")
     debug: bool = _opt(False, "Show full tracebacks.")
@@ -256,22 +258,7 @@ class RunConfig:
         """Check the options against each other; raise `ConfigError` on the first problem."""
         self._check_types()
         check_environment_named(self.rl_env, self.rl_env_module, self.rl_env_class, self.rl_env_weights)
-        positive = [
-            "rl_num_generations", "batch_size",
-            "gradient_accumulation_steps", "logging_steps", "lora_r", "lora_alpha", "vllm_tensor_parallel_size",
-        ]
-        for name in positive:
-            value = getattr(self, name)
-            if not isinstance(value, int) or isinstance(value, bool) or value < 1:
-                raise ConfigError(f"--{name.replace('_', '-')} must be a positive integer, got {value!r}")
-        for name in ("max_steps", "save_steps", "save_total_limit"):
-            value = getattr(self, name)
-            if value is not None and (not isinstance(value, int) or value < 1):
-                raise ConfigError(f"--{name.replace('_', '-')} must be a positive integer, got {value!r}")
-        for name in ("log_episodes_every", "log_episodes_count"):
-            value = getattr(self, name)
-            if isinstance(value, bool) or not isinstance(value, int) or value < 0:
-                raise ConfigError(f"--{name.replace('_', '-')} must be an integer >= 0 (0 turns it off), got {value!r}")
+        self._check_declared()
         check_episode_options(vars(self))
         if self.rl_num_generations < 2:
             raise ConfigError("--rl-num-generations must be at least 2: GRPO compares episodes within a group")
@@ -299,38 +286,14 @@ class RunConfig:
             raise ConfigError(f"--rl-entropy-coef must be >= 0, got {self.rl_entropy_coef}")
         if self.rl_kl_coef < 0 or self.rl_clip_range <= 0:
             raise ConfigError("--rl-kl-coef must be >= 0 and --rl-clip-range > 0")
-        if self.rl_loss_type is not None and self.rl_loss_type not in LOSS_TYPES:
-            raise ConfigError(f"--rl-loss-type {self.rl_loss_type!r} is not one of {', '.join(LOSS_TYPES)}")
-        if self.report_to not in REPORT_TO:
-            raise ConfigError(f"--report-to {self.report_to!r} is not one of {', '.join(REPORT_TO)}")
-        if self.vllm_mode not in VLLM_MODES:
-            raise ConfigError(f"--vllm-mode {self.vllm_mode!r} is not one of {', '.join(VLLM_MODES)}")
         if not 0 < self.vllm_gpu_memory_utilization <= 1:
             raise ConfigError(f"--vllm-gpu-memory-utilization must be in (0, 1], got {self.vllm_gpu_memory_utilization}")
         if self.use_vllm and self.vllm_mode == "server" and not self.vllm_server_url:
             raise ConfigError("--vllm-mode server needs --vllm-server-url (start one with `aitrain vllm-serve --model ...`)")
-        if self.vllm_sync not in VLLM_SYNC:
-            raise ConfigError(f"--vllm-sync {self.vllm_sync!r} is not one of {', '.join(VLLM_SYNC)}")
         if self.vllm_server_timeout <= 0:
             raise ConfigError(f"--vllm-server-timeout must be positive seconds, got {self.vllm_server_timeout}")
-        if self.vllm_server_gpus < 0:
-            raise ConfigError(f"--vllm-server-gpus must be >= 0, got {self.vllm_server_gpus}")
         if not 0 <= self.lora_dropout < 1:
             raise ConfigError(f"--lora-dropout must be in [0, 1), got {self.lora_dropout}")
-        if self.rl_cut_turn not in CUT_TURN:
-            raise ConfigError(f"--rl-cut-turn {self.rl_cut_turn!r} is not one of {', '.join(CUT_TURN)}")
-        if self.rl_tool_parser not in TOOL_PARSERS:
-            raise ConfigError(f"--rl-tool-parser {self.rl_tool_parser!r} is not one of {', '.join(TOOL_PARSERS)}")
-        if self.micro_batch_size is not None and (isinstance(self.micro_batch_size, bool) or self.micro_batch_size < 1):
-            raise ConfigError(f"--micro-batch-size must be a positive integer, got {self.micro_batch_size!r}")
-        if self.rl_zero_std_groups not in ZERO_STD_GROUPS:
-            raise ConfigError(f"--rl-zero-std-groups {self.rl_zero_std_groups!r} is not one of {', '.join(ZERO_STD_GROUPS)}")
-        if self.rl_advantage not in ADVANTAGE_MODES:
-            raise ConfigError(f"--rl-advantage {self.rl_advantage!r} is not one of {', '.join(ADVANTAGE_MODES)}")
-        if self.rl_refill_max_episodes is not None and (isinstance(self.rl_refill_max_episodes, bool) or self.rl_refill_max_episodes < 0):
-            raise ConfigError(f"--rl-refill-max-episodes must be an integer >= 0, got {self.rl_refill_max_episodes!r}")
-        if isinstance(self.rl_async_steps, bool) or not isinstance(self.rl_async_steps, int) or self.rl_async_steps < 0:
-            raise ConfigError(f"--rl-async-steps must be an integer >= 0 (0 = on-policy), got {self.rl_async_steps!r}")
         if not 0 <= self.rl_max_error_rate <= 1:
             raise ConfigError(f"--rl-max-error-rate must be in [0, 1] (a share of episodes; 1 never stops), got {self.rl_max_error_rate}")
         reward_weights(self.rl_reward_weights, len(reward_func_specs(self.rl_reward_funcs)))
@@ -338,6 +301,17 @@ class RunConfig:
             raise ConfigError("--resume-from-checkpoint needs a value: auto, or a checkpoint-N folder")
         self._check_model_path()
         return self
+
+    def _check_declared(self) -> None:
+        """Every field's declared `choices` and `minimum` (see `_opt`): one rule, one message each."""
+        for f in fields(self):
+            value, flag = getattr(self, f.name), "--" + f.name.replace("_", "-")
+            choices, minimum = f.metadata.get("choices"), f.metadata.get("minimum")
+            if choices and value is not None and value not in choices:
+                raise ConfigError(f"{flag} {value!r} is not one of {', '.join(choices)}")
+            if minimum is not None and value is not None and value < minimum:
+                wanted = "a positive integer" if minimum == 1 else f"an integer >= {minimum}"
+                raise ConfigError(f"{flag} must be {wanted}, got {value!r}")
 
     def _check_types(self) -> None:
         """Values from a config file arrive as YAML/JSON typed them; check each against its field (and
