@@ -57,8 +57,10 @@ def test_held_out_games_are_other_seeds():
 
 
 def test_games_that_cannot_run_here_are_refused_in_one_line():
-    with pytest.raises(EnvLoadError, match="not a single-player game.*two-player games are not supported yet"):
+    with pytest.raises(EnvLoadError, match=r"TicTacToe-v0 cannot be played by 1 player.*give an opponent"):
         TextArenaEnv("TicTacToe-v0")
+    with pytest.raises(EnvLoadError, match=r"GuessTheNumber-v0 cannot be played by 2 player.*leave out opponent"):
+        TextArenaEnv("GuessTheNumber-v0", opponent="random")
     with pytest.raises(EnvLoadError, match="no game 'GuessTheNumbr-v0'; did you mean GuessTheNumber-v0"):
         TextArenaEnv("GuessTheNumbr-v0")
 
@@ -69,13 +71,18 @@ def test_game_reply_drops_the_echo_of_the_action():
     assert game_reply(before, before + "\n[GAME] [A C]\n[GAME] Moved.", "A C") == "[GAME] Moved."
 
 
-def test_grpo_trains_a_game_from_the_command_line(tmp_path):
-    run = run_cli("grpo", "--rl-env", "textarena:GuessTheNumber-v0", "--rl-env-config", '{"num_tasks": 8}',
+@pytest.mark.integration
+@pytest.mark.parametrize("game, config, metric", [
+    ("GuessTheNumber-v0", '{"num_tasks": 8}', "env/invalid_move"),
+    ("TicTacToe-v0", '{"num_tasks": 8, "opponent": "random"}', "env/won"),  # two players, a fixed opponent
+])
+def test_grpo_trains_a_game_from_the_command_line(tmp_path, game, config, metric):
+    run = run_cli("grpo", "--rl-env", f"textarena:{game}", "--rl-env-config", config,
                   "--max-steps", "2", "--batch-size", "4", "--rl-max-new-tokens", "8", "--rl-max-turns", "3",
                   "--output-dir", str(tmp_path / "run"))
     assert run.returncode == 0, run.stderr[-2000:]
     metrics = [json.loads(line) for line in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()]
-    assert sum("env/invalid_move" in m for m in metrics) == 2
+    assert sum(metric in m for m in metrics) == 2
 
 
 def test_a_game_that_downloads_data_is_refused_in_one_line():
@@ -88,3 +95,35 @@ def test_a_game_that_downloads_data_is_refused_in_one_line():
     with pytest.raises(EnvLoadError, match="Wordle-v0 needs data it downloads at run time") as refused:
         TextArenaEnv("Wordle-v0")
     assert "\n" not in str(refused.value)
+
+
+def first_listed_move(episode) -> str:
+    """The model's side of TicTacToe in the tests: the first move the game's latest message lists."""
+    text = next(m["content"] for m in reversed(episode.messages) if m["role"] in ("user", "tool"))
+    listed = [line for line in text.splitlines() if "Available Moves" in line]
+    return re.findall(r"'(\[\d+\])'", listed[-1])[0]
+
+
+def test_two_player_games_are_played_against_a_fixed_opponent():
+    # A scripted opponent (module:function) that always takes the lowest free cell, against a model that
+    # does the same and moves first: the model gets 0, 2, 4, 6 and wins on the diagonal 2-4-6 (reward 1 ->
+    # score 1); the opponent's moves reach the model in the game's replies.
+    env = TextArenaEnv("TicTacToe-v0", num_tasks=3, opponent="envs_fixtures.ta_opponents:lowest_move")
+    episodes = play(env, env.build_dataset(None), first_listed_move)
+    for episode in episodes:
+        assert episode.error is None and episode.metrics["finished"] == 1.0
+        assert episode.score in (0.0, 0.5, 1.0) and episode.metrics["won"] == float(episode.score == 1.0)
+        assert any("Player 1" in m["content"] for m in episode.messages if m["role"] == "user")  # its moves shown
+    assert {ep.score for ep in episodes} == {1.0}
+
+
+def test_a_random_opponent_is_seeded_and_may_open_the_game():
+    # In KuhnPoker seat 1 opens: the random opponent has moved before the model's first observation, the
+    # same move whenever the game with that seed is built (dataset) and reset (episode).
+    env = TextArenaEnv("KuhnPoker-v0", num_tasks=4, opponent="random")
+    rows = env.build_dataset(None)
+    assert all("[Player 1]" in row["prompt"][0]["content"] for row in rows)
+    again = TextArenaEnv("KuhnPoker-v0", num_tasks=4, opponent="random").build_dataset(None)
+    assert [r["prompt"] for r in rows] == [r["prompt"] for r in again]
+    episodes = play(env, rows, lambda ep: "[check]" if "[check]" in ep.messages[-1]["content"] else "[call]")
+    assert all(ep.error is None and 0.0 <= ep.score <= 1.0 for ep in episodes)

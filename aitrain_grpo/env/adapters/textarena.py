@@ -1,4 +1,4 @@
-"""TextArena single-player games (textarena 0.7.4), trained unchanged: `--rl-env textarena:GAME`.
+"""TextArena games (textarena 0.7.4), trained unchanged: `--rl-env textarena:GAME`.
 
 How TextArena's notions map onto ours:
 - Tasks: one game per row, reset with the row's seed (`seed`, `seed + 1`, ...); rows whose seed is
@@ -16,15 +16,24 @@ How TextArena's notions map onto ours:
   completion in 0..1 (1 = solved), which is the score as it is; the -1 some give for a final invalid
   move becomes 0. A game not finished when the episode ended has no reward and scores 0
   (`env/finished` 0).
-Two-player games are refused with a one-line error (an opponent policy is not wired yet), and so are
-games that need data TextArena downloads at run time (nltk corpora): the error says which.
+- Two-player games: the model plays seat `player` (0) against a fixed `opponent`: `"random"` (a move
+  drawn, with the game's seed, from the moves the game lists to it: "Available Moves: '[0]', ...") or
+  `"module:function"` (your Python function from the opponent's observation text to its action). The
+  opponent's moves happen inside `reset` (when it opens) and `step`; the model sees them in the game's
+  reply. Score: the win/draw/loss reward -1/0/1 as (r + 1) / 2: 1 won, 0.5 drawn, 0 lost (an invalid
+  move that loses the game is a loss); `env/won` counts wins. A game with more than two players, or a
+  two-player game without `opponent`, is refused in one line.
+Games that need data TextArena downloads at run time (nltk corpora) are refused with a one-line error.
 
-Left out: two-player games and self-play, TextArena's online play, and per-step rewards.
+Left out: self-play (both seats played by the trained model), an opponent behind an OpenAI-compatible
+URL, TextArena's online play, and per-step rewards.
 """
 
 from __future__ import annotations
 
-from typing import Any
+import random
+import re
+from typing import Any, Callable
 
 from aitrain_grpo.env.adapters.common import clamp01
 from aitrain_grpo.env.base import Environment, Episode
@@ -55,13 +64,44 @@ def game_reply(previous: str, observation: str, action: str) -> str:
     return new.strip()
 
 
+_MOVES = re.compile(r"'(\[[^\]]+\])'")
+
+
+def random_opponent(seed: int) -> Callable[[str], str]:
+    """A player that picks one of the moves the game lists in its latest observation, seeded."""
+    rng = random.Random(seed)
+
+    def move(observation: str) -> str:
+        listed = [line for line in observation.splitlines() if "vailable" in line and _MOVES.search(line)]
+        if not listed:
+            raise ValueError("the random opponent found no list of available moves in its observation; give "
+                             "opponent='module:function' for this game")
+        return rng.choice(_MOVES.findall(listed[-1]))
+
+    return move
+
+
+def _opponent_factory(opponent: str | None) -> Callable[[int], Callable[[str], str]] | None:
+    if opponent is None or opponent == "random":
+        return None if opponent is None else random_opponent
+    module, colon, name = opponent.partition(":")
+    if not colon:
+        raise EnvLoadError(f"opponent {opponent!r} is not 'random' or 'module:function'")
+    from aitrain_grpo.env.loading import import_user_module
+
+    function = getattr(import_user_module(module, flag="opponent", what="opponent module"), name, None)
+    if not callable(function):
+        raise EnvLoadError(f"opponent {opponent!r}: {module} has no function {name!r}")
+    return lambda seed: function
+
+
 class TextArenaEnv(Environment):
-    """One TextArena single-player game as a multi-turn environment (see the module docstring)."""
+    """One TextArena game as a multi-turn environment (see the module docstring)."""
 
     interface = "TextArena game"
 
     def __init__(self, game: str, num_tasks: int = 64, seed: int = 0, split: str = "train", held_out_every: int = 5,
-                 max_turns: int = 20):
+                 max_turns: int = 20, opponent: str | None = None, player: int = 0):
         ta = _textarena()
         from textarena.envs.registration import ENV_REGISTRY
 
@@ -74,25 +114,44 @@ class TextArenaEnv(Environment):
             raise EnvLoadError(f"split must be one of {', '.join(SPLITS)}, got {split!r}")
         if held_out_every < 2:
             raise EnvLoadError(f"held_out_every must be at least 2, got {held_out_every}")
-        self.ta, self.game, self.max_turns = ta, game, max_turns
+        if player not in (0, 1):
+            raise EnvLoadError(f"player is the model's seat, 0 or 1; got {player!r}")
+        self.ta, self.game, self.max_turns, self.player = ta, game, max_turns, player
+        self.opponent = _opponent_factory(opponent)
         held_out = split == "held_out"
         seeds = (seed + i for i in range(num_tasks * held_out_every))
         self.seeds = [s for s in seeds if ((s - seed) % held_out_every == held_out_every - 1) == held_out][:num_tasks]
         self._start(self.seeds[0])  # refuse a game that cannot run here before anything else
 
     def _start(self, seed: int):
-        """A fresh game reset with `seed`, and player 0's first observation."""
+        """A fresh game reset with `seed`, the opponent's opening moves, and the model's first observation."""
+        players = 1 if self.opponent is None else 2
         try:
             env = self.ta.make(self.game)
-            env.reset(num_players=1, seed=seed)
+            env.reset(num_players=players, seed=seed)
         except AssertionError as exc:
-            raise EnvLoadError(f"TextArena's {self.game} is not a single-player game ({one_line(str(exc), 120)}); "
-                               f"two-player games are not supported yet") from None
+            hint = ("give an opponent: --rl-env-config '{\"opponent\": \"random\"}' (or \"module:function\")"
+                    if players == 1 else "it is not a two-player game; leave out opponent")
+            raise EnvLoadError(f"TextArena's {self.game} cannot be played by {players} player(s) "
+                               f"({one_line(str(exc), 120)}); {hint}") from None
         except LookupError as exc:
             raise EnvLoadError(f"TextArena's {self.game} needs data it downloads at run time "
                                f"({one_line(str(exc).strip(' *' + chr(10)), 120)}); pick a game that runs offline") from None
+        if self.opponent is not None:
+            env.aitrain_opponent = self.opponent(seed)
+            if self._opponent_moves(env):
+                raise EnvLoadError(f"TextArena's {self.game} ended before the model's first move (seed {seed})")
         player, observation = env.get_observation()
         return env, str(observation)
+
+    def _opponent_moves(self, env) -> bool:
+        """Let the opponent play until it is the model's turn; True when the game ended."""
+        while _state(env).current_player_id != self.player:
+            _, observation = env.get_observation()
+            done, _ = env.step(env.aitrain_opponent(str(observation)))
+            if done:
+                return True
+        return False
 
     def build_dataset(self, tokenizer) -> list[dict[str, Any]]:
         return [{"prompt": [{"role": "user", "content": self._start(seed)[1]}], "seed": seed} for seed in self.seeds]
@@ -109,8 +168,10 @@ class TextArenaEnv(Environment):
         errors = state.error_count
         done, _ = env.step(completion)
         # An invalid move the game forgave (another try, counted in error_count) or one that ended it.
-        if state.error_count > errors or (done and state.game_info.get(0, {}).get("invalid_move")):
+        if state.error_count > errors or (done and state.game_info.get(self.player, {}).get("invalid_move")):
             episode.metrics["invalid_move"] += 1.0
+        if not done and self.opponent is not None:
+            done = self._opponent_moves(env)
         if done:
             return None
         _, observation = env.get_observation()
@@ -123,9 +184,13 @@ class TextArenaEnv(Environment):
         if env is None:
             return 0.0
         rewards, _ = env.close()
-        finished = bool(rewards) and 0 in rewards
+        finished = bool(rewards) and self.player in rewards
         episode.metrics["finished"] = float(finished)
-        return clamp01(float(rewards[0])) if finished else 0.0
+        reward = float(rewards[self.player]) if finished else None
+        if self.opponent is None:
+            return clamp01(reward) if finished else 0.0
+        episode.metrics["won"] = float(finished and reward > 0)
+        return clamp01((reward + 1) / 2) if finished else 0.0
 
 
 def _state(env):
