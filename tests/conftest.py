@@ -54,3 +54,30 @@ def refused_url() -> Iterator[str]:
     """http://127.0.0.1:PORT where connections are refused for the whole test (see `refused_port`)."""
     with refused_port() as port:
         yield f"http://127.0.0.1:{port}"
+
+
+# The fast tier, `pytest -m "not slow and not integration"`, runs no trainer, no model and no CLI
+# process. A test is in the integration tier when marked so, or when it takes a model fixture, or when
+# its own code starts a command, a trainer or a generation backend (read from its source: a helper that
+# hides one should be marked by hand).
+_MODEL_FIXTURES = {"tiny_model_dir", "smollm2_model_dir", "tiny_model_and_tokenizer", "model_dir", "cached_model_dir",
+                   "servers"}
+_HEAVY_CALLS = ("run_cli(", "train(", "grpo(", "sft(", "run_eval(", "run_env_check(", "Popen(", "subprocess.run(",
+                "RolloutEngine(", "HFBackend", "invoke(", "build_trainer(")
+
+
+def pytest_collection_modifyitems(config, items):
+    import inspect
+
+    sources: dict[object, str] = {}
+    for item in items:
+        if "integration" in item.keywords or "slow" in item.keywords:
+            continue
+        function = getattr(item, "function", None)
+        if function not in sources:
+            try:
+                sources[function] = inspect.getsource(function)
+            except (OSError, TypeError):
+                sources[function] = ""
+        if _MODEL_FIXTURES & set(getattr(item, "fixturenames", ())) or any(c in sources[function] for c in _HEAVY_CALLS):
+            item.add_marker(pytest.mark.integration)
