@@ -167,6 +167,21 @@ def test_server_training_moves_the_servers_weights(sync, vllm_server, tiny_model
     assert_server_holds_trained_weights(vllm_server["url"], served, trained, base, tokenizer)
 
 
+def test_a_lora_rank_the_server_refuses_is_named_before_step_one(vllm_server, tiny_model_dir, tmp_path):
+    # The module's server takes adapters up to rank 16 (`aitrain vllm-serve`'s default); the first adapter
+    # is loaded before step 1, so the run stops there, in one line naming the flag, with exit 2.
+    out = tmp_path / "rank32"
+    result = run_cli(
+        "grpo", "--model", tiny_model_dir, *LETTERS, "--lora-r", "32", "--max-steps", "2", "--output-dir", str(out),
+        "--use-vllm", "--vllm-mode", "server", "--vllm-server-url", vllm_server["url"], "--vllm-sync", "lora",
+    )
+    assert result.returncode == 2, result.stderr[-3000:]
+    last = result.stderr.strip().splitlines()[-1]
+    assert last.startswith(f"error: the vLLM server at {vllm_server['url']} refused a LoRA adapter of rank 32"), last
+    assert "--max-lora-rank 32" in last
+    assert not (out / "metrics.jsonl").exists() or not metrics(out)  # no step was trained
+
+
 def test_server_importance_sampling_ratio_leaves_one_when_a_sync_is_skipped(vllm_server, tiny_model_dir, tmp_path, monkeypatch):
     """The same run with every sync after the first skipped on purpose: the server keeps sampling
     from the base model while the trainer moves away, and the logged ratio shows it. Measured: mean

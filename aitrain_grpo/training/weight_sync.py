@@ -34,7 +34,8 @@ from pathlib import Path
 
 import torch
 
-from aitrain_grpo.engine.backends.vllm_server import VLLMServerBackend, VLLMServerClient
+from aitrain_grpo.engine.backends.vllm_server import GenerationServerError, VLLMServerBackend, VLLMServerClient
+from aitrain_grpo.errors import ConfigError, one_line
 from aitrain_grpo.runlog.records import written_atomically
 
 
@@ -98,7 +99,10 @@ class FolderWeightSync:
             if accelerator.is_main_process:
                 self.client.reload_weights(self.base_model)
             self.last_step = 0
-            if step == 0:
+            # `disk` starts on the base model. `lora` loads the untrained adapter now (it changes no
+            # output: LoRA's B starts at zero), so a server that cannot take adapters, or not of this
+            # rank, is named before step 1 trains rather than after it (`_first_adapter_refused`).
+            if step == 0 and self.method == "disk":
                 accelerator.wait_for_everyone()
                 return time.perf_counter() - started
         version = self.sync_dir / f"{self.prefix}-step-{step}"
@@ -113,7 +117,12 @@ class FolderWeightSync:
             if self.method == "lora":
                 with written_atomically(version, folder=True) as folder:
                     model.save_pretrained(str(folder))
-                self.client.load_lora_adapter(version.name, str(version))
+                try:
+                    self.client.load_lora_adapter(version.name, str(version))
+                except GenerationServerError as exc:
+                    if previous is None:
+                        raise _first_adapter_refused(exc, model, self.client.base_url) from None
+                    raise
                 if previous is not None:
                     self.client.unload_lora_adapter(previous.name)
             else:
@@ -130,6 +139,18 @@ class FolderWeightSync:
         self.last_step = step
         accelerator.wait_for_everyone()
         return time.perf_counter() - started
+
+
+def _first_adapter_refused(exc: GenerationServerError, model, url: str) -> ConfigError:
+    """The one-line error for a server that refused the run's first LoRA adapter: LoRA off, or a rank
+    above its --max-lora-rank (vLLM's message names the rank)."""
+    rank = max((getattr(config, "r", 0) for config in getattr(model, "peft_config", {}).values()), default=0)
+    detail = one_line(str(exc), 200)
+    if "rank" in str(exc).lower():
+        return ConfigError(f"the vLLM server at {url} refused a LoRA adapter of rank {rank} ({detail}); restart it "
+                           f"with --enable-lora --max-lora-rank {rank} or more, or train with a smaller --lora-r")
+    return ConfigError(f"the vLLM server at {url} does not take LoRA adapters ({detail}); restart it with "
+                       f"`aitrain vllm-serve ... --enable-lora --max-lora-rank {rank or 16}`, or use --vllm-sync disk")
 
 
 def colocate_reload_problem() -> str | None:
