@@ -19,6 +19,14 @@ from helpers import refused_port
 
 torch.set_num_threads(1)
 
+# transformers binds its log handler to sys.stderr when it first logs. If that first time is inside a
+# CliRunner test (tests/test_bad_input.py), the handler keeps that test's stream, closed afterwards, and
+# every later warning becomes "--- Logging error ---" in another test's stderr. Bind it now, to the
+# session's stream.
+from transformers.utils import logging as _hf_logging  # noqa: E402
+
+_hf_logging.get_logger("transformers")
+
 
 @pytest.fixture(scope="session")
 def tiny_model_dir() -> str:
