@@ -255,8 +255,14 @@ class RunConfig:
         return flags + (f" --rl-env-config '{config}'" if self.rl_env_config else "")
 
     def validate(self) -> "RunConfig":
-        """Check the options against each other; raise `ConfigError` on the first problem."""
-        self._check_types()
+        """Check the options against each other; raise `ConfigError` on the first problem. Returns the
+        options with each value read as its field's type (a new `RunConfig`: this one is left as it
+        is), so checking twice gives the same result."""
+        typed = dataclasses.replace(self, **self._typed_values())
+        typed._check_rules()
+        return typed
+
+    def _check_rules(self) -> None:
         check_environment_named(self.rl_env, self.rl_env_module, self.rl_env_class, self.rl_env_weights)
         self._check_declared()
         check_episode_options(vars(self))
@@ -300,7 +306,6 @@ class RunConfig:
         if self.resume_from_checkpoint is not None and not self.resume_from_checkpoint.strip():
             raise ConfigError("--resume-from-checkpoint needs a value: auto, or a checkpoint-N folder")
         self._check_model_path()
-        return self
 
     def _check_declared(self) -> None:
         """Every field's declared `choices` and `minimum` (see `_opt`): one rule, one message each."""
@@ -313,9 +318,11 @@ class RunConfig:
                 wanted = "a positive integer" if minimum == 1 else f"an integer >= {minimum}"
                 raise ConfigError(f"{flag} must be {wanted}, got {value!r}")
 
-    def _check_types(self) -> None:
-        """Values from a config file arrive as YAML/JSON typed them; check each against its field (and
-        read numbers written as strings into float fields: YAML 1.1 reads `1e-5` as a string)."""
+    def _typed_values(self) -> dict[str, Any]:
+        """Values from a config file arrive as YAML/JSON typed them; check each against its field, and
+        return those read anew: numbers written as strings in float fields (YAML 1.1 reads `1e-5` as a
+        string), and a repeated flag given once (`--rl-env A`) as the plain value."""
+        typed: dict[str, Any] = {}
         for f in fields(self):
             value = getattr(self, f.name)
             kinds = {k.strip() for k in str(f.type).split("|")}
@@ -336,17 +343,18 @@ class RunConfig:
                 if ok and not math.isfinite(value):
                     raise ConfigError(f"{flag} must be a finite number, got {shown}")
                 if ok:
-                    setattr(self, f.name, float(value))
+                    typed[f.name] = float(value)
             elif "list[str]" in kinds and isinstance(value, (list, tuple)):  # --rl-env repeated
                 ok = all(isinstance(v, str) for v in value)
                 if ok:  # one spec is the plain form; none is not given
-                    setattr(self, f.name, value[0] if len(value) == 1 else list(value) or None)
+                    typed[f.name] = value[0] if len(value) == 1 else list(value) or None
             else:
                 ok = isinstance(value, str)
             if not ok:
                 wanted = next(k for k in ("bool", "int", "float", "str") if k in kinds)
                 names = {"bool": "true or false", "int": "an integer", "float": "a number", "str": "a string"}
                 raise ConfigError(f"{flag} must be {names[wanted]}, got {shown} ({type(value).__name__})")
+        return typed
 
     def _check_model_path(self) -> None:
         """A `--model` that looks like a local path must be a model folder; hub ids are left to loading."""

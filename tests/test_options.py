@@ -108,3 +108,18 @@ def test_the_options_reference_is_current():
     assert written == options_markdown(), (
         "docs/options.md is stale; regenerate it: python -m aitrain_grpo.commands.options_doc > docs/options.md")
     assert "| `--rl-advantage` | `outcome` |" in written and "## Logging and saving" in written
+
+
+def test_validate_returns_the_typed_options_and_leaves_the_config_as_it_was():
+    # A config file's YAML may give a float as a string and one --rl-env as a list: validate reads them as
+    # their fields' types into a new RunConfig and changes nothing in the one it checked.
+    import dataclasses
+
+    from aitrain_grpo import RunConfig
+
+    given = RunConfig(rl_env=["envs.letters:LetterEnv"], lr="1e-4")
+    before = dataclasses.asdict(given)
+    checked = given.validate()
+    assert dataclasses.asdict(given) == before
+    assert checked.lr == 1e-4 and checked.rl_env == "envs.letters:LetterEnv"
+    assert checked.validate() == checked  # checking twice gives the same options

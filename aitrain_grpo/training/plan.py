@@ -35,7 +35,7 @@ def plan_run(config: RunConfig) -> RunPlan:
     """Validate `config` and decide the run's plan; a bad option or an output directory that would be
     clobbered is a `ConfigError`. A default output folder that holds an earlier run is replaced by the
     next numbered one (said on stderr)."""
-    config.validate()
+    config = config.validate()
     check_tracker_installed(config.report_to)  # before run_config.json or anything else is written
     config, note = with_fresh_default_output_dir(config)
     if note and os.environ.get("RANK", "0") == "0":
