@@ -49,7 +49,7 @@ class Workload:
 
 
 WORKLOADS = {
-    "weather": Workload("envs.weather", "WeatherEnv", 64, 8,
+    "weather": Workload("envs.weather", "WeatherEnv", 64, 14,
                         ("--rl-max-new-tokens", "48", "--rl-max-completion-length", "192"),
                         ("valid_call", "right_city", "answered")),
     "stations": Workload("envs.stations", "StationEnv", 64, 12,
