@@ -8,7 +8,7 @@ from collections import Counter
 
 import pytest
 
-from aitrain_grpo import RunConfig, train
+from aitrain_grpo import RunConfig
 from aitrain_grpo.engine.backends.hf import HFBackend
 from aitrain_grpo.engine.rollout import RolloutEngine
 from aitrain_grpo.env.loading import load_environment
