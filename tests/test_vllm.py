@@ -150,7 +150,7 @@ def test_server_training_moves_the_servers_weights(sync, vllm_server, tiny_model
     for record in records:
         # TRL's correction compares the server's log-probabilities with the trainer's (issue 12 item 3):
         # after a sync both hold the same weights, so the ratio stays near 1.
-        assert in_sync(record["sampling/importance_sampling_ratio/mean"]), record
+        assert in_sync(record["sampling/importance_sampling_ratio/mean"]), {k: v for k, v in record.items() if "sampling" in k or k == "step"}
 
     base, tokenizer = tiny_model_and_tokenizer
     if sync == "lora":
@@ -336,7 +336,9 @@ def test_two_training_processes_share_one_server(vllm_server, tiny_model_dir, tm
     # Only the main process wrote and loaded versions: each step's adapter reached the server once
     # (before steps 2 and 3, and the final weights), not once per process.
     loads = loaded_adapters(vllm_server["log"], (tmp_path / "vllm-sync").resolve())
-    assert [name.rsplit("-", 1)[1] for name in loads] == ["1", "2", "3"], loads
+    # The untrained adapter is loaded and unloaded before step 1 (a server that cannot take it is named
+    # there), then one adapter a step.
+    assert [name.rsplit("-", 1)[1] for name in loads] == ["probe", "1", "2", "3"], loads
     assert len(list((tmp_path / "vllm-sync").iterdir())) == 1  # older versions were removed
 
 

@@ -84,6 +84,22 @@ class FolderWeightSync:
         # server do not swap each other's adapters.
         self.prefix = "aitrain-" + hashlib.sha1(str(self.sync_dir).encode()).hexdigest()[:8]
 
+    def _probe_adapter(self, model) -> None:
+        """Load the untrained adapter once and unload it, before step 1: a server that cannot take
+        adapters, or not of this rank, is named now rather than after a step has trained
+        (`_first_adapter_refused`). Sampling stays on the base model until the first real sync."""
+        probe = self.sync_dir / f"{self.prefix}-probe"
+        self.sync_dir.mkdir(parents=True, exist_ok=True)
+        with written_atomically(probe, folder=True) as folder:
+            model.save_pretrained(str(folder))
+        try:
+            self.client.load_lora_adapter(probe.name, str(probe))
+            self.client.unload_lora_adapter(probe.name)
+        except GenerationServerError as exc:
+            raise _first_adapter_refused(exc, model, self.client.base_url) from None
+        finally:
+            shutil.rmtree(probe, ignore_errors=True)
+
     def maybe_sync(self, trainer) -> float | None:
         """Sync if the optimizer has stepped since the last sync; returns the seconds spent, or None."""
         step = trainer.state.global_step
@@ -99,10 +115,9 @@ class FolderWeightSync:
             if accelerator.is_main_process:
                 self.client.reload_weights(self.base_model)
             self.last_step = 0
-            # `disk` starts on the base model. `lora` loads the untrained adapter now (it changes no
-            # output: LoRA's B starts at zero), so a server that cannot take adapters, or not of this
-            # rank, is named before step 1 trains rather than after it (`_first_adapter_refused`).
-            if step == 0 and self.method == "disk":
+            if self.method == "lora" and accelerator.is_main_process:
+                self._probe_adapter(accelerator.unwrap_model(trainer.model))
+            if step == 0:
                 accelerator.wait_for_everyone()
                 return time.perf_counter() - started
         version = self.sync_dir / f"{self.prefix}-step-{step}"
@@ -117,12 +132,7 @@ class FolderWeightSync:
             if self.method == "lora":
                 with written_atomically(version, folder=True) as folder:
                     model.save_pretrained(str(folder))
-                try:
-                    self.client.load_lora_adapter(version.name, str(version))
-                except GenerationServerError as exc:
-                    if previous is None:
-                        raise _first_adapter_refused(exc, model, self.client.base_url) from None
-                    raise
+                self.client.load_lora_adapter(version.name, str(version))
                 if previous is not None:
                     self.client.unload_lora_adapter(previous.name)
             else:
