@@ -1,6 +1,7 @@
 """aitrain-grpo: train language-model agents with GRPO in environments you write.
 
-Public API: `Environment`, `ToolEnvironment`, `tool`, `Episode` and the types that cross the contract
+Public API: `Environment`, `ToolEnvironment`, `tool`, `AgentEnvironment` and `AgentResult` (an
+environment written as agent code on an OpenAI client), `Episode` and the types that cross the contract
 (`Message`, `ToolCall`, `EnvReply`), `MCPTools` (an MCP server's tools for a `ToolEnvironment`), `load_environment` (import an environment class by module path with
 JSON keyword arguments), `RunConfig` and `train` (a training run, as `aitrain grpo` does it), and the
 errors a caller may catch: `UserError` (bad input, with a one-line message; `EnvLoadError` and
@@ -10,6 +11,7 @@ Left out: everything else is imported from its layer (`aitrain_grpo.env`, `.engi
 """
 
 from aitrain_grpo.config import RunConfig
+from aitrain_grpo.env.agent import AgentEnvironment, AgentResult
 from aitrain_grpo.env.base import Environment, EnvReply, Episode, Message, ToolCall
 from aitrain_grpo.errors import ConfigError, UserError
 from aitrain_grpo.env.loading import EnvLoadError, load_environment
@@ -22,6 +24,8 @@ __all__ = [
     "Environment",
     "ToolEnvironment",
     "tool",
+    "AgentEnvironment",
+    "AgentResult",
     "MCPTools",
     "Episode",
     "Message",

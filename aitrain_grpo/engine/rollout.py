@@ -31,9 +31,11 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from aitrain_grpo.config import DEFAULT_CUT_TURN, DEFAULT_TOOL_PARSER, ROLLOUT_SCHEDULES
+from aitrain_grpo.engine.agent_rollout import AgentLimits, AgentPlayer, renderer_cache
 from aitrain_grpo.engine.backends.base import GenerationBackend, RequestBackend, Sample, SamplingParams
 from aitrain_grpo.engine.chat import ChatRenderer
 from aitrain_grpo.engine.turn_batcher import TurnBatcher
+from aitrain_grpo.env.agent import is_agent_environment
 from aitrain_grpo.env.base import Environment, Episode, Message, tools_for_row, tools_vary_by_row
 from aitrain_grpo.engine.runner import EpisodeRunner
 from aitrain_grpo.engine.stats import EpisodeSummary, episode_scores
@@ -76,6 +78,7 @@ class RolloutBatch:
     env_seconds: float = 0.0
     wall_seconds: float = 0.0
     generate_calls: int = 0
+    agent_counts: dict[str, int] = field(default_factory=dict)  # agent environments' requests (agent_rollout.py)
 
     @property
     def scores(self) -> list[float]:
@@ -149,6 +152,7 @@ class RolloutEngine:
         max_concurrent_episodes: int = 256,
         cut_turn: str = DEFAULT_CUT_TURN,
         tool_parser: str = DEFAULT_TOOL_PARSER,
+        model_name: str = "policy",
     ):
         if schedule not in ROLLOUT_SCHEDULES:  # a Python caller's typo; options are checked in config.py
             raise ValueError(f"schedule must be one of {ROLLOUT_SCHEDULES}, not {schedule!r}")
@@ -168,6 +172,12 @@ class RolloutEngine:
         self.stop_ids = set(backend.stop_ids)
         if schedule == "auto":
             schedule = "continuous" if isinstance(backend, RequestBackend) else "lockstep"
+        self.agents: AgentPlayer | None = None
+        if is_agent_environment(env):  # the agent drives its episode: its requests come one at a time
+            schedule = "continuous"
+            limits = AgentLimits(model_name, max_new_tokens, self.runner.max_turns, max_completion_length, tool_parser)
+            self.agents = AgentPlayer(self.runner, tokenizer, limits, renderer_cache(tokenizer, template_kwargs),
+                                      stop_ids=self.stop_ids)
         self.schedule = schedule
         self.max_concurrent_episodes = max(1, max_concurrent_episodes)
 
@@ -186,6 +196,8 @@ class RolloutEngine:
         return self.runner.max_turns
 
     def close(self) -> None:
+        if self.agents is not None:
+            self.agents.close()
         self.runner.close()
 
     def run(self, rows: list[dict[str, Any]]) -> RolloutBatch:
@@ -223,6 +235,8 @@ class RolloutEngine:
                 # An episode that failed before the model's first turn (reset raised) has nothing after
                 # its prompt, and TRL indexes the last completion token: give it one EOS, masked out.
                 trace.add_env_tokens([self.tokenizer.eos_token_id])
+        if self.agents is not None:
+            batch.agent_counts = self.agents.take_counts()
         batch.wall_seconds = time.perf_counter() - started
         return batch
 
@@ -319,7 +333,21 @@ class RolloutEngine:
             batcher = TurnBatcher(self.backend, self.sampling)
             sample = batcher.submit
 
+        async def play_agent(i: int) -> None:
+            async def draw(prompt: list[int], max_tokens: int) -> Sample:
+                with generating.running():
+                    drawn = await sample(i, prompt, max_tokens)
+                batch.generate_calls += 1
+                return drawn
+
+            async with slots:
+                session = await self.agents.play(batch.episodes[i], sample=draw, new_trace=TokenTrace)
+            if session.segments:  # the sequence that trains (agent_session.py says why the last)
+                batch.traces[i] = session.segments[-1].trace
+
         async def play(i: int) -> None:
+            if self.agents is not None:
+                return await play_agent(i)
             episode, trace = batch.episodes[i], batch.traces[i]
             async with slots:
                 with answering.running():

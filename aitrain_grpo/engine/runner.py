@@ -23,6 +23,7 @@ from typing import Any, Awaitable, Callable, Iterable
 from aitrain_grpo.config import DEFAULT_CUT_TURN, DEFAULT_TOOL_PARSER
 from aitrain_grpo.engine.chat import prompt_messages
 from aitrain_grpo.engine.tool_parsers import read_tool_calls, tool_names_of
+from aitrain_grpo.env.agent import is_agent_environment
 from aitrain_grpo.env.base import Environment, Episode, Message, tools_for_row, tools_vary_by_row
 
 VALID_REPLY_ROLES = ("user", "tool", "system")
@@ -215,7 +216,12 @@ def check_score(value: Any) -> float:
 def play_text(runner: EpisodeRunner, rows: list[dict[str, Any]], policy: Callable[[Episode], str]) -> list[Episode]:
     """Play episodes at the text level with `policy(episode) -> next assistant message` standing in
     for the model (scripted tests, an environment's `solve` oracle, an always-empty policy). A policy
-    that raises ends its episode like an environment fault, named `runner.policy_name`."""
+    that raises ends its episode like an environment fault, named `runner.policy_name`. An agent
+    environment's episodes are its own code's requests, each answered by `policy` (agent_rollout.py)."""
+    if is_agent_environment(runner.env):
+        from aitrain_grpo.engine.agent_rollout import play_agent_text  # it builds on this module
+
+        return play_agent_text(runner, rows, policy)
     episodes = [runner.new_episode(row) for row in rows]
     runner.gather(runner.reset(ep) for ep in episodes)
 

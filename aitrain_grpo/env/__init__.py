@@ -1,12 +1,13 @@
 """The environment author's contract: what a user writes, with no notion of tokens or TRL.
 
 `base` holds `Environment` and `Episode`; `tools` the `@tool` decorator, tool schemas and
-`ToolEnvironment`; `loading` imports a user's class; `dataset` checks the rows it builds.
+`ToolEnvironment`; `agent` the `AgentEnvironment` whose episodes are agent code on an OpenAI client; `loading` imports a user's class; `dataset` checks the rows it builds.
 
 Left out: playing episodes (engine/), which is where tokens, budgets and timeouts live.
 """
 
+from aitrain_grpo.env.agent import AgentEnvironment, AgentResult
 from aitrain_grpo.env.base import Environment, Episode, Message, ToolCall
 from aitrain_grpo.env.tools import ToolEnvironment, tool
 
-__all__ = ["Environment", "Episode", "Message", "ToolCall", "ToolEnvironment", "tool"]
+__all__ = ["AgentEnvironment", "AgentResult", "Environment", "Episode", "Message", "ToolCall", "ToolEnvironment", "tool"]

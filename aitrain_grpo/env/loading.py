@@ -32,13 +32,14 @@ from pathlib import Path
 from typing import Any
 
 from aitrain_grpo.env.adapters.aitraining import AITRAINING_SIGNATURE, adapt, scores_with_policy
+from aitrain_grpo.env.agent import AgentEnvironment
 from aitrain_grpo.env.base import Environment
 from aitrain_grpo.env.tools import ToolEnvironment
 from aitrain_grpo.errors import EnvLoadError, describe_exception, one_line, user_location
 
 REQUIRED_METHODS = ("build_dataset", "score_episode")
 # The library's own base classes are never the answer to "which class did you mean?".
-_BASE_CLASSES = (Environment, ToolEnvironment)
+_BASE_CLASSES = (Environment, ToolEnvironment, AgentEnvironment)
 _CONFIG_EXAMPLE = """'{"num_tasks": 64, "seed": 1}'"""
 
 
@@ -245,6 +246,9 @@ def _check_is_environment(cls: type, module: str) -> bool:
             raise EnvLoadError(f"{label} is not an environment: it has no {', '.join(missing)}; subclass "
                                f"aitrain_grpo.Environment and implement build_dataset(self, tokenizer) and "
                                f"score_episode(self, episode) (or AITraining's {AITRAINING_SIGNATURE})")
+    if issubclass(cls, AgentEnvironment) and cls.rollout is AgentEnvironment.rollout:
+        raise EnvLoadError(f"{label} does not implement rollout; define async def rollout(self, client, row) in "
+                           f"{cls.__name__} (it plays one episode with the OpenAI client and returns its score)")
     if inspect.isabstract(cls):
         abstract = ", ".join(sorted(getattr(cls, "__abstractmethods__", ())))
         raise EnvLoadError(f"{label} is abstract (unimplemented: {abstract}); implement them or pass a "

@@ -149,6 +149,7 @@ def evaluate(
         max_completion_length=max_completion_length, sampling=sampling, env_timeout=env_timeout, cut_turn=cut_turn,
         schedule=schedule,  # as in training: continuous with vLLM, lockstep with hf, unless the run said otherwise
         tool_parser=tool_parser,
+        model_name=label,  # what an agent environment's client.model says
     )
     tasks = [index for index in range(len(rows)) for _ in range(samples)]
     result = EvalResult(label=label, episodes=[], tasks=tasks, samples=samples, schedule=engine.schedule)

@@ -141,6 +141,7 @@ class TrainingRollout(TrainerCallback):
         if trainer.accelerator.num_processes > 1:
             summaries = gather_object(summaries)
         self.metrics.update(episode_stats(summaries).env_metrics())
+        self.metrics.update({f"agent/{name}": value for name, value in batch.agent_counts.items()})
         for observe in self.observers:
             observe(summaries)
         self.last_batch = batch
@@ -174,6 +175,7 @@ class TrainingRollout(TrainerCallback):
             cut_turn=config.rl_cut_turn,
             schedule=config.rl_rollout_schedule,
             tool_parser=config.rl_tool_parser,
+            model_name=config.model,  # the name an agent environment's requests must use (client.model)
         )
         if config.rl_async_steps:
             self.async_rollout = start_async_rollout(self.engine, backend, self.weight_sync, trainer, config)

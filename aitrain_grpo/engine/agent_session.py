@@ -1,0 +1,242 @@
+"""One agent episode's requests, kept as the token sequences that train (the token rules of an episode).
+
+Each chat-completions request of an episode is either an extension or a new start. An extension sends
+the previous request's messages, the reply this endpoint gave, and new messages after it (the usual
+agent loop): the new messages are rendered as the chat template's suffix after the model's turn, exactly
+as an environment's reply is (engine/chat.py), and the model's sampled tokens stay as sampled. Anything
+else (the agent rewrote or summarised its history, changed its tools, or branched) starts a new segment,
+rendered from its messages, and counts as a history rewrite. An episode trains one token sequence: its
+last segment, the one that led to the scored answer; earlier segments are kept in the transcript and
+their tokens counted (`agent/untrained_tokens`), not trained (TRL's rollout returns one sequence per
+episode).
+
+Budgets are the run's: `--rl-max-new-tokens` per reply (a request's `max_tokens` lowers it, never raises
+it; a request asking for more is clipped and counted), `--rl-max-turns` replies, and
+`--rl-max-completion-length` tokens after a segment's prompt. A request past a budget gets an empty reply
+with `finish_reason` "length", which ends an agent loop, and the episode is marked truncated. Sampling
+settings other than `max_tokens` and `stop` stay the run's (the loss assumes the run's temperature);
+requests that asked for others are counted in `agent/ignored_sampling`.
+
+Left out: streaming and `n > 1` (refused by the endpoint), logprobs in the response.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass, field
+from typing import Any, Awaitable, Callable
+
+from aitrain_grpo.engine.agent_messages import (EndpointError, check_messages, completion_body, meaning,
+                                                reply_message, template_messages)
+from aitrain_grpo.engine.backends.base import Sample
+from aitrain_grpo.engine.chat import ChatRenderer
+from aitrain_grpo.engine.tool_parsers import read_tool_calls, tool_names_of
+from aitrain_grpo.env.base import Episode
+
+_HERMES_BLOCK = re.compile(r"\s*<tool_call>.*?</tool_call>\s*", re.DOTALL)
+_SAMPLING_KEYS = ("temperature", "top_p", "top_k", "presence_penalty", "frequency_penalty", "seed")
+
+Sampler = Callable[[list[int], int], Awaitable[Sample]]
+Policy = Callable[[Episode], str]
+
+
+@dataclass
+class AgentLimits:
+    """The run's budgets and reading rules, as the endpoint applies them to each request."""
+
+    model_name: str
+    max_new_tokens: int
+    max_turns: int
+    max_completion_length: int
+    tool_parser: str = "auto"
+
+
+@dataclass
+class Segment:
+    """One training sequence of an agent episode (see TokenTrace in engine/rollout.py for the fields)."""
+
+    trace: Any
+    tools_key: str
+    previous: list[str] = field(default_factory=list)  # the meanings of the last request + our reply
+    ended_with_eos: bool = True
+
+
+def _native(renderer: ChatRenderer) -> bool:
+    """Whether the renderer's template shows tools itself (and so renders `tool_calls` it is given)."""
+    return renderer.tools_route is not None and renderer.tools_route.startswith("tools reach")
+
+
+class AgentSession:
+    """The requests of one episode. `sample` draws a model turn from token ids (training, eval); without
+    it, `policy` writes each reply as text (an environment's `solve`, for env check and sft)."""
+
+    def __init__(self, episode: Episode, limits: AgentLimits, tokenizer, renderer_for: Callable[[list | None], ChatRenderer] | None,
+                 *, sample: Sampler | None = None, policy: Policy | None = None, stop_ids=(), new_trace=None):
+        self.episode, self.limits, self.tokenizer = episode, limits, tokenizer
+        self.renderer_for, self.sample, self.policy = renderer_for, sample, policy
+        self.stop_ids = set(stop_ids)
+        self.new_trace = new_trace
+        self.segments: list[Segment] = []
+        self._raw_replies: dict[str, str] = {}  # meaning of a reply we gave -> the model's own text
+        self._text_previous: list[str] | None = None  # text-level sessions: extension check only
+        self.counts = {"requests": 0, "history_rewrites": 0, "clipped_requests": 0, "ignored_sampling": 0}
+        self.closed = False
+        # An exception raised while answering (the backend gone, the oracle raising): the agent only sees an
+        # error response, so the episode's player re-raises or reports this one.
+        self.failure: BaseException | None = None
+
+    # ------------------------------------------------------------------------------- a request
+
+    async def complete(self, body: dict[str, Any]) -> dict[str, Any]:
+        if self.closed:
+            raise EndpointError(409, "this episode has been scored; its requests are closed", code="episode_closed")
+        model = body.get("model")
+        if model != self.limits.model_name:
+            raise EndpointError(404, f"the model {model!r} does not exist here; this run serves "
+                                     f"{self.limits.model_name!r}", code="model_not_found", param="model")
+        if body.get("stream"):
+            raise EndpointError(400, "streaming is not supported by the aitrain endpoint; send stream=false",
+                                param="stream")
+        if body.get("n", 1) not in (1, None):
+            raise EndpointError(400, "n must be 1 (each request is one turn of one episode)", param="n")
+        messages = check_messages(body.get("messages"))
+        tools = body.get("tools") or None
+        self.counts["requests"] += 1
+        if any(body.get(key) is not None for key in _SAMPLING_KEYS):
+            self.counts["ignored_sampling"] += 1
+        if self.episode.turns >= self.limits.max_turns:
+            return self._out_of_budget("max_turns")
+        renderer = self.renderer_for(tools) if self.renderer_for is not None else None
+        asked = body.get("max_completion_tokens") or body.get("max_tokens")
+        stops = body.get("stop") or []
+        stops = [stops] if isinstance(stops, str) else [s for s in stops if isinstance(s, str) and s]
+        if self.sample is None:
+            return self._policy_reply(messages, tools, renderer)
+        return await self._model_reply(messages, tools, renderer, asked, stops)
+
+    def _out_of_budget(self, reason: str) -> dict[str, Any]:
+        self.episode.truncated = True
+        self.episode.stop_reason = self.episode.stop_reason or reason
+        return completion_body(self.limits.model_name, reply_message("", []), "length", 0, 0)
+
+    # ------------------------------------------------------------------------------- model replies
+
+    def _extends(self, segment: Segment | None, meanings: list[str], tools_key: str) -> bool:
+        if segment is None or segment.tools_key != tools_key:
+            return False
+        n = len(segment.previous)
+        return len(meanings) > n and meanings[:n] == segment.previous
+
+    async def _model_reply(self, messages, tools, renderer: ChatRenderer, asked, stops) -> dict[str, Any]:
+        meanings = [meaning(m) for m in messages]
+        tools_key = repr(tools)
+        segment = self.segments[-1] if self.segments else None
+        native = _native(renderer)
+        if self._extends(segment, meanings, tools_key):
+            new = template_messages(messages, native_calls=native, raw_replies=self._raw_replies)[len(segment.previous):]
+            suffix = renderer.reply_ids(new, segment.ended_with_eos)
+            trace = segment.trace
+            if len(trace.completion_ids) + len(suffix) >= self.limits.max_completion_length:
+                return self._out_of_budget("completion_budget")
+            trace.add_env_tokens(suffix)
+            self.episode.messages.extend(new)
+        else:
+            if segment is not None:
+                self.counts["history_rewrites"] += 1
+            rendered = template_messages(messages, native_calls=native, raw_replies=self._raw_replies)
+            segment = Segment(self.new_trace(renderer.prompt_ids(rendered)), tools_key)
+            self.segments.append(segment)
+            self.episode.messages = list(rendered)
+        trace = segment.trace
+        budget = self.limits.max_completion_length - len(trace.completion_ids)
+        if budget <= 0:
+            return self._out_of_budget("completion_budget")
+        limit = min(self.limits.max_new_tokens, budget)
+        if isinstance(asked, int) and asked > 0:
+            if asked > limit:
+                self.counts["clipped_requests"] += 1
+            limit = min(limit, asked)
+        drawn = await self.sample(trace.prompt_ids + trace.completion_ids, limit)
+        ids, logprobs, finish = list(drawn.token_ids[:limit]), list(drawn.logprobs[:limit]), drawn.finish_reason
+        if len(drawn.token_ids) > limit:
+            finish = "length"
+        ended_with_eos = bool(ids) and ids[-1] in self.stop_ids
+        text_ids = ids[:-1] if ended_with_eos else ids
+        text = self._decode(text_ids)
+        cut = self._stop_at(text_ids, text, stops)
+        if cut is not None:
+            keep, text = cut
+            ids, logprobs, ended_with_eos, finish = ids[:keep], logprobs[:keep], False, "stop"
+        trace.add_model_tokens(ids, logprobs)
+        segment.ended_with_eos = ended_with_eos
+        if finish != "stop":
+            self.episode.truncated_turns += 1
+        message = self._record(text, tools, finish)
+        segment.previous = meanings + [meaning(message["message"])]
+        return completion_body(self.limits.model_name, message["message"], message["finish_reason"],
+                               len(trace.prompt_ids), len(ids))
+
+    def _decode(self, ids: list[int]) -> str:
+        return self.tokenizer.decode(ids, skip_special_tokens=False, clean_up_tokenization_spaces=False)
+
+    def _stop_at(self, ids: list[int], text: str, stops: list[str]) -> tuple[int, str] | None:
+        """Where a `stop` string first appears: the sampled tokens up to the one that completes it, and
+        the text before it; None when no stop string appears."""
+        hits = [at for at in (text.find(s) for s in stops) if at >= 0]
+        if not hits:
+            return None
+        at = min(hits)
+        low, high = 1, len(ids)  # the fewest tokens whose text reaches past the stop string's start
+        while low < high:
+            mid = (low + high) // 2
+            if len(self._decode(ids[:mid])) > at:
+                high = mid
+            else:
+                low = mid + 1
+        return low, text[:at]
+
+    # ------------------------------------------------------------------------------- text replies
+
+    def _policy_reply(self, messages, tools, renderer: ChatRenderer | None) -> dict[str, Any]:
+        meanings = [meaning(m) for m in messages]
+        previous = self._text_previous
+        if previous is not None and not (len(meanings) > len(previous) and meanings[:len(previous)] == previous):
+            self.counts["history_rewrites"] += 1
+        native = renderer is not None and _native(renderer)
+        self.episode.messages = template_messages(messages, native_calls=native, raw_replies=self._raw_replies)
+        self.episode.state["agent_tools"] = tools or []
+        text = self.policy(self.episode)
+        if not isinstance(text, str):
+            raise TypeError(f"solve returned {type(text).__name__}, not the text of the next message")
+        message = self._record(text, tools, "stop")
+        self._text_previous = meanings + [meaning(message["message"])]
+        return completion_body(self.limits.model_name, message["message"], "stop", 0, 0)
+
+    # ------------------------------------------------------------------------------- both
+
+    def _record(self, text: str, tools, finish: str) -> dict[str, Any]:
+        """Read the reply's tool calls, add the turn to the episode, and build the response message."""
+        episode = self.episode
+        parsed = read_tool_calls(text, self.limits.tool_parser, tool_names_of(tools or []))
+        episode.messages.append({"role": "assistant", "content": text})
+        episode.turns += 1
+        episode.tool_calls, episode.tool_call_errors = parsed.calls, parsed.problems
+        episode.tool_call_forms.append(parsed.form)
+        episode.num_tool_calls += len(parsed.calls) + len(parsed.problems)
+        episode.num_tool_errors += len(parsed.problems)
+        content: str | None = text
+        if parsed.calls:
+            content = _HERMES_BLOCK.sub("\n", text).strip() if parsed.form == "hermes" else ""
+            content = content or None
+        message = reply_message(content, parsed.calls)
+        self._raw_replies[meaning(message)] = text
+        if parsed.calls and finish == "stop":
+            finish = "tool_calls"
+        return {"message": message, "finish_reason": finish}
+
+    def untrained_tokens(self) -> int:
+        """Model tokens of the segments before the last (kept in transcripts, not trained)."""
+        return sum(sum(s.trace.env_mask) for s in self.segments[:-1])
+
+
+__all__ = ["AgentLimits", "AgentSession", "Segment"]
