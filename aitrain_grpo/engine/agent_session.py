@@ -30,12 +30,13 @@ from aitrain_grpo.engine.agent_messages import (EndpointError, check_messages, c
                                                 reply_message, template_messages)
 from aitrain_grpo.engine.backends.base import Sample
 from aitrain_grpo.engine.chat import ChatRenderer
-from aitrain_grpo.engine.tool_parsers import read_tool_calls, tool_names_of
+from aitrain_grpo.engine.tool_parsers import ParsedTurn, read_tool_calls, tool_names_of
 from aitrain_grpo.env.base import Episode
 
 _HERMES_BLOCK = re.compile(r"\s*<tool_call>.*?</tool_call>\s*", re.DOTALL)
 _SAMPLING_KEYS = ("temperature", "top_p", "top_k", "presence_penalty", "frequency_penalty", "seed")
 
+_PROSE = ParsedTurn([], [], None)
 Sampler = Callable[[list[int], int], Awaitable[Sample]]
 Policy = Callable[[Episode], str]
 
@@ -217,7 +218,8 @@ class AgentSession:
     def _record(self, text: str, tools, finish: str) -> dict[str, Any]:
         """Read the reply's tool calls, add the turn to the episode, and build the response message."""
         episode = self.episode
-        parsed = read_tool_calls(text, self.limits.tool_parser, tool_names_of(tools or []))
+        # A request without tools gets text back, as from any OpenAI server, whatever the text looks like.
+        parsed = read_tool_calls(text, self.limits.tool_parser, tool_names_of(tools)) if tools else _PROSE
         episode.messages.append({"role": "assistant", "content": text})
         episode.turns += 1
         episode.tool_calls, episode.tool_call_errors = parsed.calls, parsed.problems

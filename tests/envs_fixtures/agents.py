@@ -126,3 +126,27 @@ class BlockingAgent(AgentEnvironment):
         reply = client.chat.completions.create(model=client.model, messages=[{"role": "user", "content": "Hello"}],
                                                max_tokens=6)
         return 1.0 if reply.choices[0].message.role == "assistant" else 0.0
+
+
+class ChattyAgent(AgentEnvironment):
+    """A simulated user on plain openai code: three requests, each the last plus the reply and a new
+    user message (append-only history)."""
+
+    def __init__(self, episodes: int = 4, turns: int = 3, max_tokens: int | None = 10, stop: list | None = None):
+        self.episodes, self.turns, self.max_tokens, self.stop = episodes, turns, max_tokens, stop
+        self.replies: dict[int, list] = {}
+
+    def build_dataset(self, tokenizer):
+        return [{"prompt": f"Tell me about hotels, {i}.", "id": i} for i in range(self.episodes)]
+
+    async def rollout(self, client, row):
+        messages = [{"role": "user", "content": row["prompt"]}]
+        replies = self.replies.setdefault(row["id"], [])
+        for turn in range(self.turns):
+            extra = {"stop": self.stop} if self.stop else {}
+            reply = await client.chat.completions.create(model=client.model, messages=messages,
+                                                         max_tokens=self.max_tokens, **extra)
+            replies.append(reply.choices[0])
+            messages.append({"role": "assistant", "content": reply.choices[0].message.content})
+            messages.append({"role": "user", "content": f"Go on ({turn})."})
+        return 1.0
