@@ -15,6 +15,7 @@ import openai  # noqa: E402
 
 from aitrain_grpo.engine.agent_endpoint import _is_loopback  # noqa: E402
 from aitrain_grpo.engine.agent_messages import meaning, template_messages  # noqa: E402
+from aitrain_grpo.engine.backends.base import SamplingParams  # noqa: E402
 from aitrain_grpo.engine.backends.hf import HFBackend  # noqa: E402
 from aitrain_grpo.engine.chat import ChatRenderer  # noqa: E402
 from aitrain_grpo.engine.rollout import RolloutEngine  # noqa: E402
@@ -32,13 +33,14 @@ class RecordingBackend(HFBackend):
         return samples
 
 
-def engine_for(env, model, tokenizer, *, max_new_tokens=12, max_completion_length=256, record=False):
+def engine_for(env, model, tokenizer, *, max_new_tokens=12, max_completion_length=256, record=False,
+               sampling=SamplingParams()):
     backend = HFBackend.for_model(model, tokenizer)
     if record:
         backend.__class__ = RecordingBackend
         backend.samples = []
     engine = RolloutEngine(env, tokenizer, backend, max_new_tokens=max_new_tokens,
-                           max_completion_length=max_completion_length, model_name="tiny")
+                           max_completion_length=max_completion_length, model_name="tiny", sampling=sampling)
     return engine, backend
 
 
@@ -55,13 +57,16 @@ def model_spans(trace) -> list[list[int]]:
 
 def test_trained_tokens_are_the_sampled_tokens_and_env_tokens_are_the_template(tiny_model_and_tokenizer):
     model, tokenizer = tiny_model_and_tokenizer
-    env = ChattyAgent(episodes=6, turns=3, max_tokens=10)
-    engine, backend = engine_for(env, model, tokenizer, record=True)
+    env = ChattyAgent(episodes=8, turns=3, max_tokens=16)
+    # Hot, untruncated sampling: many sampled spans are then not the tokenizer's own split of their text
+    # (5-9 of 24 measured), which is what re-tokenising would change.
+    engine, backend = engine_for(env, model, tokenizer, record=True, max_new_tokens=16,
+                                 sampling=SamplingParams(temperature=1.5, top_k=0))
     try:
         batch = engine.run(env.build_dataset(tokenizer))
     finally:
         engine.close()
-    assert batch.agent_counts["requests"] == 18 and batch.agent_counts["history_rewrites"] == 0
+    assert batch.agent_counts["requests"] == 24 and batch.agent_counts["history_rewrites"] == 0
     sampled = {tuple(s.token_ids) for s in backend.samples}
     renderer = ChatRenderer(tokenizer)
     non_canonical = 0
