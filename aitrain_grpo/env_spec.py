@@ -9,6 +9,8 @@ training run and `sft` see an ordinary environment, and the adapter's own class 
     trl:my_module:MyEnv              -> aitrain_grpo.env.adapters.trl_factory.TRLFactoryEnv(env_class="my_module:MyEnv", ...)
     skyrl:my_module:MyEnv            -> aitrain_grpo.env.adapters.skyrl.SkyRLEnv(env_class="my_module:MyEnv", ...)
     openenv:http://127.0.0.1:8000    -> aitrain_grpo.env.adapters.openenv.OpenEnvEnv(url="http://127.0.0.1:8000", ...)
+    verifiers:my_module:make_env     -> aitrain_grpo.env.adapters.verifiers.VerifiersEnv(env="my_module:make_env", ...)
+                                        (or verifiers:ENV_ID, an installed verifiers environment)
     my_module:MyEnv                  -> my_module.MyEnv(...)  (the same as --rl-env-module/--rl-env-class)
     --rl-env A --rl-env B            -> aitrain_grpo.env.adapters.mixture.MixtureEnv(envs=[A, B], weights=...)
 
@@ -49,6 +51,7 @@ KINDS = {
     "trl": EnvKind("aitrain_grpo.env.adapters.trl_factory", "TRLFactoryEnv", "env_class", "trl:my_envs:SearchEnv", True),
     "skyrl": EnvKind("aitrain_grpo.env.adapters.skyrl", "SkyRLEnv", "env_class", "skyrl:my_envs:MathEnv", True),
     "openenv": EnvKind("aitrain_grpo.env.adapters.openenv", "OpenEnvEnv", "url", "openenv:http://127.0.0.1:8000"),
+    "verifiers": EnvKind("aitrain_grpo.env.adapters.verifiers", "VerifiersEnv", "env", "verifiers:my_envs:make_env"),
 }
 
 

@@ -17,7 +17,8 @@ training, the machine and the wall time.
 Workloads: `rewrite` (envs/rewrite.py: answer, then rewrite the answer under a constraint; target:
 every seed's last-5 mean at least 0.2 above its first-5 mean within 30 steps, and the trained model
 above the base on held-back tasks), `rewrite-continue` (the same with `--rl-cut-turn continue`, the
-measurement behind that option's default) and `weather` (envs/weather.py: one tool call and an answer;
+measurement behind that option's default), `rewrite-agent` (the same task as agent code on the openai SDK,
+envs/rewrite_agent.py, trained through the endpoint) and `weather` (envs/weather.py: one tool call and an answer;
 no target, the report says what moved).
 
 Left out: GPUs (the options are sized for a CPU), statistical tests, and running seeds in parallel (on a
@@ -65,6 +66,10 @@ WORKLOADS = {
     # The same runs with a cut turn shown to the environment instead of ending the episode.
     "rewrite-continue": Workload("envs.rewrite", "RewriteEnv", 30,
                                  ("--rl-max-new-tokens", "40", "--rl-max-completion-length", "128", "--rl-cut-turn", "continue")),
+    # The rewrite task as agent code on the openai SDK (envs/rewrite_agent.py), trained through the run's
+    # endpoint: the same rows, turns and score; a cut first answer scores 0, as `--rl-cut-turn end` above.
+    "rewrite-agent": Workload("envs.rewrite_agent", "RewriteAgent", 30,
+                              ("--rl-max-new-tokens", "40", "--rl-max-completion-length", "128")),
     # continue: a first turn that writes a <tool_call> block and runs past its tokens still has the call
     # parsed (with `end` the episode stops before the call is read, and scores 0).
     "weather": Workload("envs.weather", "WeatherEnv", 30,

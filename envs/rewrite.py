@@ -138,14 +138,18 @@ class RewriteEnv(Environment):
 
     def score_episode(self, episode: Episode) -> float:
         answers = [str(m["content"]) for m in episode.messages if m["role"] == "assistant"]
-        first = answers[0] if answers else ""
-        second = answers[1] if len(answers) > 1 else ""
-        first_keys = key_words(first)
-        substance = min(1.0, max(0.0, (len(first_keys) - 1) / 3)) if starts_as_prose(first) else 0.0
-        second_words = set(re.findall(r"[a-z]+", second.lower()))
-        kept = sum(w in second_words for w in first_keys) / len(first_keys) if first_keys else 0.0
-        constraint = CONSTRAINTS[episode.row["constraint"]][1](second) if second else 0.0
-        episode.metrics["substance"] = substance
-        episode.metrics["kept"] = kept
-        episode.metrics["constraint"] = constraint
-        return substance * kept * constraint
+        score, metrics = score_rewrite(answers, episode.row["constraint"])
+        episode.metrics.update(metrics)
+        return score
+
+
+def score_rewrite(answers: list[str], constraint_name: str) -> tuple[float, dict[str, float]]:
+    """The score of a conversation's assistant answers (turn 1, turn 2), with its three factors."""
+    first = answers[0] if answers else ""
+    second = answers[1] if len(answers) > 1 else ""
+    first_keys = key_words(first)
+    substance = min(1.0, max(0.0, (len(first_keys) - 1) / 3)) if starts_as_prose(first) else 0.0
+    second_words = set(re.findall(r"[a-z]+", second.lower()))
+    kept = sum(w in second_words for w in first_keys) / len(first_keys) if first_keys else 0.0
+    constraint = CONSTRAINTS[constraint_name][1](second) if second else 0.0
+    return substance * kept * constraint, {"substance": substance, "kept": kept, "constraint": constraint}

@@ -13,6 +13,9 @@ outside [0, 1], a dataset without prompts) are problems: the command exits 1. Th
 training pointless or inexact are warnings: scores that never vary, an oracle below 1.0, an empty
 reply that scores well, a chat template that rewrites earlier turns.
 
+An agent environment (env/agent.py) is checked the same way, its requests answered by each policy through
+the run's endpoint; what differs (the prompt and tools come from its requests) is in envcheck_agent.py.
+
 Left out: training, and judging whether the tasks are hard enough (that is what `aitrain eval` and
 the first training steps show).
 """
@@ -28,6 +31,7 @@ from typing import Any
 from rich.markup import escape
 from rich.table import Table
 
+from aitrain_grpo.commands import envcheck_agent
 from aitrain_grpo.commands.options import check_positive
 from aitrain_grpo.config import DEFAULT_TOOL_PARSER, check_episode_options
 from aitrain_grpo.engine.backends.base import SamplingParams
@@ -37,6 +41,7 @@ from aitrain_grpo.engine.runner import EpisodeRunner, oracle_policy, play_text
 from aitrain_grpo.engine.stats import EpisodeStats, episode_scores, episode_stats
 from aitrain_grpo.engine.tool_parsers import read_tool_calls, tool_names_of
 from aitrain_grpo.env.adapters.aitraining import describe_interface
+from aitrain_grpo.env.agent import is_agent_environment
 from aitrain_grpo.env.base import Environment, Episode, needs_policy, tools_for_row
 from aitrain_grpo.env.dataset import build_rows
 from aitrain_grpo.env.loading import load_environment
@@ -56,6 +61,7 @@ class PolicyResult:
     step_seconds: list[float]
     wall_seconds: float
     generate_seconds_per_turn: float | None = None
+    agent_counts: dict[str, int] = field(default_factory=dict)  # an agent environment's requests (model only)
 
     @property
     def scores(self) -> list[float]:
@@ -86,6 +92,8 @@ class EnvCheckReport:
     longest_tokens: int = 0
     longest_row: int = 0
     rows_measured: int = 0
+    prompt_source: str = ""  # what the sample prompt is, when not row 0's prompt (an agent's first request)
+    scorer: str = "score_episode"  # what scores an episode, for the oracle's warning
     tools: list[dict[str, Any]] = field(default_factory=list)
     policies: list[PolicyResult] = field(default_factory=list)
     problems: list[str] = field(default_factory=list)   # a broken contract: exit 1
@@ -132,7 +140,8 @@ def play_model(env: Environment, rows, model, tokenizer, *, max_new_tokens: int,
     finally:
         engine.close()
     per_turn = batch.generate_seconds / batch.generate_calls if batch.generate_calls else None
-    return PolicyResult("model", batch.episodes, engine.runner.step_seconds, time.perf_counter() - started, per_turn)
+    return PolicyResult("model", batch.episodes, engine.runner.step_seconds, time.perf_counter() - started, per_turn,
+                        batch.agent_counts)
 
 
 def inspect_dataset(env: Environment, tokenizer, report: EnvCheckReport) -> list[dict[str, Any]] | None:
@@ -202,7 +211,7 @@ def judge(report: EnvCheckReport) -> None:
             cap = f"; {truncated} hit the turn cap (max_turns)" if truncated else ""
             report.warnings.append(
                 f"the oracle (solve) scored below 1.0 in {len(below)} of {len(oracle.scores)} episodes (mean "
-                f"{oracle.mean:.3f}, e.g. {below[0][1]:g}){cap}: either solve or score_episode is wrong"
+                f"{oracle.mean:.3f}, e.g. {below[0][1]:g}){cap}: either solve or {report.scorer} is wrong"
             )
     empty = by_name.get("empty")
     if empty is not None and empty.mean >= 0.5:
@@ -227,8 +236,12 @@ def check_environment(
     tool_parser: str = DEFAULT_TOOL_PARSER,
 ) -> EnvCheckReport:
     """Everything `aitrain env check` reports. `model` is needed for the `model` policy only."""
-    report = EnvCheckReport(env_name=type(env).__name__, interface=describe_interface(env), tool_parser=tool_parser)
-    rows = inspect_dataset(env, tokenizer, report)
+    agent = is_agent_environment(env)
+    report = EnvCheckReport(env_name=type(env).__name__, tool_parser=tool_parser,
+                            interface=envcheck_agent.INTERFACE if agent else describe_interface(env))
+    if agent:
+        report.scorer = f"the score {report.env_name}.rollout returns"
+    rows = (envcheck_agent.inspect_agent_dataset if agent else inspect_dataset)(env, tokenizer, report)
     if rows is None:
         return report
     rows = pick_rows(rows, episodes, seed)
@@ -247,6 +260,8 @@ def check_environment(
             result = play_model(env, rows, model, tokenizer, max_new_tokens=max_new_tokens, max_turns=max_turns,
                                 timeout=timeout, sampling=sampling, tool_parser=tool_parser)
         report.policies.append(result)
+    if agent:
+        envcheck_agent.describe_requests(report, tokenizer, rows[0])
     judge(report)
     return report
 
@@ -290,12 +305,16 @@ def show_report(report: EnvCheckReport, console, *, module: str, model_name: str
     info.add_row("columns", ", ".join(report.columns))
     longest = f"{report.longest_tokens} (row {report.longest_row}"
     longest += f" of the first {report.rows_measured})" if report.rows_measured < report.rows else ")"
-    info.add_row("prompt tokens", f"{report.sample_tokens} in row 0; longest {longest}")
+    sample = "row 0"
+    if report.prompt_source:  # an agent's requests: measured over the episodes played
+        sample, longest = "the first request", f"{report.longest_tokens} (of {report.rows_measured} first requests)"
+    info.add_row("prompt tokens", f"{report.sample_tokens} in {sample}; longest {longest}")
     console.print(info)
     shown = report.sample_prompt
     if len(shown) > prompt_chars:
         shown = shown[:prompt_chars] + f"\n... ({len(report.sample_prompt) - prompt_chars} more characters)"
-    console.rule("row 0 as the model sees it (chat template applied)", align="left", style="dim")
+    title = report.prompt_source or "row 0 as the model sees it (chat template applied)"
+    console.rule(title, align="left", style="dim")
     console.print(shown, markup=False, highlight=False)
     console.rule(style="dim")
     if report.tools:

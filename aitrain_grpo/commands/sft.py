@@ -5,7 +5,8 @@ it), and GRPO learns only from score differences. An environment with `solve(epi
 the format first. This command plays the oracle on the first `--episodes` rows of the dataset through
 the same `EpisodeRunner` as `env check` (engine/runner.py), keeps the episodes that scored at least
 `--min-score`, writes them to `demos.jsonl` (one whole conversation a line, tool messages included,
-with its score, row and the tool schemas), and fine-tunes the model on them (sft/trainer.py: TRL's
+with its score, row and the tool schemas; an agent environment's are its requests', each answered by
+`solve`, engine/demos.py), and fine-tunes the model on them (sft/trainer.py: TRL's
 `SFTTrainer`, loss on the assistant turns only, LoRA by default). The output folder is a training run
 like `grpo`'s (adapter, tokenizer, run_config.json, run_summary.json), so `aitrain grpo --model DIR`
 trains on top of it (a new adapter on the merged SFT model, models.load_causal_lm) and `aitrain eval
@@ -27,10 +28,8 @@ from typing import Any
 
 from aitrain_grpo.commands.options import as_in_grpo, check_positive, command_option, field_option, with_default
 from aitrain_grpo.config import RunConfig
-from aitrain_grpo.engine.chat import prompt_messages
-from aitrain_grpo.engine.demos import Demonstration
+from aitrain_grpo.engine.demos import Demonstration, demonstration, has_turns
 from aitrain_grpo.engine.runner import oracle_policy, play
-from aitrain_grpo.env.base import tools_for_row
 from aitrain_grpo.env.dataset import build_rows
 from aitrain_grpo.env.loading import load_environment
 from aitrain_grpo.errors import ConfigError, UserError
@@ -97,17 +96,18 @@ def play_demonstrations(env, rows: list[dict[str, Any]], episodes: int, *, max_t
     indices = [i % len(rows) for i in range(episodes)]
     played = play(env, [dict(rows[i]) for i in indices], oracle_policy(env), max_turns=max_turns, timeout=timeout,
                   policy_name="solve")
-    demos = [Demonstration(messages=ep.messages, prompt_length=len(prompt_messages(rows[i]["prompt"])),
-                           score=float(ep.score or 0.0), row=i, tools=tools_for_row(env, rows[i]))
-             for i, ep in zip(indices, played)]
+    demos = [demonstration(env, ep, rows[i], i) for i, ep in zip(indices, played)]
     return demos, [ep.error for ep in played if ep.error]
 
 
 def keep_good(played: list[Demonstration], errors: list[str], min_score: float, env_name: str) -> list[Demonstration]:
     """The demonstrations scoring at least `min_score`; none is a one-line error naming the cause."""
-    kept = [demo for demo in played if demo.score >= min_score]
+    kept = [demo for demo in played if demo.score >= min_score and has_turns(demo)]
     if kept:
         return kept
+    if any(demo.score >= min_score for demo in played):
+        raise UserError(f"the oracle episodes of {env_name} that scored at least {min_score:g} have no reply to learn "
+                        f"from: the agent sent no request; make rollout ask the model (client.chat.completions)")
     if errors:
         raise UserError(f"all {len(played)} oracle episodes failed or scored below {min_score:g} ({len(errors)} "
                         f"failed; the first: {errors[0]}); fix solve, check it with `aitrain env check`")

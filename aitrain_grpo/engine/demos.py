@@ -9,6 +9,11 @@ assistant turn as its text's tokens followed by EOS, as if sampled (mask 1: what
 generate, and the only tokens an SFT loss should cover); then each environment reply as the
 template's suffix with the next generation prompt (mask 0). The mask is the engine's `env_mask`.
 
+An agent environment's oracle episode (env/agent.py) is the conversation of its last request plus the
+reply: its prompt is the messages before the first assistant turn, and its tools are those the request
+sent (`episode.state["agent_tools"]`), the tools the model saw when the endpoint rendered that request
+(`demonstration` builds both kinds).
+
 Left out: playing the oracle (commands/sft.py, through runner.play), sampled turns cut off by a token
 limit (a demonstration's turns always end), and templates that rewrite earlier turns (the suffix
 raises `TemplateError`, as `env check` reports).
@@ -19,8 +24,9 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
-from aitrain_grpo.engine.chat import ChatRenderer
-from aitrain_grpo.env.base import Message
+from aitrain_grpo.engine.chat import ChatRenderer, prompt_messages
+from aitrain_grpo.env.agent import is_agent_environment
+from aitrain_grpo.env.base import Environment, Episode, Message, tools_for_row
 from aitrain_grpo.errors import ConfigError
 
 
@@ -33,13 +39,28 @@ class Demonstration:
     prompt_length: int
     score: float
     row: int
-    tools: list[dict[str, Any]] = field(default_factory=list)  # the schemas offered in its episode
+    tools: list[dict[str, Any]] = field(default_factory=list)  # the schemas offered in its episode (its requests')
 
     def record(self) -> dict[str, Any]:
         """Its line in demos.jsonl. `tools` is there so the file stands alone: TRL's conversational
         SFT datasets carry the schemas in a `tools` column."""
         return {"messages": self.messages, "prompt_length": self.prompt_length, "score": self.score,
                 "row": self.row, "tools": self.tools}
+
+
+def demonstration(env: Environment, episode: Episode, row: dict[str, Any], index: int) -> Demonstration:
+    """The oracle's finished `episode` of dataset row `index` as a `Demonstration`: prompt and tools are the
+    row's (`tools_for_row`), or for an agent environment its request's (see the module doc)."""
+    messages, score = list(episode.messages), float(episode.score or 0.0)
+    if is_agent_environment(env):
+        first = next((i for i, m in enumerate(messages) if m.get("role") == "assistant"), len(messages))
+        return Demonstration(messages, first, score, index, list(episode.state.get("agent_tools") or []))
+    return Demonstration(messages, len(prompt_messages(row["prompt"])), score, index, tools_for_row(env, row))
+
+
+def has_turns(demo: Demonstration) -> bool:
+    """Whether the demonstration has an assistant turn to learn from (an agent may score without asking)."""
+    return any(m.get("role") == "assistant" for m in demo.messages[demo.prompt_length:])
 
 
 @dataclass(frozen=True)

@@ -65,6 +65,13 @@ class EpisodeRunner:
         self.loop.set_default_executor(self.executor)
 
     def close(self) -> None:
+        # What is still pending (an agent framework's idle keep-alive connection to the endpoint) is
+        # cancelled and finished first, as asyncio.run does: a loop closed under it warns at exit.
+        pending = asyncio.all_tasks(self.loop)
+        for task in pending:
+            task.cancel()
+        if pending:
+            self.loop.run_until_complete(asyncio.gather(*pending, return_exceptions=True))
         self.executor.shutdown(wait=False, cancel_futures=True)
         self.loop.close()
 

@@ -40,7 +40,8 @@ from aitrain_grpo.training.trainer import lora_config, save_run, trainer_args
 
 def demo_dataset(tokenizer, demos: list[Demonstration]) -> Dataset:
     """The pre-tokenized dataset SFTTrainer trains on (labels come from `assistant_masks`); each
-    demonstration rendered with the tools its episode offered (they differ by row in a mixture)."""
+    demonstration rendered with the tools its episode offered (they differ by row in a mixture, and
+    by request in an agent environment)."""
     renderers: dict[str, ChatRenderer] = {}
     tokens = []
     for demo in demos:
