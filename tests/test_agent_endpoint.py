@@ -13,7 +13,7 @@ pytest.importorskip("openai")
 
 import openai  # noqa: E402
 
-from aitrain_grpo.engine.agent_endpoint import _is_loopback  # noqa: E402
+from aitrain_grpo.engine.agent_endpoint import LOCAL_HOST, AgentEndpoint, _is_loopback  # noqa: E402
 from aitrain_grpo.engine.agent_messages import meaning, template_messages  # noqa: E402
 from aitrain_grpo.engine.backends.base import SamplingParams  # noqa: E402
 from aitrain_grpo.engine.backends.hf import HFBackend  # noqa: E402
@@ -224,6 +224,63 @@ def test_messages_are_compared_by_meaning_not_shape():
     assert '<tool_call>\n{"name": "f", "arguments": {"a": 1, "b": [2]}}\n</tool_call>' in rendered[0]["content"]
 
 
-def test_only_this_machine_may_connect_by_default():
-    assert _is_loopback("127.0.0.1") and _is_loopback("::1")
-    assert not _is_loopback("10.1.2.3") and not _is_loopback(None)
+def this_machines_address() -> str | None:
+    """A non-loopback address of this machine (the interface a packet out would leave by), or None."""
+    import socket
+
+    with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as probe:
+        try:
+            probe.connect(("192.0.2.1", 9))  # no packet is sent: a UDP connect only picks the route
+            address = probe.getsockname()[0]
+        except OSError:
+            return None
+    return None if _is_loopback(address) else address
+
+
+def test_other_hosts_reach_the_endpoint_only_when_it_is_bound_for_them():
+    import asyncio
+
+    import httpx
+
+    address = this_machines_address()
+    if address is None:
+        pytest.skip("this machine has no address but loopback")
+
+    async def models(endpoint: AgentEndpoint, key: str | None, host: str) -> tuple[int, str]:
+        await endpoint.start()
+        try:
+            headers = {"Authorization": f"Bearer {key}"} if key else {}
+            async with httpx.AsyncClient() as http:
+                reply = await http.get(f"http://{host}:{endpoint.port}/v1/models", headers=headers)
+            return reply.status_code, reply.json()["error"]["code"] if reply.status_code != 200 else ""
+        finally:
+            await endpoint.close()
+
+    def ask(endpoint, host, key="open") -> tuple[int, str]:
+        key = endpoint.open(object()) if key == "open" else key  # any open episode: /v1/models reads no session
+        return asyncio.run(models(endpoint, key, host))
+
+    # The default: bound to 127.0.0.1, another address of this machine cannot even connect.
+    with pytest.raises(httpx.ConnectError):
+        ask(AgentEndpoint("tiny"), address)
+    assert ask(AgentEndpoint("tiny"), LOCAL_HOST) == (200, "")
+    # Bound to every interface (--agent-host 0.0.0.0): served from that address, with an episode's key only.
+    assert ask(AgentEndpoint("tiny", host="0.0.0.0"), address) == (200, "")
+    assert ask(AgentEndpoint("tiny", host="0.0.0.0"), address, key=None) == (401, "no_episode")
+    # Bound for others but told to refuse them: a non-loopback peer gets an OpenAI-style 403.
+    assert ask(AgentEndpoint("tiny", host="0.0.0.0", allow_remote=False), address) == (403, "remote_refused")
+    assert ask(AgentEndpoint("tiny", host="0.0.0.0", allow_remote=False), LOCAL_HOST) == (200, "")
+
+
+def test_a_port_in_use_is_a_one_line_error_naming_the_options():
+    import asyncio
+    import socket
+
+    from aitrain_grpo.errors import ConfigError
+
+    with socket.socket() as taken:
+        taken.bind((LOCAL_HOST, 0))
+        taken.listen()
+        endpoint = AgentEndpoint("tiny", port=taken.getsockname()[1])
+        with pytest.raises(ConfigError, match=r"cannot listen on 127\.0\.0\.1:\d+ .*--agent-port .*--agent-host"):
+            asyncio.run(endpoint.start())

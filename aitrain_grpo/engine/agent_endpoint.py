@@ -8,8 +8,10 @@ connections wait in its backlog.
 
 Each request belongs to one episode, named by a key: the path `/e/<key>/v1/...` (the base URL of the
 client a rollout gets) or the bearer key (`Authorization: Bearer <key>`, for frameworks that build their
-own client from a base URL and an API key). A request naming no open episode is refused, as is one from
-another host unless the endpoint was opened with `allow_remote=True`.
+own client from a base URL and an API key). A request naming no open episode is refused. Bound to a
+loopback address (the default, 127.0.0.1), only this machine can connect; bound to another address
+(`--agent-host 0.0.0.0`: agents in a container or on another host), requests from elsewhere are served,
+each still needing its episode's key; `allow_remote=False` refuses them anyway.
 
 Left out: TLS and authentication beyond the per-episode keys (the endpoint listens on 127.0.0.1 by default).
 """
@@ -23,6 +25,7 @@ from aiohttp import web
 
 from aitrain_grpo.engine.agent_messages import EndpointError, models_body
 from aitrain_grpo.engine.agent_session import AgentSession
+from aitrain_grpo.errors import ConfigError
 
 LOCAL_HOST = "127.0.0.1"
 
@@ -38,7 +41,9 @@ class AgentEndpoint:
     """An aiohttp server holding the open episodes' sessions by key. `start` and `close` run on the
     engine's loop; `open`/`close_session` are plain calls."""
 
-    def __init__(self, model_name: str, *, host: str = LOCAL_HOST, port: int = 0, allow_remote: bool = False):
+    def __init__(self, model_name: str, *, host: str = LOCAL_HOST, port: int = 0, allow_remote: bool | None = None):
+        # Binding beyond loopback is how a user asks to serve other hosts: allowed unless said otherwise.
+        allow_remote = not _is_loopback(host) if allow_remote is None else allow_remote
         self.model_name, self.host, self.port, self.allow_remote = model_name, host, port, allow_remote
         self.sessions: dict[str, AgentSession] = {}
         self._runner: web.AppRunner | None = None
@@ -56,7 +61,12 @@ class AgentEndpoint:
         runner = web.AppRunner(app, access_log=None, handle_signals=False)
         await runner.setup()
         site = web.TCPSite(runner, self.host, self.port, reuse_address=True)
-        await site.start()
+        try:
+            await site.start()
+        except OSError as exc:
+            await runner.cleanup()
+            raise ConfigError(f"the agent endpoint cannot listen on {self.host}:{self.port} ({exc.strerror or exc}); "
+                              f"pick a free --agent-port (0: any) and an address of this machine for --agent-host") from None
         self.port = site._server.sockets[0].getsockname()[1]
         self._runner = runner
 
@@ -67,7 +77,10 @@ class AgentEndpoint:
 
     @property
     def url(self) -> str:
-        return f"http://{self.host}:{self.port}"
+        """The address the run's own clients use: loopback when bound to every interface."""
+        host = LOCAL_HOST if self.host in ("0.0.0.0", "::", "") else self.host
+        host = f"[{host}]" if ":" in host else host
+        return f"http://{host}:{self.port}"
 
     def base_url(self, key: str) -> str:
         """The `/v1` base URL of one episode's requests."""

@@ -59,7 +59,7 @@ class AgentPlayer:
 
     def __init__(self, runner: EpisodeRunner, tokenizer, limits: AgentLimits,
                  renderer_for: Callable[[list | None], ChatRenderer] | None, *, stop_ids=(),
-                 host: str = LOCAL_HOST, port: int = 0, allow_remote: bool = False):
+                 host: str = LOCAL_HOST, port: int = 0, allow_remote: bool | None = None):
         self.runner, self.tokenizer, self.limits = runner, tokenizer, limits
         self.renderer_for, self.stop_ids = renderer_for, stop_ids
         self.endpoint = AgentEndpoint(limits.model_name, host=host, port=port, allow_remote=allow_remote)

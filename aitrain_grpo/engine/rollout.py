@@ -31,6 +31,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from aitrain_grpo.config import DEFAULT_CUT_TURN, DEFAULT_TOOL_PARSER, ROLLOUT_SCHEDULES
+from aitrain_grpo.engine.agent_endpoint import LOCAL_HOST
 from aitrain_grpo.engine.agent_rollout import AgentLimits, AgentPlayer, renderer_cache
 from aitrain_grpo.engine.backends.base import GenerationBackend, RequestBackend, Sample, SamplingParams
 from aitrain_grpo.engine.chat import ChatRenderer
@@ -153,6 +154,7 @@ class RolloutEngine:
         cut_turn: str = DEFAULT_CUT_TURN,
         tool_parser: str = DEFAULT_TOOL_PARSER,
         model_name: str = "policy",
+        agent_address: tuple[str, int] = (LOCAL_HOST, 0),  # where an agent environment's endpoint listens
     ):
         if schedule not in ROLLOUT_SCHEDULES:  # a Python caller's typo; options are checked in config.py
             raise ValueError(f"schedule must be one of {ROLLOUT_SCHEDULES}, not {schedule!r}")
@@ -177,7 +179,7 @@ class RolloutEngine:
             schedule = "continuous"
             limits = AgentLimits(model_name, max_new_tokens, self.runner.max_turns, max_completion_length, tool_parser)
             self.agents = AgentPlayer(self.runner, tokenizer, limits, renderer_cache(tokenizer, template_kwargs),
-                                      stop_ids=self.stop_ids)
+                                      stop_ids=self.stop_ids, host=agent_address[0], port=agent_address[1])
         self.schedule = schedule
         self.max_concurrent_episodes = max(1, max_concurrent_episodes)
 

@@ -176,6 +176,7 @@ class TrainingRollout(TrainerCallback):
             schedule=config.rl_rollout_schedule,
             tool_parser=config.rl_tool_parser,
             model_name=config.model,  # the name an agent environment's requests must use (client.model)
+            agent_address=(config.agent_host, config.agent_port),
         )
         if config.rl_async_steps:
             self.async_rollout = start_async_rollout(self.engine, backend, self.weight_sync, trainer, config)
