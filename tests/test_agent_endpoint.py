@@ -21,7 +21,7 @@ from aitrain_grpo.engine.chat import ChatRenderer  # noqa: E402
 from aitrain_grpo.engine.rollout import RolloutEngine  # noqa: E402
 from aitrain_grpo.engine.runner import oracle_policy, play  # noqa: E402
 from envs_fixtures.agents import (BlockingAgent, ChattyAgent, LateAgent, RaisingAgent,  # noqa: E402
-                                  SummarisingAgent, WeatherAgent, TEMPERATURES)
+                                  StreamingWeatherAgent, SummarisingAgent, WeatherAgent, TEMPERATURES)
 
 
 class RecordingBackend(HFBackend):
@@ -209,6 +209,47 @@ def test_the_oracle_plays_tool_calls_through_the_endpoint():
         (result,) = [m for m in episode.messages if m["role"] == "tool"]
         assert result["name"] == "get_temperature"  # named after the call it answers, by tool_call_id
         assert str(TEMPERATURES[episode.row["city"]]) in result["content"]
+
+
+def test_streamed_requests_get_the_same_replies_and_train_the_same_tokens(tiny_model_and_tokenizer):
+    """`stream: true` (here the openai SDK's own stream helper) gets the reply the plain request gets, tool
+    calls included, and the episode's tokens are the same: streaming changes the wire format only."""
+    oracle = [play(env, env.build_dataset(None), oracle_policy(env), policy_name="solve")
+              for env in (WeatherAgent(episodes=3), StreamingWeatherAgent(episodes=3))]
+    for plain, streamed in zip(*oracle):
+        assert streamed.error is None and streamed.score == 1.0
+        assert [meaning(m) for m in streamed.messages] == [meaning(m) for m in plain.messages]
+    model, tokenizer = tiny_model_and_tokenizer
+    traces = []
+    for env in (WeatherAgent(episodes=4), StreamingWeatherAgent(episodes=4)):
+        engine, _ = engine_for(env, model, tokenizer, sampling=SamplingParams(temperature=0.0))
+        try:
+            batch = engine.run(env.build_dataset(tokenizer))
+        finally:
+            engine.close()
+        assert [episode.error for episode in batch.episodes] == [None] * 4
+        traces.append([(t.prompt_ids, t.completion_ids, t.env_mask) for t in batch.traces])
+    assert traces[0] == traces[1]
+
+
+def test_a_stream_reports_usage_when_asked():
+    env, seen = ChattyAgent(episodes=1), {}
+
+    async def rollout(client, row):
+        stream = await client.chat.completions.create(model=client.model, stream=True,
+                                                      stream_options={"include_usage": True},
+                                                      messages=[{"role": "user", "content": "Hello?"}])
+        seen["chunks"] = [chunk async for chunk in stream]
+        return 1.0
+
+    env.rollout = rollout
+    (episode,) = play(env, env.build_dataset(None), lambda ep: "Hi there.")
+    chunks = seen["chunks"]
+    assert episode.error is None
+    assert "".join(c.choices[0].delta.content or "" for c in chunks if c.choices) == "Hi there."
+    assert [c.choices[0].finish_reason for c in chunks if c.choices][-1] == "stop"
+    assert chunks[-1].choices == [] and chunks[-1].usage is not None  # the usage chunk comes last
+    assert all(c.usage is None for c in chunks[:-1])
 
 
 def test_messages_are_compared_by_meaning_not_shape():

@@ -1,10 +1,11 @@
 """Agent code written on real frameworks trains unchanged through the run's endpoint.
 
-One weather agent per framework (tests/envs_fixtures/agent_frameworks.py): the OpenAI Agents SDK, pydantic-ai
-and LangGraph, each as its documentation writes it, each given only the client a rollout gets. What a
-user relies on: the framework's tool calls reach the policy and the policy's tool calls come back as the
-framework's tool calls; the framework's requests extend one token sequence (append-only history), so
-the episode trains as one sequence with the model's turns as sampled; concurrent episodes never mix.
+One weather agent per framework (tests/envs_fixtures/agent_frameworks.py): the OpenAI Agents SDK (run plain
+and streamed: `stream: true` requests), pydantic-ai and LangGraph, each as its documentation writes it, each
+given only the client a rollout gets. What a user relies on: the framework's tool calls reach the policy and
+the policy's tool calls come back as the framework's tool calls; the framework's requests extend one token
+sequence (append-only history), so the episode trains as one sequence with the model's turns as sampled;
+concurrent episodes never mix.
 
 Three levels: the oracle at the text level (deterministic tool calls); the real tiny model (what its
 random text does to each framework); and an expert backend, a generation backend that writes the
@@ -171,6 +172,7 @@ def test_sixteen_concurrent_openai_episodes_stay_apart(tiny_model_and_tokenizer)
 # learned hotel tools): the framework's own rule, which the episode shows as it is.
 UNKNOWN_TOOL = {
     "openai-agents": "raises",  # ModelBehaviorError ends the rollout: the episode scores 0 with the error
+    "openai-agents-streamed": "raises",
     "pydantic-ai": "Unknown tool name: 'book_hotel'",  # a retry prompt, sent as the tool's result
     "langgraph": "book_hotel is not a valid tool",  # ToolNode's error message, sent as the tool's result
 }

@@ -23,7 +23,7 @@ import json
 import secrets
 from aiohttp import web
 
-from aitrain_grpo.engine.agent_messages import EndpointError, models_body
+from aitrain_grpo.engine.agent_messages import EndpointError, models_body, stream_events
 from aitrain_grpo.engine.agent_session import AgentSession
 from aitrain_grpo.errors import ConfigError
 
@@ -129,7 +129,13 @@ class AgentEndpoint:
                 raise EndpointError(400, "the request body is not JSON") from None
             if not isinstance(body, dict):
                 raise EndpointError(400, "the request body must be a JSON object")
-            return web.json_response(await session.complete(body))
+            completion = await session.complete(body)
+            if body.get("stream"):
+                options = body.get("stream_options")
+                usage = isinstance(options, dict) and bool(options.get("include_usage"))
+                return web.Response(body=stream_events(completion, usage), content_type="text/event-stream",
+                                    headers={"Cache-Control": "no-cache"})
+            return web.json_response(completion)
         except EndpointError as exc:
             self.requests_refused += 1
             return self._error(exc)

@@ -1,9 +1,9 @@
 """OpenAI chat-completions messages, as the agent endpoint reads and writes them.
 
-Three jobs, all pure: comparing the messages of two requests (does this request extend the episode's
+Four jobs, all pure: comparing the messages of two requests (does this request extend the episode's
 last one?), rewriting OpenAI-shaped messages into the plain messages a chat template renders (as a
-`ToolEnvironment`'s episodes are rendered: tool results as `tool` messages naming their tool), and
-writing the OpenAI response and error bodies.
+`ToolEnvironment`'s episodes are rendered: tool results as `tool` messages naming their tool), writing
+the OpenAI response and error bodies, and writing a response as the events of a streamed one.
 
 Comparison is by meaning, not bytes: agent frameworks send our reply back in their own shape (content
 None or "", arguments re-serialised, content as a list of parts), so messages are reduced to role, text
@@ -155,6 +155,30 @@ def completion_body(model: str, message: dict[str, Any], finish_reason: str, pro
         "usage": {"prompt_tokens": prompt_tokens, "completion_tokens": completion_tokens,
                   "total_tokens": prompt_tokens + completion_tokens},
     }
+
+
+def stream_events(completion: dict[str, Any], include_usage: bool = False) -> bytes:
+    """A finished `chat.completion` as the server-sent events of a streamed one (`stream: true`): a chunk
+    with the role and text, one with the tool calls (each with its index), one with the finish reason,
+    the usage chunk when `stream_options.include_usage` asked for it, then `[DONE]`. The reply is
+    generated whole before the first event: streaming changes the wire format, not the tokens."""
+    choice, base = completion["choices"][0], {k: completion[k] for k in ("id", "created", "model")}
+    message = choice["message"]
+
+    def chunk(delta: dict[str, Any], finish: str | None) -> dict[str, Any]:
+        body = {**base, "object": "chat.completion.chunk",
+                "choices": [{"index": 0, "delta": delta, "finish_reason": finish, "logprobs": None}]}
+        return {**body, "usage": None} if include_usage else body
+
+    chunks = [chunk({"role": "assistant", "content": message.get("content") or ""}, None)]
+    if message.get("tool_calls"):
+        calls = [{"index": i, **call} for i, call in enumerate(message["tool_calls"])]
+        chunks.append(chunk({"tool_calls": calls}, None))
+    chunks.append(chunk({}, choice["finish_reason"]))
+    if include_usage:
+        chunks.append({**base, "object": "chat.completion.chunk", "choices": [], "usage": completion["usage"]})
+    events = [f"data: {json.dumps(c, ensure_ascii=False)}\n\n" for c in chunks] + ["data: [DONE]\n\n"]
+    return "".join(events).encode()
 
 
 def models_body(model: str) -> dict[str, Any]:

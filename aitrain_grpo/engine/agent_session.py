@@ -17,7 +17,10 @@ with `finish_reason` "length", which ends an agent loop, and the episode is mark
 settings other than `max_tokens` and `stop` stay the run's (the loss assumes the run's temperature);
 requests that asked for others are counted in `agent/ignored_sampling`.
 
-Left out: streaming and `n > 1` (refused by the endpoint), logprobs in the response.
+A streamed request (`stream: true`) is answered the same way; the endpoint sends the finished reply as
+stream events (agent_messages.stream_events).
+
+Left out: `n > 1` (refused by the endpoint), logprobs in the response, streaming token by token.
 """
 
 from __future__ import annotations
@@ -95,9 +98,6 @@ class AgentSession:
         if model != self.limits.model_name:
             raise EndpointError(404, f"the model {model!r} does not exist here; this run serves "
                                      f"{self.limits.model_name!r}", code="model_not_found", param="model")
-        if body.get("stream"):
-            raise EndpointError(400, "streaming is not supported by the aitrain endpoint; send stream=false",
-                                param="stream")
         if body.get("n", 1) not in (1, None):
             raise EndpointError(400, "n must be 1 (each request is one turn of one episode)", param="n")
         messages = check_messages(body.get("messages"))

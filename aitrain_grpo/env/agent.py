@@ -24,7 +24,9 @@ transcripts and checks show; the agent decides what it actually sends.
 messages as the model would see them): `env check` plays it as the oracle, and `aitrain sft` learns from
 its episodes.
 
-Left out: streaming responses, `n > 1`, and a timeout on the whole rollout (each generation is bounded by
+Streamed requests (`stream: true`) are answered with the finished reply sent as stream events.
+
+Left out: `n > 1`, and a timeout on the whole rollout (each generation is bounded by
 the run's token budgets; a hung tool inside the agent is the agent's to time out).
 """
 

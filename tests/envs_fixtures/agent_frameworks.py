@@ -84,9 +84,24 @@ class OpenAIAgentsWeather(FrameworkWeather):
         agent = Agent(name="weather", instructions=f"{INSTRUCTIONS} Episode {row['id']}.",
                       model=OpenAIChatCompletionsModel(model=client.model, openai_client=client),
                       model_settings=ModelSettings(max_tokens=MAX_TOKENS), tools=[get_temperature])
-        result = await Runner.run(agent, row["prompt"], max_turns=self.max_turns + 2,
-                                  run_config=RunConfig(tracing_disabled=True))
-        return self.result(row, str(result.final_output or ""), row["city"] in looked_up)
+        output = await self.run(Runner, agent, row["prompt"], max_turns=self.max_turns + 2,
+                                run_config=RunConfig(tracing_disabled=True))
+        return self.result(row, str(output or ""), row["city"] in looked_up)
+
+    async def run(self, runner, agent, prompt, **options):
+        return (await runner.run(agent, prompt, **options)).final_output
+
+
+class OpenAIAgentsStreamedWeather(OpenAIAgentsWeather):
+    """The same agent run by `Runner.run_streamed`: every chat-completions request has `stream: true`."""
+
+    framework = "openai-agents-streamed"
+
+    async def run(self, runner, agent, prompt, **options):
+        result = runner.run_streamed(agent, prompt, **options)
+        async for _ in result.stream_events():
+            pass
+        return result.final_output
 
 
 class PydanticAIWeather(FrameworkWeather):
@@ -143,6 +158,7 @@ class LangGraphWeather(FrameworkWeather):
 
 FRAMEWORKS = {
     "openai-agents": ("agents", OpenAIAgentsWeather),
+    "openai-agents-streamed": ("agents", OpenAIAgentsStreamedWeather),
     "pydantic-ai": ("pydantic_ai", PydanticAIWeather),
     "langgraph": ("langgraph", LangGraphWeather),
 }

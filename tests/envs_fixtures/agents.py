@@ -37,8 +37,7 @@ class WeatherAgent(AgentEnvironment):
                     {"role": "user", "content": row["prompt"]}]
         looked_up = False
         for _ in range(self.max_turns):
-            reply = await client.chat.completions.create(model=client.model, messages=messages, tools=[WEATHER_TOOL],
-                                                         max_tokens=24)
+            reply = await self.ask(client, model=client.model, messages=messages, tools=[WEATHER_TOOL], max_tokens=24)
             message = reply.choices[0].message
             messages.append(message.model_dump(exclude_none=True))
             if not message.tool_calls:
@@ -52,6 +51,9 @@ class WeatherAgent(AgentEnvironment):
         said = str(TEMPERATURES[row["city"]]) in answer
         return AgentResult(score=0.5 * looked_up + 0.5 * said, metrics={"looked_up": float(looked_up)})
 
+    async def ask(self, client, **request):
+        return await client.chat.completions.create(**request)
+
     def solve(self, episode):
         """The expert: look the city up, then state the number."""
         tool_results = [m for m in episode.messages if m["role"] == "tool"]
@@ -59,6 +61,16 @@ class WeatherAgent(AgentEnvironment):
             return f'<tool_call>\n{{"name": "get_temperature", "arguments": {{"city": "{episode.row["city"]}"}}}}\n</tool_call>'
         celsius = json.loads(tool_results[-1]["content"])["celsius"]
         return f"It is {celsius} degrees Celsius in {episode.row['city']}."
+
+
+class StreamingWeatherAgent(WeatherAgent):
+    """The same tool loop with streamed replies, accumulated by the openai SDK's own stream helper."""
+
+    async def ask(self, client, **request):
+        async with client.chat.completions.stream(**request) as stream:
+            async for _ in stream:  # the SDK accumulates the chunks (get_final_completion refuses a cut reply)
+                pass
+            return stream.current_completion_snapshot
 
 
 class SummarisingAgent(AgentEnvironment):
