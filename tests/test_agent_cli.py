@@ -131,6 +131,7 @@ def test_grpo_trains_on_the_agents_requests(tmp_path):
                      "--rl-num-generations", "2", "--rl-max-new-tokens", "24", "--output-dir", str(out))
     assert result.returncode == 0, result.stdout + result.stderr
     assert "step 1/1" in result.stdout
+    assert "environment WeatherAgent: agent environment: rollout(client, row)" in result.stdout
     metrics = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
     assert metrics[0]["agent/requests"] >= 4  # at least one request per episode
     episodes = [json.loads(line) for line in (out / "episodes.jsonl").read_text().splitlines()]

@@ -237,8 +237,7 @@ def check_environment(
 ) -> EnvCheckReport:
     """Everything `aitrain env check` reports. `model` is needed for the `model` policy only."""
     agent = is_agent_environment(env)
-    report = EnvCheckReport(env_name=type(env).__name__, tool_parser=tool_parser,
-                            interface=envcheck_agent.INTERFACE if agent else describe_interface(env))
+    report = EnvCheckReport(env_name=type(env).__name__, tool_parser=tool_parser, interface=describe_interface(env))
     if agent:
         report.scorer = f"the score {report.env_name}.rollout returns"
     rows = (envcheck_agent.inspect_agent_dataset if agent else inspect_dataset)(env, tokenizer, report)

@@ -23,8 +23,6 @@ from aitrain_grpo.env.base import Episode, Message
 from aitrain_grpo.env.dataset import build_rows
 from aitrain_grpo.errors import EnvLoadError, TemplateError
 
-INTERFACE = ("agent environment: rollout(client, row) plays each episode, its chat-completion requests answered "
-             "by the model through the run's OpenAI-compatible endpoint")
 TOOLS_NOTE = ("tools come with each request of an agent environment (the agent sends them), not from env.tools: "
               "those listed are the ones its requests sent")
 # The counts training logs as agent/<name>, in the order shown.
@@ -95,4 +93,4 @@ def describe_requests(report, tokenizer, first_row: dict[str, Any]) -> None:
                                    f"last segment trains ({counts.get('untrained_tokens', 0)} model tokens untrained)")
 
 
-__all__ = ["INTERFACE", "inspect_agent_dataset", "describe_requests", "first_request"]
+__all__ = ["inspect_agent_dataset", "describe_requests", "first_request"]

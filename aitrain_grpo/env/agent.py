@@ -57,6 +57,10 @@ class AgentEnvironment(Environment):
     `max_turns` caps the chat-completion requests of one episode: a request past the cap is answered
     with an empty reply whose `finish_reason` is "length", which ends a usual agent loop."""
 
+    # How `aitrain grpo` and `env check` name this kind of environment (adapters/aitraining.describe_interface).
+    interface = ("agent environment: rollout(client, row) plays each episode, its chat-completion requests "
+                 "answered by the model through the run's OpenAI-compatible endpoint")
+
     async def rollout(self, client: Any, row: dict[str, Any]) -> float | AgentResult:
         """Play one episode through `client` and return its score in [0, 1] (or an `AgentResult`)."""
         raise NotImplementedError(f"{type(self).__name__} must implement async def rollout(self, client, row)")
