@@ -179,6 +179,7 @@ class RunConfig:
     # agent environments
     agent_host: str = _opt("127.0.0.1", "Address an agent environment's OpenAI-compatible endpoint listens on: 127.0.0.1 serves this machine only; 0.0.0.0 (or one interface's address) also serves agents in containers or on other hosts, each request authorised by its episode's key.")
     agent_port: int = _opt(0, "Port of that endpoint (0: any free port).", minimum=0)
+    # output
     debug: bool = _opt(False, "Show full tracebacks.")
 
     # ------------------------------------------------------------------------------- helpers
@@ -257,18 +258,33 @@ class RunConfig:
         flags += f" --rl-env-weights {self.rl_env_weights}" if self.rl_env_weights else ""
         return flags + (f" --rl-env-config '{config}'" if self.rl_env_config else "")
 
-    def validate(self) -> "RunConfig":
+    def validate(self, *, grpo: bool = True) -> "RunConfig":
         """Check the options against each other; raise `ConfigError` on the first problem. Returns the
         options with each value read as its field's type (a new `RunConfig`: this one is left as it
-        is), so checking twice gives the same result."""
+        is), so checking twice gives the same result. `grpo=False` (aitrain sft) leaves out the rules
+        of GRPO's sampling and loss, which that command does not use."""
         typed = dataclasses.replace(self, **self._typed_values())
         typed._check_rules()
+        if grpo:
+            typed._check_grpo_rules()
+        typed._check_model_path()
         return typed
 
     def _check_rules(self) -> None:
         check_environment_named(self.rl_env, self.rl_env_module, self.rl_env_class, self.rl_env_weights)
         self._check_declared()
         check_episode_options(vars(self))
+        if self.lr <= 0:
+            raise ConfigError(f"--lr must be positive, got {self.lr}")
+        if self.epochs <= 0:
+            raise ConfigError(f"--epochs must be positive, got {self.epochs}")
+        if not 0 <= self.lora_dropout < 1:
+            raise ConfigError(f"--lora-dropout must be in [0, 1), got {self.lora_dropout}")
+        if self.resume_from_checkpoint is not None and not self.resume_from_checkpoint.strip():
+            raise ConfigError("--resume-from-checkpoint needs a value: auto, or a checkpoint-N folder")
+
+    def _check_grpo_rules(self) -> None:
+        """The rules of GRPO's groups, sampling, loss and generation backends."""
         if self.rl_num_generations < 2:
             raise ConfigError("--rl-num-generations must be at least 2: GRPO compares episodes within a group")
         if self.batch_size % self.rl_num_generations:
@@ -282,10 +298,6 @@ class RunConfig:
                 f"--rl-max-new-tokens {self.rl_max_new_tokens} exceeds --rl-max-completion-length "
                 f"{self.rl_max_completion_length}; raise the budget or lower the turn limit"
             )
-        if self.lr <= 0:
-            raise ConfigError(f"--lr must be positive, got {self.lr}")
-        if self.epochs <= 0:
-            raise ConfigError(f"--epochs must be positive, got {self.epochs}")
         if self.rl_temperature <= 0:
             raise ConfigError(
                 f"--rl-temperature must be above 0 for training, got {self.rl_temperature}: at 0 every episode of a "
@@ -301,14 +313,9 @@ class RunConfig:
             raise ConfigError("--vllm-mode server needs --vllm-server-url (start one with `aitrain vllm-serve --model ...`)")
         if self.vllm_server_timeout <= 0:
             raise ConfigError(f"--vllm-server-timeout must be positive seconds, got {self.vllm_server_timeout}")
-        if not 0 <= self.lora_dropout < 1:
-            raise ConfigError(f"--lora-dropout must be in [0, 1), got {self.lora_dropout}")
         if not 0 <= self.rl_max_error_rate <= 1:
             raise ConfigError(f"--rl-max-error-rate must be in [0, 1] (a share of episodes; 1 never stops), got {self.rl_max_error_rate}")
         reward_weights(self.rl_reward_weights, len(reward_func_specs(self.rl_reward_funcs)))
-        if self.resume_from_checkpoint is not None and not self.resume_from_checkpoint.strip():
-            raise ConfigError("--resume-from-checkpoint needs a value: auto, or a checkpoint-N folder")
-        self._check_model_path()
 
     def _check_declared(self) -> None:
         """Every field's declared `choices` and `minimum` (see `_opt`): one rule, one message each."""

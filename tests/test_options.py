@@ -123,3 +123,19 @@ def test_validate_returns_the_typed_options_and_leaves_the_config_as_it_was():
     assert dataclasses.asdict(given) == before
     assert checked.lr == 1e-4 and checked.rl_env == "envs.letters:LetterEnv"
     assert checked.validate() == checked  # checking twice gives the same options
+
+
+def test_sft_leaves_out_grpo_rules_and_keeps_the_others():
+    """`aitrain sft` trains on demonstrations: a batch that is no multiple of the GRPO group is fine there
+    (and stays as given), while the rules both commands share still hold."""
+    from aitrain_grpo.commands.sft import sft_run_config
+    from aitrain_grpo.errors import ConfigError
+
+    options = dict(LETTERS, batch_size=3, rl_num_generations=4, output_dir="outputs/x")
+    assert sft_run_config(dict(options)).batch_size == 3
+    with pytest.raises(ConfigError, match="--batch-size 3 is not a multiple of --rl-num-generations 4"):
+        RunConfig(**options).validate()
+    with pytest.raises(ConfigError, match="--lr must be positive"):
+        sft_run_config(dict(options, lr=0))
+    with pytest.raises(ConfigError, match="--batch-size must be a positive integer"):
+        sft_run_config(dict(options, batch_size=0))

@@ -21,7 +21,6 @@ your own conversations, a stronger model), and resuming an interrupted run.
 
 from __future__ import annotations
 
-import dataclasses
 import inspect
 from pathlib import Path
 from typing import Any
@@ -78,15 +77,13 @@ _COMMAND_ONLY = ("episodes", "min_score", "debug")
 
 
 def sft_run_config(options: dict[str, Any]) -> RunConfig:
-    """The run's `RunConfig` (what run_config.json records), checked as `grpo` checks its own. The
-    GRPO-only rule that --batch-size be a multiple of the group size does not apply to SFT."""
+    """The run's `RunConfig` (what run_config.json records), checked as `grpo` checks its own, less the
+    rules of GRPO's groups, sampling and loss (RunConfig.validate(grpo=False))."""
     fields = {k: v for k, v in options.items() if k not in _COMMAND_ONLY and v is not None}
     config = RunConfig(**fields)
     if not config.output_dir and (config.rl_env_class or config.rl_env):
         config.output_dir = f"{config.resolved_output_dir()}-sft"
-    check_positive(batch_size=config.batch_size)
-    grouped = dataclasses.replace(config, batch_size=config.batch_size * config.rl_num_generations).validate()
-    return dataclasses.replace(grouped, batch_size=config.batch_size)
+    return config.validate(grpo=False)
 
 
 def play_demonstrations(env, rows: list[dict[str, Any]], episodes: int, *, max_turns: int | None,
