@@ -10,7 +10,9 @@ overlap either way on the `EpisodeRunner`'s event loop, with its timeouts and fa
 
 Episodes are kept as token ids from start to finish: the prompt rendered once, each model turn exactly
 as sampled (mask 1, with its log-probabilities), each environment reply as the chat template's suffix
-(mask 0, log-prob 0). Nothing generated is ever decoded and re-encoded into the token stream.
+(mask 0, log-prob 0). Nothing generated is ever decoded and re-encoded into the token stream. Turns an
+environment asks of the policy itself (`episode.policy_turn`: a self-play opponent) are drawn the same way
+and stay out of the sequence (engine/policy_turns.py).
 
 Budgets: `max_new_tokens` per model turn, `max_turns`, and `max_completion_length` for everything
 after the prompt. A turn that hits its token limit ends the episode as truncated (`cut_turn="end"`)
@@ -35,7 +37,7 @@ from aitrain_grpo.engine.agent_endpoint import LOCAL_HOST
 from aitrain_grpo.engine.agent_rollout import AgentLimits, AgentPlayer, renderer_cache
 from aitrain_grpo.engine.backends.base import GenerationBackend, RequestBackend, Sample, SamplingParams
 from aitrain_grpo.engine.chat import ChatRenderer
-from aitrain_grpo.engine.turn_batcher import TurnBatcher
+from aitrain_grpo.engine.policy_turns import Draw, give_policy_turns, open_sampler
 from aitrain_grpo.env.agent import is_agent_environment
 from aitrain_grpo.env.base import Environment, Episode, Message, tools_for_row, tools_vary_by_row
 from aitrain_grpo.engine.runner import EpisodeRunner
@@ -227,11 +229,20 @@ class RolloutEngine:
         # Tokenizer and template calls are batched per phase: each call costs more than the texts in it.
         traces = [TokenTrace(prompt_ids=ids) for ids in self._prompt_ids(episodes)]
         batch = RolloutBatch(episodes=episodes, traces=traces)
-        if self.schedule == "continuous":
-            self.runner.run(self._continuous(batch))
-        else:
-            for start in range(0, len(episodes), self.max_concurrent_episodes):
-                self._lockstep(batch, range(start, min(start + self.max_concurrent_episodes, len(episodes))))
+        sample, batcher = open_sampler(self.backend, self.sampling)
+        give_policy_turns(episodes, sample, self.renderer_for, self.tokenizer, batch,  # engine/policy_turns.py
+                          max_new_tokens=self.max_new_tokens, stop_ids=self.stop_ids)
+        try:
+            if self.schedule == "continuous":
+                self.runner.run(self._continuous(batch, sample))
+            else:
+                for start in range(0, len(episodes), self.max_concurrent_episodes):
+                    self._lockstep(batch, range(start, min(start + self.max_concurrent_episodes, len(episodes))))
+        finally:
+            if batcher is not None:
+                self.runner.run(batcher.close())  # nothing of it runs on after this rollout
+            for episode in episodes:
+                episode.policy_turn = None
         for trace in traces:
             if not trace.completion_ids:
                 # An episode that failed before the model's first turn (reset raised) has nothing after
@@ -321,19 +332,10 @@ class RolloutEngine:
 
     # ------------------------------------------------------------------------ continuous
 
-    async def _continuous(self, batch: RolloutBatch) -> None:
-        """Every episode plays on its own, up to `max_concurrent_episodes` at once."""
+    async def _continuous(self, batch: RolloutBatch, sample: Draw) -> None:
+        """Every episode plays on its own, up to `max_concurrent_episodes` at once, its turns drawn by `sample`."""
         slots = asyncio.Semaphore(self.max_concurrent_episodes)
         generating, answering = _BusyClock(), _BusyClock()
-        batcher = None
-        if isinstance(self.backend, RequestBackend):
-            backend = self.backend
-
-            async def sample(order: int, prompt: list[int], max_tokens: int) -> Sample:
-                return await backend.generate_one(prompt, max_tokens, self.sampling)
-        else:
-            batcher = TurnBatcher(self.backend, self.sampling)
-            sample = batcher.submit
 
         async def play_agent(i: int) -> None:
             async def draw(prompt: list[int], max_tokens: int) -> Sample:
@@ -382,6 +384,4 @@ class RolloutEngine:
             await asyncio.gather(*tasks, return_exceptions=True)
             raise
         finally:
-            if batcher is not None:
-                await batcher.close()
             batch.generate_seconds, batch.env_seconds = generating.seconds, answering.seconds

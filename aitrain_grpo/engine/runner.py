@@ -22,6 +22,7 @@ from typing import Any, Awaitable, Callable, Iterable
 
 from aitrain_grpo.config import DEFAULT_CUT_TURN, DEFAULT_TOOL_PARSER
 from aitrain_grpo.engine.chat import prompt_messages
+from aitrain_grpo.engine.policy_turns import text_policy_turn
 from aitrain_grpo.engine.tool_parsers import read_tool_calls, tool_names_of
 from aitrain_grpo.env.agent import is_agent_environment
 from aitrain_grpo.env.base import Environment, Episode, Message, tools_for_row, tools_vary_by_row
@@ -222,7 +223,8 @@ def check_score(value: Any) -> float:
 
 def play_text(runner: EpisodeRunner, rows: list[dict[str, Any]], policy: Callable[[Episode], str]) -> list[Episode]:
     """Play episodes at the text level with `policy(episode) -> next assistant message` standing in
-    for the model (scripted tests, an environment's `solve` oracle, an always-empty policy). A policy
+    for the model (scripted tests, an environment's `solve` oracle, an always-empty policy); it also answers
+    the turns the environment asks of the policy (`episode.policy_turn`, engine/policy_turns.py). A policy
     that raises ends its episode like an environment fault, named `runner.policy_name`. An agent
     environment's episodes are its own code's requests, each answered by `policy` (agent_rollout.py)."""
     if is_agent_environment(runner.env):
@@ -230,6 +232,8 @@ def play_text(runner: EpisodeRunner, rows: list[dict[str, Any]], policy: Callabl
 
         return play_agent_text(runner, rows, policy)
     episodes = [runner.new_episode(row) for row in rows]
+    for ep in episodes:  # an environment that asks for the policy's turns (a self-play opponent) gets `policy`'s
+        ep.policy_turn = text_policy_turn(policy, ep)
     runner.gather(runner.reset(ep) for ep in episodes)
 
     async def one(ep: Episode) -> None:
@@ -246,6 +250,7 @@ def play_text(runner: EpisodeRunner, rows: list[dict[str, Any]], policy: Callabl
 
     runner.gather(one(ep) for ep in episodes if not ep.done)
     for ep in episodes:
+        ep.policy_turn = None
         if ep.score is None:
             ep.score = 0.0
     return episodes

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass, field
-from typing import Any, NotRequired, Required, TypedDict
+from typing import Any, Awaitable, Callable, NotRequired, Required, TypedDict
 
 MESSAGE_ROLES = ("system", "user", "assistant", "tool")
 
@@ -35,6 +35,8 @@ class ToolCall(TypedDict):
 
 
 EnvReply = str | list[Message] | None
+# The policy being played, for an environment's own code (see `Episode.policy_turn`).
+PolicyTurn = Callable[[list[Message]], Awaitable[str]]
 # Why an episode ended: the environment ended it (`step` returned None, or a single-turn episode), the
 # turn cap, a model turn cut off by --rl-max-new-tokens, the completion token budget, or an error.
 STOP_REASONS = ("env", "max_turns", "turn_tokens", "completion_budget", "error")
@@ -72,6 +74,11 @@ class Episode:
     truncated_turns: int = 0
     # Per model turn, the reward the environment gave it (`reward_turn`); empty when it gave none.
     turn_rewards: list[float] = field(default_factory=list)
+    # Set before `reset` by whoever plays the episode: `await episode.policy_turn(messages)` is the reply of the
+    # policy being played to another conversation (a self-play opponent's seat): the run's model, backend and
+    # sampling in training and eval, the text policy under env check's oracle/empty and sft. Those turns are
+    # not part of this episode's trained sequence (engine/policy_turns.py).
+    policy_turn: PolicyTurn | None = field(default=None, repr=False, compare=False)
 
     def reward_turn(self, value: float, turn: int | None = None) -> None:
         """Reward one model turn, beside the episode's score: the latest turn by default (so `step`, which
