@@ -1,5 +1,6 @@
-"""README.md and examples/ work as printed: the environment examples play, every documented command
-parses with flags that exist, `python -m aitrain_grpo` is the `aitrain` command, the Python example trains."""
+"""README.md, docs/ and examples/ work as printed: the environment examples play, every documented command
+parses with flags that exist and runs where this machine can run it, `python -m aitrain_grpo` is the
+`aitrain` command, the Python example trains, and every link leads somewhere."""
 
 from __future__ import annotations
 
@@ -19,16 +20,21 @@ from aitrain_grpo.engine.runner import play
 from helpers import REPO, run_cli
 
 
-def readme_class(name: str) -> type:
-    blocks = re.findall(r"```python\n(.*?)```", (REPO / "README.md").read_text(), flags=re.S)
+# README first, then docs/ in name order: the order the documents' commands run in, in one folder.
+DOCUMENTS = [REPO / "README.md", *sorted((REPO / "docs").glob("*.md"))]
+ENVIRONMENTS_GUIDE = REPO / "docs" / "environments.md"  # where the environment examples live
+
+
+def documented_class(name: str) -> type:
+    blocks = re.findall(r"```python\n(.*?)```", ENVIRONMENTS_GUIDE.read_text(), flags=re.S)
     (code,) = [block for block in blocks if f"class {name}(" in block]
     namespace: dict = {}
-    exec(compile(code, f"README.md:{name}", "exec"), namespace)  # our own documentation, not model output
+    exec(compile(code, f"docs/environments.md:{name}", "exec"), namespace)  # our own documentation, not model output
     return namespace[name]
 
 
 def test_guess_env_example_rewards_finding_the_secret_quickly():
-    env = readme_class("GuessEnv")(high=20, num_tasks=4, seed=1)
+    env = documented_class("GuessEnv")(high=20, num_tasks=4, seed=1)
     rows = env.build_dataset(None)
 
     def bisect(episode):
@@ -50,7 +56,7 @@ def test_guess_env_example_rewards_finding_the_secret_quickly():
 
 
 def test_calculator_example_runs_its_tool():
-    env = readme_class("Calculator")()
+    env = documented_class("Calculator")()
     call = '<tool_call>{"name": "add", "arguments": {"a": 17, "b": 25}}</tool_call>'
     (episode,) = play(env, env.build_dataset(None), lambda ep: call if ep.turns == 0 else "It is 42.")
     assert episode.messages[2]["content"] == "42" and episode.score == 1.0
@@ -66,10 +72,13 @@ def shell_commands(text: str) -> list[str]:
 
 
 def documented_commands() -> list[tuple[str, str]]:
-    """(where, command line) for every command in README.md's shell blocks and in examples/."""
+    """(where, command line) for every command in the shell blocks of README.md and docs/, in
+    `DOCUMENTS` order, and in examples/."""
     found = []
-    for block in re.findall(r"```(?:bash|sh)\n(.*?)```", (REPO / "README.md").read_text(), flags=re.S):
-        found += [("README.md", line) for line in shell_commands(block)]
+    for document in DOCUMENTS:
+        where = str(document.relative_to(REPO))
+        for block in re.findall(r"```(?:bash|sh)\n(.*?)```", document.read_text(), flags=re.S):
+            found += [(where, line) for line in shell_commands(block)]
     found += [("examples/server_mode.sh", line) for line in shell_commands((REPO / "examples/server_mode.sh").read_text())]
     for path in ("examples/hotel_run.yaml", "examples/train_hotel.py"):  # usage lines in their comments
         found += [(path, re.sub(r"\s{2,}[#(].*$", "", line.strip("# ").strip()))  # minus the trailing remark
@@ -80,10 +89,11 @@ def documented_commands() -> list[tuple[str, str]]:
 
 def aitrain_arguments(command: str) -> list[str] | None:
     """The arguments an `aitrain ...` or `... -m aitrain_grpo ...` command passes to the CLI, with
-    the synopsis' optional `[...]` parts and the example script's shell variables filled in."""
+    the synopsis' optional `[...]` parts left out, the example script's shell variables filled in and a
+    trailing `# remark` dropped."""
     command = re.sub(r"\s\[[^\]]*\]", "", command.split("&&")[-1]).split("&")[0]
     command = command.replace('"$MODEL"', "tiny").replace("$PORT", "8000")
-    words = shlex.split(command)
+    words = shlex.split(command, comments=True)
     for start, word in enumerate(words):
         if word == "aitrain":
             return words[start + 1:]
@@ -156,16 +166,29 @@ def test_the_python_example_trains(tmp_path):
     assert "'global_step': 1" in result.stdout and (tmp_path / "run" / "run_config.json").exists()
 
 
+def heading_anchors(path) -> set[str]:
+    """The anchors GitHub gives a Markdown file's headings: lower case, punctuation dropped, spaces as
+    hyphens (headings inside code blocks are not headings)."""
+    text = re.sub(r"^```.*?^```", "", path.read_text(), flags=re.S | re.M)
+    headings = re.findall(r"^#{1,6} +(.+?) *$", text, flags=re.M)
+    return {re.sub(r"[^\w\- ]", "", heading.lower()).replace(" ", "-") for heading in headings}
+
+
 def test_every_file_the_documents_link_to_is_in_the_repository():
-    """README.md and docs/ link only to files a clone has (no design notes kept elsewhere)."""
-    documents = [REPO / "README.md", *sorted((REPO / "docs").glob("*.md"))]
+    """README.md and docs/ link only to files a clone has (no design notes kept elsewhere), and a link to
+    a section of a Markdown file names a heading that file has."""
     missing = []
-    for document in documents:
+    for document in DOCUMENTS:
         text = document.read_text()
         assert "DESIGN.md" not in text, f"{document.name} names DESIGN.md, which users of the repository do not have"
-        for target in re.findall(r"\]\(([^)#\s]+)(?:#[^)]*)?\)", text):
-            if "://" not in target and not (document.parent / target).exists():
+        for target, anchor in re.findall(r"\]\(([^)#\s]*)(?:#([^)\s]*))?\)", text):
+            if "://" in target:
+                continue
+            path = document.parent / target if target else document
+            if not path.exists():
                 missing.append(f"{document.relative_to(REPO)} -> {target}")
+            elif anchor and path.suffix == ".md" and anchor not in heading_anchors(path):
+                missing.append(f"{document.relative_to(REPO)} -> {target}#{anchor}")
     assert not missing, missing
 
 
@@ -198,24 +221,25 @@ CAPS = {"grpo": ["--max-steps", "1", "--rl-max-new-tokens", "16"], "sft": ["--ma
 
 @pytest.mark.integration
 @pytest.mark.slow
-def test_the_readme_runs_top_to_bottom_in_one_fresh_folder(tmp_path):
-    """Every README command that can run here (the tiny model, local environments), in the README's order,
-    in one fresh folder, each cut to a step or two: none fails, so none collides with an earlier one's
-    outputs (a taken default folder gives the next numbered one). The GuessEnv example is saved as the
-    README tells its reader to, in envs/guess.py."""
+def test_the_documents_run_top_to_bottom_in_one_fresh_folder(tmp_path):
+    """Every command of README.md and docs/ that can run here (the tiny model, local environments), in
+    `DOCUMENTS` order and each document's own, in one fresh folder, each cut to a step or two: none fails,
+    so none collides with an earlier one's outputs (a taken default folder gives the next numbered one).
+    The GuessEnv example is saved as docs/environments.md tells its reader to, in envs/guess.py."""
     shutil.copytree(REPO / "envs", tmp_path / "envs")
     shutil.copytree(REPO / "examples", tmp_path / "examples")
-    guess = re.search(r"```python\n(# envs/guess.py\n.*?)```", (REPO / "README.md").read_text(), flags=re.S)
+    guess = re.search(r"```python\n(# envs/guess.py\n.*?)```", ENVIRONMENTS_GUIDE.read_text(), flags=re.S)
     (tmp_path / "envs" / "guess.py").write_text(guess.group(1))
     ran = []
     for where, command in COMMANDS:
-        if where != "README.md" or any(marker in command.split("&&")[-1] for marker in NOT_HERE):
+        if where.startswith("examples/") or any(marker in command.split("&&")[-1] for marker in NOT_HERE):
             continue
         args = aitrain_arguments(command)
         caps = CAPS.get(args[1] if args[0] == "env" else args[0], [])
         result = run_cli(*args, *caps, cwd=tmp_path)
         assert result.returncode == 0, f"{command}\n{result.stdout[-1500:]}\n{result.stderr[-1500:]}"
         ran.append(" ".join(args[:3]))
-    assert len(ran) >= 12, ran
+    assert len(ran) >= 20, ran
     assert (tmp_path / "models" / "hotel-agent" / "export_info.json").is_file()
     assert (tmp_path / "outputs" / "hotelenv-2" / "run_summary.json").is_file()  # the second hotel run
+    assert (tmp_path / "outputs" / "hotelenv-sft" / "demos.jsonl").is_file()  # the warm start

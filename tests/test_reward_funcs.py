@@ -205,10 +205,10 @@ def test_bad_return_values_are_named(values, problem):
 
 
 def test_readme_examples_are_reward_functions():
-    blocks = re.findall(r"```python\n(.*?)```", (REPO / "README.md").read_text(), flags=re.S)
+    blocks = re.findall(r"```python\n(.*?)```", (REPO / "docs" / "environments.md").read_text(), flags=re.S)
     namespace: dict = {}
     for block in [b for b in blocks if "# my_rewards.py" in b]:
-        exec(compile(block, "README.md:my_rewards", "exec"), namespace)  # our own documentation
+        exec(compile(block, "docs/environments.md:my_rewards", "exec"), namespace)  # our own documentation
     episodes = [Episode(row={}, messages=[{"role": "assistant", "content": text}], turns=1)
                 for text in ("Please wait.", "No.")]
     assert namespace["polite"](completions=["", ""], episodes=episodes) == [0.1, 0.0]

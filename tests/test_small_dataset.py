@@ -27,8 +27,8 @@ class OneRow(Environment):
 
 
 def readme_calculator_module(folder) -> None:
-    """README's Calculator example, saved where the README's command finds it (envs/calc.py)."""
-    blocks = re.findall(r"```python\n(.*?)```", (REPO / "README.md").read_text(), flags=re.S)
+    """docs/environments.md's Calculator example, saved as envs/calc.py."""
+    blocks = re.findall(r"```python\n(.*?)```", (REPO / "docs" / "environments.md").read_text(), flags=re.S)
     (code,) = [block for block in blocks if "class Calculator(" in block]
     (folder / "envs").mkdir()
     (folder / "envs" / "__init__.py").write_text("")
