@@ -147,8 +147,8 @@ class RunConfig:
     lr: float = _opt(1e-5, "Learning rate.")
     max_steps: int | None = _opt(None, "Optimizer steps to run (default: --epochs over the dataset).", minimum=1)
     epochs: float = _opt(1.0, "Passes over the dataset when --max-steps is not set.")
-    batch_size: int = _opt(8, "Episodes per device per optimizer step; a multiple of --rl-num-generations.", minimum=1)
-    gradient_accumulation_steps: int = _opt(1, "Micro-batches per optimizer step.", minimum=1)
+    batch_size: int = _opt(8, "Episodes per device in one generation batch (its GRPO groups); a multiple of --rl-num-generations. An optimizer step takes --gradient-accumulation-steps such batches.", minimum=1)
+    gradient_accumulation_steps: int = _opt(1, "Generation batches (each --batch-size episodes) per optimizer step.", minimum=1)
     micro_batch_size: int | None = _opt(None, "Episodes per forward/backward pass: the --batch-size episodes of a step are trained in passes of this many, with the gradient of one pass (default: 2, or 1 for an odd batch; one pass with --rl-zero-std-groups drop/refill).", minimum=1)
     seed: int = _opt(42, "Random seed.")
     # LoRA
