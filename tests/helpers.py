@@ -1,5 +1,6 @@
 """Helpers the test modules share (import them with `from helpers import ...`; conftest.py keeps only
-fixtures): the repository root, running the `aitrain` CLI as a user would, and ports that two test runs
+fixtures): the repository root, running the `aitrain` CLI as a user would (in a subprocess, or in-process
+with `in_process_cli`), reading env check's table (`policy_row`), and ports that two test runs
 on one machine cannot both take (`free_port`, `refused_port`, `retry_on_port_clash`)."""
 
 from __future__ import annotations
@@ -26,6 +27,29 @@ def run_cli(*args: str, cwd: str | Path | None = None, timeout: float = 600) -> 
         text=True,
         timeout=timeout,
     )
+
+
+def in_process_cli(monkeypatch, folder: str | Path):
+    """`aitrain ARGS` run in this process from `folder` (environment modules resolve from the current
+    folder, as for a user): the same code and exit codes as the command, without a process start."""
+    from typer.testing import CliRunner
+
+    from aitrain_grpo.commands.cli import app
+
+    monkeypatch.chdir(folder)
+    runner = CliRunner()
+    return lambda *args: runner.invoke(app, [str(a) for a in args])
+
+
+def policy_row(stdout: str, policy: str) -> list[str]:
+    """The cells of one policy's row in env check's episodes table: mean, min, max, turns, errors, ..."""
+    import re
+
+    for line in stdout.splitlines():
+        cells = [c.strip() for c in re.split(r"[│┃|]", line) if c.strip()]
+        if cells and cells[0] == policy:
+            return cells[1:]
+    raise AssertionError(f"no row for policy {policy!r} in:\n{stdout}")
 
 
 # What a process prints when the port it was handed was taken between our pick and its bind.

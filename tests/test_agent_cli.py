@@ -9,10 +9,8 @@ import json
 import re
 
 import pytest
-from typer.testing import CliRunner
 
-from aitrain_grpo.commands.cli import app
-from helpers import REPO, run_cli
+from helpers import REPO, in_process_cli, policy_row, run_cli
 
 pytestmark = pytest.mark.integration
 
@@ -23,17 +21,7 @@ EXAMPLE = ["--rl-env", "examples.agents.weather_agent:WeatherAgent"]
 @pytest.fixture
 def aitrain(monkeypatch):
     """Run `aitrain ARGS` in-process from the repository root (same code and exit codes as the command)."""
-    monkeypatch.chdir(REPO)
-    runner = CliRunner()
-    return lambda *args: runner.invoke(app, [str(a) for a in args])
-
-
-def policy_row(stdout: str, policy: str) -> list[str]:
-    for line in stdout.splitlines():
-        cells = [c.strip() for c in re.split(r"[│┃|]", line) if c.strip()]
-        if cells and cells[0] == policy:
-            return cells[1:]
-    raise AssertionError(f"no row for policy {policy!r} in:\n{stdout}")
+    return in_process_cli(monkeypatch, REPO)
 
 
 def test_env_check_shows_the_agents_request_and_tools_and_its_episodes(aitrain):

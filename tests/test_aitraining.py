@@ -12,15 +12,13 @@ from __future__ import annotations
 import json
 
 import pytest
-from typer.testing import CliRunner
 
-from aitrain_grpo.commands.cli import app
 from aitrain_grpo.engine.runner import play
 from aitrain_grpo.env.adapters.aitraining import AITrainingEnvironment
 from aitrain_grpo.env.dataset import build_rows
 from aitrain_grpo.env.loading import load_environment
 from aitrain_grpo.errors import ConfigError, EnvLoadError
-from helpers import REPO, run_cli
+from helpers import REPO, in_process_cli, run_cli
 
 MODULE = "envs_fixtures.aitraining_style"
 TOOL_CALL = '<tool_call>{"name": "lookup_order", "arguments": {"order_id": "A17"}}</tool_call>'
@@ -34,8 +32,7 @@ def calls(path) -> list[dict]:
 @pytest.fixture
 def aitrain(monkeypatch):
     """`aitrain ARGS` in-process from tests/, where the fixture environments resolve."""
-    monkeypatch.chdir(REPO / "tests")
-    return lambda *args: CliRunner().invoke(app, [str(a) for a in args])
+    return in_process_cli(monkeypatch, REPO / "tests")
 
 
 def test_an_aitraining_environment_trains_through_the_cli_scored_with_the_live_policy(tiny_model_dir, tmp_path):

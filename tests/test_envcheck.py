@@ -10,10 +10,8 @@ import re
 import shutil
 
 import pytest
-from typer.testing import CliRunner
 
-from aitrain_grpo.commands.cli import app
-from helpers import REPO, run_cli
+from helpers import REPO, in_process_cli, policy_row, run_cli
 
 FIXTURES = REPO / "tests"
 WORKBENCH = ["--rl-env-module", "envs_fixtures.workbench"]
@@ -23,18 +21,7 @@ TEXT_POLICIES = ["--policies", "oracle,empty"]
 @pytest.fixture
 def aitrain(monkeypatch):
     """Run `aitrain ARGS` in-process from tests/, where the fixture environments resolve."""
-    monkeypatch.chdir(FIXTURES)
-    runner = CliRunner()
-    return lambda *args: runner.invoke(app, [str(a) for a in args])
-
-
-def policy_row(stdout: str, policy: str) -> list[str]:
-    """The cells of one policy's row in the episodes table: mean, min, max, turns, errors, ..."""
-    for line in stdout.splitlines():
-        cells = [c.strip() for c in re.split(r"[│┃|]", line) if c.strip()]
-        if cells and cells[0] == policy:
-            return cells[1:]
-    raise AssertionError(f"no row for policy {policy!r} in:\n{stdout}")
+    return in_process_cli(monkeypatch, FIXTURES)
 
 
 def test_hotel_oracle_scores_one_empty_scores_zero_and_the_model_plays(tiny_model_dir):

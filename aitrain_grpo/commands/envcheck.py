@@ -144,8 +144,8 @@ def play_model(env: Environment, rows, model, tokenizer, *, max_new_tokens: int,
                         batch.agent_counts)
 
 
-def inspect_dataset(env: Environment, tokenizer, report: EnvCheckReport) -> list[dict[str, Any]] | None:
-    """Rows, columns, prompt token counts and tools into `report`; the rows, or None on a problem."""
+def read_rows(env: Environment, tokenizer, report: EnvCheckReport) -> list[dict[str, Any]] | None:
+    """The dataset's rows, their count and columns into `report`; None when building it failed."""
     try:
         rows = build_rows(env, tokenizer)
     except EnvLoadError as exc:
@@ -153,6 +153,14 @@ def inspect_dataset(env: Environment, tokenizer, report: EnvCheckReport) -> list
         return None
     report.rows = len(rows)
     report.columns = list(dict.fromkeys(k for row in rows[:100] for k in row))
+    return rows
+
+
+def inspect_dataset(env: Environment, tokenizer, report: EnvCheckReport) -> list[dict[str, Any]] | None:
+    """Rows, columns, prompt token counts and tools into `report`; the rows, or None on a problem."""
+    rows = read_rows(env, tokenizer, report)
+    if rows is None:
+        return None
     try:
         report.tools = list(env.tools)
     except Exception as exc:
@@ -240,7 +248,8 @@ def check_environment(
     report = EnvCheckReport(env_name=type(env).__name__, tool_parser=tool_parser, interface=describe_interface(env))
     if agent:
         report.scorer = f"the score {report.env_name}.rollout returns"
-    rows = (envcheck_agent.inspect_agent_dataset if agent else inspect_dataset)(env, tokenizer, report)
+    # An agent's prompt and tools come from its requests: envcheck_agent reads them after playing.
+    rows = (read_rows if agent else inspect_dataset)(env, tokenizer, report)
     if rows is None:
         return report
     rows = pick_rows(rows, episodes, seed)

@@ -20,25 +20,12 @@ from typing import Any
 
 from aitrain_grpo.engine.chat import ChatRenderer, prompt_messages
 from aitrain_grpo.env.base import Episode, Message
-from aitrain_grpo.env.dataset import build_rows
-from aitrain_grpo.errors import EnvLoadError, TemplateError
+from aitrain_grpo.errors import TemplateError
 
 TOOLS_NOTE = ("tools come with each request of an agent environment (the agent sends them), not from env.tools: "
               "those listed are the ones its requests sent")
 # The counts training logs as agent/<name>, in the order shown.
 COUNTS = ("requests", "history_rewrites", "clipped_requests", "ignored_sampling", "untrained_tokens")
-
-
-def inspect_agent_dataset(env, tokenizer, report) -> list[dict[str, Any]] | None:
-    """Rows and columns into `report` (the prompt and tools come from the requests, after playing)."""
-    try:
-        rows = build_rows(env, tokenizer)
-    except EnvLoadError as exc:
-        report.problems.append(str(exc))
-        return None
-    report.rows = len(rows)
-    report.columns = list(dict.fromkeys(k for row in rows[:100] for k in row))
-    return rows
 
 
 def first_request(episode: Episode) -> list[Message]:
@@ -93,4 +80,4 @@ def describe_requests(report, tokenizer, first_row: dict[str, Any]) -> None:
                                    f"last segment trains ({counts.get('untrained_tokens', 0)} model tokens untrained)")
 
 
-__all__ = ["inspect_agent_dataset", "describe_requests", "first_request"]
+__all__ = ["describe_requests", "first_request"]
