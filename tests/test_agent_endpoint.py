@@ -252,6 +252,26 @@ def test_a_stream_reports_usage_when_asked():
     assert all(c.usage is None for c in chunks[:-1])
 
 
+def test_what_the_endpoint_does_not_serve_is_refused_naming_the_field():
+    env, refused = ChattyAgent(episodes=1), {}
+
+    async def rollout(client, row):
+        for field, value in (("n", 2), ("logprobs", True)):
+            try:
+                await client.chat.completions.create(model=client.model, messages=[{"role": "user", "content": "Hi"}],
+                                                     **{field: value})
+            except openai.BadRequestError as exc:
+                refused[field] = exc
+        await client.chat.completions.create(model=client.model, messages=[{"role": "user", "content": "Hi"}],
+                                             logprobs=False)  # asking for none is fine
+        return 1.0
+
+    env.rollout = rollout
+    (episode,) = play(env, env.build_dataset(None), lambda ep: "Hello.")
+    assert episode.error is None and sorted(refused) == ["logprobs", "n"]
+    assert all(exc.param == field for field, exc in refused.items())
+
+
 def test_messages_are_compared_by_meaning_not_shape():
     ours = {"role": "assistant", "content": None, "tool_calls": [
         {"id": "call_1", "type": "function", "function": {"name": "f", "arguments": '{"a": 1, "b": [2]}'}}]}

@@ -20,7 +20,7 @@ requests that asked for others are counted in `agent/ignored_sampling`.
 A streamed request (`stream: true`) is answered the same way; the endpoint sends the finished reply as
 stream events (agent_messages.stream_events).
 
-Left out: `n > 1` (refused by the endpoint), logprobs in the response, streaming token by token.
+Left out: `n > 1` and logprobs in the response (both refused by the endpoint), streaming token by token.
 """
 
 from __future__ import annotations
@@ -100,6 +100,9 @@ class AgentSession:
                                      f"{self.limits.model_name!r}", code="model_not_found", param="model")
         if body.get("n", 1) not in (1, None):
             raise EndpointError(400, "n must be 1 (each request is one turn of one episode)", param="n")
+        if body.get("logprobs") or body.get("top_logprobs"):
+            raise EndpointError(400, "logprobs are not returned by the aitrain endpoint (the trainer keeps the "
+                                     "sampled tokens' own); send logprobs=false", param="logprobs")
         messages = check_messages(body.get("messages"))
         tools = body.get("tools") or None
         self.counts["requests"] += 1
