@@ -16,7 +16,10 @@ import sys
 from dataclasses import dataclass
 from pathlib import Path
 
+import torch
+
 from aitrain_grpo.config import RunConfig
+from aitrain_grpo.errors import ConfigError
 from aitrain_grpo.runlog.files import check_tracker_installed
 from aitrain_grpo.training.async_rollout import check_async_supported
 from aitrain_grpo.training.checkpoints import check_output_dir_for_run, with_fresh_default_output_dir
@@ -41,6 +44,7 @@ def plan_run(config: RunConfig) -> RunPlan:
     if note and os.environ.get("RANK", "0") == "0":
         print(note, file=sys.stderr, flush=True)
     reserve_server_gpus(config)  # before anything starts CUDA
+    check_distributed_engine()
     generation = plan_generation(config)
     check_async_supported(config, generation.sync)
     return RunPlan(
@@ -49,3 +53,16 @@ def plan_run(config: RunConfig) -> RunPlan:
         output_dir=config.resolved_output_dir(),
         config=config,
     )
+
+
+def check_distributed_engine() -> None:
+    """Refuse `accelerate launch` with FSDP where there is no CUDA. accelerate 1.15 attaches its FSDP
+    plugin only to GPU-type devices (accelerate/state.py, `AcceleratorState.__init__`); on a CPU the state
+    is MULTI_CPU and the run would train as plain DDP, sharding nothing, without a word. torch's own
+    FSDP2 works on a CPU with gloo: accelerate is what stops it (docs/operations.md)."""
+    if os.environ.get("ACCELERATE_USE_FSDP", "false").lower() == "true" and not torch.cuda.is_available():
+        raise ConfigError(
+            "FSDP needs CUDA: on a CPU-only machine accelerate would train plain DDP and shard nothing; launch "
+            "with examples/accelerate/cpu2.yaml (DDP over gloo), or DeepSpeed ZeRO (pip install deepspeed; "
+            "examples/accelerate/zero3.yaml --num_processes 2 --mixed_precision no)"
+        )

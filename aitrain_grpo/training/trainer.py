@@ -104,7 +104,9 @@ class EpisodeGRPOTrainer(TRLHooks, AtomicCheckpoints, GRPOTrainer):
 def trainer_args(config: RunConfig, output_dir: Path, config_class: type) -> dict[str, Any]:
     """The arguments TRL's `GRPOConfig` and `SFTConfig` (`config_class`) take alike from a RunConfig:
     optimisation, length, seed, logging; and where there is no CUDA, the CPU settings (TRL's defaults
-    assume a GPU: on a CPU they are slower, activation checkpointing, or unsupported, bf16)."""
+    assume a GPU: on a CPU they are slower, activation checkpointing, or unsupported, bf16; under a
+    DeepSpeed launch the CPU is named through gloo rather than `use_cpu`, which would keep DeepSpeed's
+    process group from starting)."""
     args: dict[str, Any] = dict(
         output_dir=str(output_dir),
         learning_rate=config.lr,
@@ -120,7 +122,14 @@ def trainer_args(config: RunConfig, output_dir: Path, config_class: type) -> dic
     if not torch.cuda.is_available():
         fields = config_class.__dataclass_fields__
         checkpointing = "activation_checkpointing" if "activation_checkpointing" in fields else "gradient_checkpointing"
-        args.update(use_cpu=True, bf16=False, **{checkpointing: False})
+        args.update(bf16=False, **{checkpointing: False})
+        if os.environ.get("ACCELERATE_USE_DEEPSPEED", "false").lower() == "true":
+            # DeepSpeed on a CPU (`accelerate launch` with a DeepSpeed config): accelerate starts DeepSpeed's
+            # own process group only for a state not marked `cpu` (accelerate/state.py, PartialState), and
+            # ZeRO-3's zero.Init (TRL's reference model with --no-peft) fails without it; gloo is named instead.
+            args.update(ddp_backend="gloo", dataloader_pin_memory=False)
+        else:
+            args.update(use_cpu=True)
     return args
 
 
