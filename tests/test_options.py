@@ -87,7 +87,8 @@ def test_a_flag_overrides_the_same_key_in_the_config_file(tmp_path, tiny_model_d
     path.write_text("rl-env-module: envs.letters\nrl-env-class: LetterEnv\nlr: 1e-3\nrl-kl-coef: 0.2\nrl-top-k: 7\n")
     config = build_run_config(str(path), {"lr": 5e-4, "rl_top_k": None, "model": tiny_model_dir})
     config.output_dir = str(tmp_path / "out")
-    args = grpo_config(config, plan_run(config))
+    plan = plan_run(config)
+    args = grpo_config(plan.config, plan)
     assert args.learning_rate == pytest.approx(5e-4)  # the flag
     assert args.beta == pytest.approx(0.2) and args.top_k == 7  # the file, where no flag was given
 
@@ -139,3 +140,16 @@ def test_sft_leaves_out_grpo_rules_and_keeps_the_others():
         sft_run_config(dict(options, lr=0))
     with pytest.raises(ConfigError, match="--batch-size must be a positive integer"):
         sft_run_config(dict(options, batch_size=0))
+
+
+def test_a_run_checks_its_options_once(tmp_path, tiny_model_dir, monkeypatch):
+    """The command line's options are checked in one place (plan_run), not once by the CLI and again by
+    the run: a rule added there holds for `aitrain grpo` and for `train(config)` alike."""
+    from aitrain_grpo.training.plan import plan_run
+
+    calls = []
+    original = RunConfig.validate
+    monkeypatch.setattr(RunConfig, "validate", lambda self, **kw: calls.append(1) or original(self, **kw))
+    config = build_run_config(None, dict(LETTERS, model=tiny_model_dir, output_dir=str(tmp_path / "out")))
+    plan_run(config)
+    assert len(calls) == 1

@@ -107,10 +107,10 @@ def fail(message: str, code: int = EXIT_USAGE) -> None:
 # ------------------------------------------------------------------------------ aitrain grpo
 
 def build_run_config(config_file: str | None, flags: dict[str, Any]) -> RunConfig:
-    """Options from `--config`, then the flags that were given, into a validated RunConfig."""
+    """Options from `--config`, then the flags that were given, into a RunConfig (checked once, by plan_run)."""
     options = RunConfig.from_file(config_file) if config_file else {}
     options.update({k: v for k, v in flags.items() if v is not None})
-    return RunConfig(**options).validate()
+    return RunConfig(**options)
 
 
 def grpo(**kwargs) -> None:
@@ -118,16 +118,16 @@ def grpo(**kwargs) -> None:
     debug = bool(kwargs.get("debug"))
     try:
         config = build_run_config(kwargs.pop("config", None), kwargs)
+        from aitrain_grpo.training.plan import plan_run
+
+        plan = plan_run(config)  # a bad option or a clobbered output dir fails before the environment loads
+        config = plan.config  # checked and typed; a taken default output folder becomes the next numbered one
         if config.model == "tiny":
             out.print(
                 "Using the built-in tiny model (a few hundred thousand parameters, built locally); "
                 "pass --model Qwen/Qwen2.5-0.5B-Instruct (or a local path) to train a real one.",
                 markup=False,
             )
-        from aitrain_grpo.training.plan import plan_run
-
-        plan = plan_run(config)  # a bad option or a clobbered output dir fails before the environment loads
-        config = plan.config  # a taken default output folder becomes the next numbered one
         env = load_environment(*config.environment())
         out.print(f"environment {type(env).__name__}: {describe_interface(env)}", markup=False, highlight=False)
         from aitrain_grpo.training.trainer import train  # after the checks: TRL imports vLLM, which prints
