@@ -19,7 +19,6 @@ from typing import Any, Mapping
 
 from aitrain_grpo.env_spec import check_environment_named, env_specs, environment_of, spec_label
 from aitrain_grpo.errors import ConfigError, one_line
-from aitrain_grpo.models.loading import local_model_problem
 
 
 def _opt(default: Any, help: str, *, choices: tuple[str, ...] | None = None, minimum: int | None = None) -> Any:
@@ -267,7 +266,6 @@ class RunConfig:
         typed._check_rules()
         if grpo:
             typed._check_grpo_rules()
-        typed._check_model_path()
         return typed
 
     def _check_rules(self) -> None:
@@ -365,15 +363,3 @@ class RunConfig:
                 names = {"bool": "true or false", "int": "an integer", "float": "a number", "str": "a string"}
                 raise ConfigError(f"{flag} must be {names[wanted]}, got {shown} ({type(value).__name__})")
         return typed
-
-    def _check_model_path(self) -> None:
-        """A `--model` that looks like a local path must be a model folder; hub ids are left to loading."""
-        if self.model == "tiny":
-            return
-        try:
-            problem = local_model_problem(self.model)
-        except (OSError, ValueError, RuntimeError) as exc:  # NUL bytes, names too long, no such home directory
-            detail = one_line(exc, 120)
-            problem = f"{self.model[:80]!r} is not a usable name or path ({detail}); pass a model folder or id"
-        if problem:
-            raise ConfigError(f"--model {problem}")

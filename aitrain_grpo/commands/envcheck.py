@@ -35,14 +35,14 @@ from aitrain_grpo.commands import envcheck_agent
 from aitrain_grpo.commands.options import check_positive
 from aitrain_grpo.config import DEFAULT_TOOL_PARSER, check_episode_options
 from aitrain_grpo.engine.backends.base import SamplingParams
-from aitrain_grpo.engine.chat import ChatRenderer, prompt_messages
+from aitrain_grpo.engine.chat import ChatRenderer
 from aitrain_grpo.engine.rollout import RolloutEngine
 from aitrain_grpo.engine.runner import EpisodeRunner, oracle_policy, play_text
 from aitrain_grpo.engine.stats import EpisodeStats, episode_scores, episode_stats
 from aitrain_grpo.engine.tool_parsers import read_tool_calls, tool_names_of
 from aitrain_grpo.env.adapters.aitraining import describe_interface
 from aitrain_grpo.env.agent import is_agent_environment
-from aitrain_grpo.env.base import Environment, Episode, needs_policy, tools_for_row
+from aitrain_grpo.env.base import Environment, Episode, needs_policy, prompt_messages, tools_for_row
 from aitrain_grpo.env.dataset import build_rows
 from aitrain_grpo.env.loading import load_environment
 from aitrain_grpo.errors import ConfigError, EnvLoadError, TemplateError

@@ -18,8 +18,8 @@ from __future__ import annotations
 import json
 from typing import Any
 
-from aitrain_grpo.engine.chat import ChatRenderer, prompt_messages
-from aitrain_grpo.env.base import Episode, Message
+from aitrain_grpo.engine.chat import ChatRenderer
+from aitrain_grpo.env.base import Episode, Message, prompt_messages
 from aitrain_grpo.errors import TemplateError
 
 TOOLS_NOTE = ("tools come with each request of an agent environment (the agent sends them), not from env.tools: "

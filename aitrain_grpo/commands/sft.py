@@ -27,6 +27,7 @@ from typing import Any
 
 from aitrain_grpo.commands.options import as_in_grpo, check_positive, command_option, field_option, with_default
 from aitrain_grpo.config import RunConfig
+from aitrain_grpo.models.loading import check_model_option
 from aitrain_grpo.engine.demos import Demonstration, demonstration, has_turns
 from aitrain_grpo.engine.runner import oracle_policy, play
 from aitrain_grpo.env.dataset import build_rows
@@ -83,7 +84,9 @@ def sft_run_config(options: dict[str, Any]) -> RunConfig:
     config = RunConfig(**fields)
     if not config.output_dir and (config.rl_env_class or config.rl_env):
         config.output_dir = f"{config.resolved_output_dir()}-sft"
-    return config.validate(grpo=False)
+    config = config.validate(grpo=False)
+    check_model_option(config.model)
+    return config
 
 
 def play_demonstrations(env, rows: list[dict[str, Any]], episodes: int, *, max_turns: int | None,

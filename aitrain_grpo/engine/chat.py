@@ -33,13 +33,6 @@ from aitrain_grpo.errors import TemplateError
 # ------------------------------------------------------------------------------------- rendering
 
 
-def prompt_messages(prompt: str | list[Message]) -> list[Message]:
-    """A dataset prompt as chat messages: a bare string is one user message."""
-    if isinstance(prompt, str):
-        return [{"role": "user", "content": prompt}]
-    return [dict(m) for m in prompt]
-
-
 def _prompt_key(messages: list[Message]) -> str:
     try:
         return json.dumps(messages, sort_keys=True, ensure_ascii=False)

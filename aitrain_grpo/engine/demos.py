@@ -24,9 +24,9 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
-from aitrain_grpo.engine.chat import ChatRenderer, prompt_messages
+from aitrain_grpo.engine.chat import ChatRenderer
 from aitrain_grpo.env.agent import is_agent_environment
-from aitrain_grpo.env.base import Environment, Episode, Message, tools_for_row
+from aitrain_grpo.env.base import Environment, Episode, Message, prompt_messages, tools_for_row
 from aitrain_grpo.errors import ConfigError
 
 

@@ -21,11 +21,10 @@ from concurrent.futures import ThreadPoolExecutor
 from typing import Any, Awaitable, Callable, Iterable
 
 from aitrain_grpo.config import DEFAULT_CUT_TURN, DEFAULT_TOOL_PARSER
-from aitrain_grpo.engine.chat import prompt_messages
 from aitrain_grpo.engine.policy_turns import text_policy_turn
 from aitrain_grpo.engine.tool_parsers import read_tool_calls, tool_names_of
 from aitrain_grpo.env.agent import is_agent_environment
-from aitrain_grpo.env.base import Environment, Episode, Message, tools_for_row, tools_vary_by_row
+from aitrain_grpo.env.base import Environment, Episode, Message, prompt_messages, tools_for_row, tools_vary_by_row
 
 VALID_REPLY_ROLES = ("user", "tool", "system")
 

@@ -27,6 +27,13 @@ class Message(TypedDict, total=False):
     name: NotRequired[str]
 
 
+def prompt_messages(prompt: str | list[Message]) -> list[Message]:
+    """A dataset row's `prompt` as chat messages: a bare string is one user message."""
+    if isinstance(prompt, str):
+        return [{"role": "user", "content": prompt}]
+    return [dict(m) for m in prompt]
+
+
 class ToolCall(TypedDict):
     """One tool call parsed from a model turn: the tool's name and its JSON-object arguments."""
 

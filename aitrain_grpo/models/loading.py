@@ -70,6 +70,19 @@ def hub_problem(spec: str) -> str | None:
     return None
 
 
+def check_model_option(model: str) -> None:
+    """`--model` as a run names it: a name that looks like a local path must be a model folder (a
+    `ConfigError` naming the fix otherwise); hub ids are left to loading. Cheap: nothing is loaded."""
+    if model == TINY_MODEL_ID:
+        return
+    try:
+        problem = local_model_problem(model)
+    except (OSError, ValueError, RuntimeError) as exc:  # NUL bytes, names too long, no such home directory
+        problem = f"{model[:80]!r} is not a usable name or path ({one_line(exc, 120)}); pass a model folder or id"
+    if problem:
+        raise ConfigError(f"--model {problem}")
+
+
 def local_model_problem(model: str) -> str | None:
     """What is wrong with `model` as a local model folder or GGUF file, or None (fine, or a hub id);
     cheap: nothing is loaded or converted."""

@@ -20,6 +20,7 @@ import torch
 
 from aitrain_grpo.config import RunConfig
 from aitrain_grpo.errors import ConfigError
+from aitrain_grpo.models.loading import check_model_option
 from aitrain_grpo.runlog.files import check_tracker_installed
 from aitrain_grpo.training.async_rollout import check_async_supported
 from aitrain_grpo.training.checkpoints import check_output_dir_for_run, with_fresh_default_output_dir
@@ -39,6 +40,7 @@ def plan_run(config: RunConfig) -> RunPlan:
     clobbered is a `ConfigError`. A default output folder that holds an earlier run is replaced by the
     next numbered one (said on stderr)."""
     config = config.validate()
+    check_model_option(config.model)
     check_tracker_installed(config.report_to)  # before run_config.json or anything else is written
     config, note = with_fresh_default_output_dir(config)
     if note and os.environ.get("RANK", "0") == "0":

@@ -24,7 +24,7 @@ from __future__ import annotations
 import random
 from typing import Any
 
-from aitrain_grpo.env.base import Environment, Episode, EnvReply, needs_policy, tools_for_row
+from aitrain_grpo.env.base import Environment, Episode, EnvReply, needs_policy, prompt_messages, tools_for_row
 from aitrain_grpo.env.dataset import build_rows
 from aitrain_grpo.errors import EnvLoadError
 
@@ -66,8 +66,6 @@ class MixtureEnv(Environment):
     # ------------------------------------------------------------------------------- the dataset
 
     def build_dataset(self, tokenizer) -> list[dict[str, Any]]:
-        from aitrain_grpo.engine.chat import prompt_messages
-
         self._rows = {name: build_rows(env, tokenizer) for name, env in self.members.items()}
         sizes = {name: len(rows) for name, rows in self._rows.items()}
         total = sum(sizes.values())

@@ -1,0 +1,75 @@
+"""The layering docs/architecture.md promises, read from the source: each folder of `aitrain_grpo/` is a
+layer, a module imports only from its own layer and those below (the one exception: `engine/` reads
+constants from `config.py`), and module-level imports form no cycle. Imports inside functions count for
+the layering too: a lazy import is still a dependency."""
+
+from __future__ import annotations
+
+import ast
+
+from helpers import REPO
+
+PACKAGE = REPO / "aitrain_grpo"
+# docs/architecture.md's table, bottom to top: a layer may import its own rank and below.
+RANK = {"errors": 0, "env_spec": 0, "config": 0, "outputs": 0, "env": 1, "models": 1, "engine": 2, "runlog": 2,
+        "rewards": 3, "training": 3, "evaluation": 4, "sft": 4, "export": 4, "commands": 5, "": 6, "__main__": 6}
+ALLOWED_UPWARD = {("engine", "config")}
+
+
+def modules() -> dict[str, ast.Module]:
+    found = {}
+    for path in PACKAGE.rglob("*.py"):
+        name = ".".join(path.relative_to(REPO).with_suffix("").parts).removesuffix(".__init__")
+        found[name] = ast.parse(path.read_text())
+    return found
+
+
+def layer(module: str) -> str:
+    return module.split(".")[1] if "." in module else ""
+
+
+def imports(tree: ast.Module, *, top_level_only: bool) -> set[str]:
+    nodes = [n for n in tree.body if isinstance(n, (ast.Import, ast.ImportFrom))]
+    nodes += [n for block in tree.body if isinstance(block, (ast.If, ast.Try)) for n in block.body
+              if isinstance(n, (ast.Import, ast.ImportFrom))]
+    if not top_level_only:
+        nodes = [n for n in ast.walk(tree) if isinstance(n, (ast.Import, ast.ImportFrom))]
+    names = set()
+    for node in nodes:
+        targets = [node.module] if isinstance(node, ast.ImportFrom) and node.level == 0 else \
+            [a.name for a in node.names] if isinstance(node, ast.Import) else []
+        names |= {t for t in targets if t and (t == "aitrain_grpo" or t.startswith("aitrain_grpo."))}
+    return names
+
+
+def test_no_module_imports_a_layer_above_its_own():
+    trees = modules()
+    assert {layer(m) for m in trees} <= set(RANK), "a new folder: give it a rank here and a row in docs/architecture.md"
+    upward = sorted((m, t) for m, tree in trees.items() for t in imports(tree, top_level_only=False)
+                    if RANK[layer(t)] > RANK[layer(m)] and (layer(m), layer(t)) not in ALLOWED_UPWARD)
+    assert not upward, f"imports from a higher layer (docs/architecture.md): {upward}"
+
+
+def test_module_level_imports_form_no_cycle():
+    trees = modules()
+
+    def resolve(target: str) -> str | None:  # `from aitrain_grpo.env.base import X` -> the module env.base
+        while target and target not in trees:
+            target = target.rsplit(".", 1)[0] if "." in target else ""
+        return target or None
+
+    graph = {m: {resolve(t) for t in imports(tree, top_level_only=True)} - {None, m} for m, tree in trees.items()}
+    state: dict[str, int] = {}  # 1: on the current path, 2: done
+
+    def visit(module: str, path: list[str]) -> None:
+        state[module] = 1
+        for target in sorted(graph[module]):
+            if state.get(target) == 1:
+                raise AssertionError("import cycle: " + " -> ".join(path[path.index(target):] + [module, target]))
+            if target not in state:
+                visit(target, path + [module])
+        state[module] = 2
+
+    for module in sorted(graph):
+        if module not in state:
+            visit(module, [])
