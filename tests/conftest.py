@@ -1,10 +1,13 @@
 """Shared fixtures: one torch thread (two cores here; two threads make steps 10x slower), the tiny
-local model built once per session, SmolLM2 when installed, and a refused URL. Plain helper functions
-live in helpers.py."""
+local model built once per session, SmolLM2 when installed, a refused URL, a vLLM server per test module
+that asks for one, and imports isolated per test for modules that load environment packages. Plain
+helper functions live in the helpers package; no test module imports from another."""
 
 from __future__ import annotations
 
 import os
+import signal
+import sys
 
 os.environ.setdefault("OMP_NUM_THREADS", "1")
 os.environ.setdefault("TRL_EXPERIMENTAL_SILENCE", "1")
@@ -15,7 +18,7 @@ from collections.abc import Iterator
 import pytest
 import torch
 
-from helpers import refused_port
+from helpers import FIXTURES_DIR, refused_port
 
 torch.set_num_threads(1)
 
@@ -62,6 +65,42 @@ def refused_url() -> Iterator[str]:
     """http://127.0.0.1:PORT where connections are refused for the whole test (see `refused_port`)."""
     with refused_port() as port:
         yield f"http://127.0.0.1:{port}"
+
+
+@pytest.fixture(scope="module")
+def vllm_server(tiny_model_dir, tmp_path_factory):
+    """`aitrain vllm-serve` on the tiny model, shared by the module that asks for it (a start costs
+    20-50 s) and stopped after it: {"url", "process", "log"}."""
+    from helpers.vllm import start_vllm_serve
+
+    log = tmp_path_factory.mktemp("vllm") / "server.log"
+    process, url = start_vllm_serve(tiny_model_dir, log)
+    yield {"url": url, "process": process, "log": log}
+    if process.poll() is None:
+        process.send_signal(signal.SIGTERM)
+        process.wait(timeout=120)
+
+
+# Packages the environment-loading tests import; forgotten after each test so that every test imports
+# afresh (and a package written in one test's tmp_path never answers for another's).
+_TEST_PACKAGES = ("envs_fixtures", "envs", "proj_envs")
+
+
+@pytest.fixture
+def isolated_imports(monkeypatch):
+    """Run from tests/ (fixture environments resolve as `envs_fixtures.<name>`) with `sys.path` and the
+    environment packages in `sys.modules` restored afterwards. Modules opt in with
+    `pytestmark = pytest.mark.usefixtures("isolated_imports")`."""
+    saved_path = list(sys.path)
+    saved = {name: mod for name, mod in sys.modules.items() if name.split(".")[0] in _TEST_PACKAGES}
+    for name in saved:
+        del sys.modules[name]
+    monkeypatch.chdir(FIXTURES_DIR.parent)
+    yield
+    sys.path[:] = saved_path
+    for name in [n for n in sys.modules if n.split(".")[0] in _TEST_PACKAGES]:
+        del sys.modules[name]
+    sys.modules.update(saved)
 
 
 # The fast tier, `pytest -m "not slow and not integration"`, runs no trainer, no model and no CLI

@@ -13,7 +13,9 @@ from pathlib import Path
 
 import pytest
 
-pytest.importorskip("openenv.core.env_server.http_server")
+from helpers import require  # noqa: E402
+
+require("openenv.core.env_server.http_server", "pip install 'aitrain-grpo[openenv]'")
 
 from aitrain_grpo.engine.runner import play  # noqa: E402
 from aitrain_grpo.env.adapters.openenv import OpenEnvEnv, action_field_of  # noqa: E402

@@ -7,7 +7,9 @@ import json
 
 import pytest
 
-pytest.importorskip("reasoning_gym")
+from helpers import require  # noqa: E402
+
+require("reasoning_gym", "pip install 'aitrain-grpo[reasoning-gym]'")
 
 from aitrain_grpo.engine.runner import oracle_policy, play  # noqa: E402
 from aitrain_grpo.env.adapters.reasoning_gym import ReasoningGymEnv  # noqa: E402

@@ -13,7 +13,9 @@ import json
 
 import pytest
 
-pytest.importorskip("skyrl_gym")
+from helpers import require  # noqa: E402
+
+require("skyrl_gym", "pip install 'aitrain-grpo[skyrl]'")
 
 from skyrl_gym.envs.base_text_env import BaseTextEnv, BaseTextEnvStepOutput  # noqa: E402
 

@@ -8,7 +8,9 @@ import re
 
 import pytest
 
-pytest.importorskip("textarena")
+from helpers import require  # noqa: E402
+
+require("textarena", "pip install 'aitrain-grpo[textarena]'")
 
 from aitrain_grpo.engine.runner import play  # noqa: E402
 from aitrain_grpo.env.adapters.textarena import TextArenaEnv, game_reply  # noqa: E402

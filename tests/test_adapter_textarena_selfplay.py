@@ -16,7 +16,9 @@ import threading
 
 import pytest
 
-pytest.importorskip("textarena")
+from helpers import require  # noqa: E402
+
+require("textarena", "pip install 'aitrain-grpo[textarena]'")
 
 import torch  # noqa: E402
 from typer.testing import CliRunner  # noqa: E402

@@ -9,7 +9,9 @@ import re
 
 import pytest
 
-pytest.importorskip("textarena")
+from helpers import require  # noqa: E402
+
+require("textarena", "pip install 'aitrain-grpo[textarena]'")
 pytest.importorskip("openai")
 
 from typer.testing import CliRunner  # noqa: E402

@@ -10,7 +10,9 @@ import sys
 
 import pytest
 
-pytest.importorskip("verifiers.legacy")
+from helpers import require  # noqa: E402
+
+require("verifiers.legacy", "see .ci/run (verifiers 0.3.1 beside mcp 2)")
 
 from aitrain_grpo.engine.backends.hf import HFBackend  # noqa: E402
 from aitrain_grpo.engine.rollout import RolloutEngine  # noqa: E402

@@ -91,7 +91,7 @@ def test_sft_tokens_are_what_the_endpoint_builds(tiny_model_dir, monkeypatch):
     from aitrain_grpo.env.loading import load_environment
     from aitrain_grpo.models.loading import load_tokenizer, resolve_source
     from aitrain_grpo.sft.trainer import demo_dataset
-    from test_sft import OracleBackend
+    from helpers.rollouts import OracleBackend
 
     monkeypatch.chdir(REPO)  # environments' modules are imported from the current folder, as the CLI does
     tokenizer = load_tokenizer(resolve_source(tiny_model_dir))

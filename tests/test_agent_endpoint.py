@@ -9,7 +9,9 @@ from __future__ import annotations
 
 import pytest
 
-pytest.importorskip("openai")
+from helpers import require  # noqa: E402
+
+require("openai", "pip install openai")
 
 import openai  # noqa: E402
 

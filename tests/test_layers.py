@@ -29,6 +29,12 @@ def layer(module: str) -> str:
 
 
 def imports(tree: ast.Module, *, top_level_only: bool) -> set[str]:
+    """The `aitrain_grpo` modules a module imports."""
+    return {t for t in imported_names(tree, top_level_only=top_level_only) if t == "aitrain_grpo" or t.startswith("aitrain_grpo.")}
+
+
+def imported_names(tree: ast.Module, *, top_level_only: bool) -> set[str]:
+    """Every absolute import of a module (`import a.b`, `from a.b import c` give "a.b")."""
     nodes = [n for n in tree.body if isinstance(n, (ast.Import, ast.ImportFrom))]
     nodes += [n for block in tree.body if isinstance(block, (ast.If, ast.Try)) for n in block.body
               if isinstance(n, (ast.Import, ast.ImportFrom))]
@@ -38,7 +44,7 @@ def imports(tree: ast.Module, *, top_level_only: bool) -> set[str]:
     for node in nodes:
         targets = [node.module] if isinstance(node, ast.ImportFrom) and node.level == 0 else \
             [a.name for a in node.names] if isinstance(node, ast.Import) else []
-        names |= {t for t in targets if t and (t == "aitrain_grpo" or t.startswith("aitrain_grpo."))}
+        names |= {t for t in targets if t}
     return names
 
 
@@ -73,3 +79,15 @@ def test_module_level_imports_form_no_cycle():
     for module in sorted(graph):
         if module not in state:
             visit(module, [])
+
+
+def test_no_test_module_imports_from_another():
+    """Shared test code lives in tests/helpers/ and conftest.py: a test module importing another runs that
+    module's import-time work (and autouse fixtures) where nobody looks for it."""
+    tests_dir = REPO / "tests"
+    test_modules = {path.stem for path in tests_dir.rglob("test_*.py")}
+    offenders = []
+    for path in tests_dir.rglob("*.py"):
+        found = imported_names(ast.parse(path.read_text()), top_level_only=False)
+        offenders += [f"{path.relative_to(REPO)} imports {name}" for name in sorted(found) if name.split(".")[0] in test_modules]
+    assert not offenders, offenders

@@ -13,26 +13,9 @@ from aitrain_grpo.env.base import Environment
 from aitrain_grpo.env.dataset import build_rows
 from aitrain_grpo.env.loading import load_environment, parse_config_json
 from aitrain_grpo.errors import EnvLoadError
+from helpers import FIXTURES_DIR, one_line
 
-TESTS_DIR = Path(__file__).resolve().parent
-FIXTURES_DIR = TESTS_DIR / "envs_fixtures"
-# Packages these tests import; they are forgotten after each test so that every test imports afresh
-# (and a package written in one test's tmp_path never answers for another's).
-TEST_PACKAGES = ("envs_fixtures", "envs", "proj_envs")
-
-
-@pytest.fixture(autouse=True)
-def isolated_imports(monkeypatch):
-    saved_path = list(sys.path)
-    saved = {name: mod for name, mod in sys.modules.items() if name.split(".")[0] in TEST_PACKAGES}
-    for name in saved:
-        del sys.modules[name]
-    monkeypatch.chdir(TESTS_DIR)  # fixture modules resolve as envs_fixtures.<name> from here
-    yield
-    sys.path[:] = saved_path
-    for name in [n for n in sys.modules if n.split(".")[0] in TEST_PACKAGES]:
-        del sys.modules[name]
-    sys.modules.update(saved)
+pytestmark = pytest.mark.usefixtures("isolated_imports")
 
 
 def load_error(*args, **kwargs) -> str:
@@ -40,12 +23,6 @@ def load_error(*args, **kwargs) -> str:
     with pytest.raises(EnvLoadError) as info:
         load_environment(*args, **kwargs)
     return one_line(info)
-
-
-def one_line(info) -> str:
-    message = str(info.value)
-    assert "\n" not in message and message.strip() == message, message
-    return message
 
 
 def write_package(root: Path, package: str, files: dict[str, str]) -> None:
@@ -75,7 +52,7 @@ def test_config_from_at_file(tmp_path):
 def test_config_from_relative_at_file_resolves_from_cwd(tmp_path, monkeypatch):
     (tmp_path / "cfg.json").write_text('{"num_tasks": 2}')
     monkeypatch.chdir(tmp_path)
-    monkeypatch.syspath_prepend(str(TESTS_DIR))
+    monkeypatch.syspath_prepend(str(FIXTURES_DIR.parent))
     assert load_environment("envs_fixtures.good", "GoodEnv", "@cfg.json").num_tasks == 2
 
 
@@ -127,7 +104,7 @@ def test_duck_typed_class_without_the_base_class_is_accepted():
 def test_missing_top_level_module_names_it_and_the_cwd():
     message = load_error("no_such_envs_pkg.hotel", "HotelEnv")
     assert "'no_such_envs_pkg.hotel' not found" in message
-    assert "'no_such_envs_pkg'" in message and str(TESTS_DIR) in message
+    assert "'no_such_envs_pkg'" in message and str(FIXTURES_DIR.parent) in message
 
 
 def test_missing_submodule_lists_siblings_and_suggests_closest():

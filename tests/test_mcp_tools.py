@@ -14,9 +14,9 @@ from aitrain_grpo.engine.runner import oracle_policy, play
 from aitrain_grpo.env.mcp_tools import MCPTools
 from aitrain_grpo.errors import EnvLoadError
 from examples.mcp_calculator import CalculatorEnv
-from helpers import run_cli
+from helpers import require, run_cli
 
-pytest.importorskip("mcp.server.mcpserver")
+require("mcp.server.mcpserver", "pip install 'aitrain-grpo[mcp]'")
 
 FAILING_SERVER = textwrap.dedent('''
     from mcp.server.mcpserver import MCPServer

@@ -5,11 +5,9 @@ model text as text."""
 from __future__ import annotations
 
 import json
-import os
 import re
 import shutil
 import struct
-import subprocess
 from pathlib import Path
 
 import pytest
@@ -20,6 +18,7 @@ from aitrain_grpo.engine.runner import play
 from aitrain_grpo.runlog.records import episode_record
 from aitrain_grpo.runlog.report import write_report
 from helpers import run_cli
+from helpers.browser import browse, rendered_dom
 
 STEPS = 3
 GROUP = 4
@@ -45,33 +44,6 @@ def run(tiny_model_dir, tmp_path_factory):
     )
     assert result.returncode == 0, result.stderr[-3000:]
     return out, result
-
-
-def chromium() -> str:
-    for name in ("chromium", "chromium-browser", "google-chrome"):
-        if shutil.which(name):
-            return shutil.which(name)
-    if os.environ.get("CI"):
-        pytest.fail("chromium is not installed; .ci/run installs Debian's chromium package")
-    pytest.skip("chromium not found: install it (apt-get install chromium) to render report.html in a browser")
-
-
-def browse(page: Path, profile: Path, *extra: str) -> subprocess.CompletedProcess:
-    """Open `page` in headless Chromium with no network and a throwaway profile."""
-    command = [
-        chromium(), "--headless", "--no-sandbox", "--disable-gpu", "--disable-background-networking",
-        "--disable-component-update", "--disable-sync", "--no-first-run", f"--user-data-dir={profile}",
-        "--window-size=1280,2000", *extra, page.as_uri(),
-    ]
-    result = subprocess.run(command, capture_output=True, text=True, timeout=120)
-    assert result.returncode == 0, result.stderr[-2000:]
-    return result
-
-
-def rendered_dom(page: Path, tmp_path: Path) -> str:
-    dom = browse(page, tmp_path / "profile", "--dump-dom").stdout
-    assert 'data-rendered="yes"' in dom, "the report's script did not run to the end"
-    return dom
 
 
 def test_progress_is_plain_lines_when_stdout_is_not_a_terminal(run):

@@ -4,28 +4,10 @@ its share of the episodes, and the logged metrics count the episodes of both."""
 from __future__ import annotations
 
 import json
-import os
-import subprocess
-import sys
 
 import pytest
 
-from helpers import REPO, retry_on_port_clash
-
-
-def accelerate_launch(*args: str, timeout: float = 600) -> subprocess.CompletedProcess:
-    """`accelerate launch` with cpu2.yaml on a port of its own (the yaml names none, so that two runs on
-    one machine do not both take torch's default 29500), again on another port if it was taken."""
-    env = dict(os.environ, OMP_NUM_THREADS="1", PYTHONUNBUFFERED="1")
-
-    def launch(port: int) -> subprocess.CompletedProcess:
-        command = [
-            sys.executable, "-m", "accelerate.commands.launch", "--config_file", str(REPO / "examples/accelerate/cpu2.yaml"),
-            "--main_process_port", str(port), "-m", "aitrain_grpo", *args,
-        ]
-        return subprocess.run(command, cwd=str(REPO), env=env, capture_output=True, text=True, timeout=timeout)
-
-    return retry_on_port_clash(launch)
+from helpers import accelerate_launch
 
 
 @pytest.mark.slow

@@ -8,14 +8,14 @@ benchmarks/warm_start.py."""
 
 from __future__ import annotations
 
-import contextlib
 import json
 from pathlib import Path
 
 import pytest
 import torch
 
-from helpers import REPO, run_cli
+from helpers import REPO, command_options, run_cli
+from helpers.rollouts import OracleBackend
 
 FIXTURES = REPO / "tests"
 HOTEL = ["--rl-env-module", "envs.hotel", "--rl-env-class", "HotelEnv"]
@@ -109,34 +109,6 @@ def hotel_demos(count: int = 6):
     return env, demos
 
 
-class OracleBackend:
-    """A generation backend that 'samples', for each prompt, the next assistant turn of the
-    demonstration whose tokens it continues: any difference between the SFT tokens and the engine's
-    is a prompt it has never seen."""
-
-    def __init__(self, dataset, eos: int):
-        self.stop_ids = [eos]
-        self.turns: dict[tuple[int, ...], list[int]] = {}
-        for ids, mask in zip(dataset["input_ids"], dataset["assistant_masks"]):
-            start = None
-            for i, bit in enumerate(mask + [0]):
-                if bit and start is None:
-                    start = i
-                elif not bit and start is not None:
-                    self.turns[tuple(ids[:start])] = ids[start:i]
-                    start = None
-
-    def generate(self, prompts, max_tokens, sampling):
-        from aitrain_grpo.engine.backends.base import Sample
-
-        unknown = [p for p in prompts if tuple(p) not in self.turns]
-        assert not unknown, f"the engine built {len(unknown[0])} tokens that no SFT sequence starts with"
-        return [Sample(self.turns[tuple(p)], [0.0] * len(self.turns[tuple(p)]), "stop") for p in prompts]
-
-    def rollout_session(self):
-        return contextlib.nullcontext()
-
-
 @pytest.mark.parametrize("model", ["tiny", "smollm2"])
 def test_sft_tokens_are_what_the_rollout_engine_builds(model, request):
     """The dataset SFTTrainer gets is token for token the episodes GRPO plays (the prompt with the tools
@@ -195,7 +167,6 @@ def test_the_loss_is_on_the_assistant_turns_only(tiny_model_and_tokenizer, tmp_p
 
 
 def test_options_are_grpos_and_the_differing_defaults_are_shown():
-    from test_cli import command_options
 
     sft, grpo = command_options("sft"), command_options("grpo")
     for flag in ("--model", "--max-steps", "--seed", "--peft", "--rl-env-module", "--rl-env-config", "--lora-r"):

