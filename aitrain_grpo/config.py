@@ -107,6 +107,18 @@ def reward_weights(text: str | None, num_funcs: int) -> list[float] | None:
     return weights
 
 
+def server_urls(text: str | None) -> list[str]:
+    """`--vllm-server-url URL1,URL2,...` as a list of URLs, checked for form (http or https, each once)."""
+    urls = [url.strip().rstrip("/") for url in (text or "").split(",") if url.strip()]
+    for url in urls:
+        if not url.startswith(("http://", "https://")):
+            raise ConfigError(f"--vllm-server-url entry {url!r} is not an http:// or https:// URL; write e.g. "
+                              f"http://127.0.0.1:8000 (several separated by commas)")
+    if len(set(urls)) < len(urls):
+        raise ConfigError(f"--vllm-server-url names a server twice ({text}); name each server once")
+    return urls
+
+
 @dataclass
 class RunConfig:
     """Options of one `aitrain grpo` run. Defaults are the CLI's defaults."""
@@ -169,7 +181,7 @@ class RunConfig:
     use_vllm: bool = _opt(False, "Generate with vLLM instead of Hugging Face generate.")
     vllm_mode: str = _opt("colocate", "vLLM mode: colocate (in the trainer) or server (aitrain vllm-serve).", choices=VLLM_MODES)
     vllm_gpu_memory_utilization: float = _opt(0.3, "Share of GPU memory for colocated vLLM.")
-    vllm_server_url: str | None = _opt(None, "URL of the vLLM server (server mode), e.g. http://127.0.0.1:8000.")
+    vllm_server_url: str | None = _opt(None, "URL of the vLLM server (server mode), e.g. http://127.0.0.1:8000; several, comma-separated (a list in a config file), share the episodes and each get the weights.")
     vllm_tensor_parallel_size: int = _opt(1, "Tensor parallel size of colocated vLLM.", minimum=1)
     vllm_server_gpus: int = _opt(1, "GPUs taken by the vLLM server (training uses the rest).", minimum=0)
     vllm_sync: str = _opt("auto", "How weights reach a vLLM server: auto, nccl (GPU), lora (adapter folder) or disk (weights folder).", choices=VLLM_SYNC)
@@ -226,6 +238,8 @@ class RunConfig:
         if not isinstance(data, dict):
             raise ConfigError(f"config file {path} must hold a mapping of option names to values, not {type(data).__name__}")
         options = {str(k).replace("-", "_"): v for k, v in data.items()}
+        if isinstance(options.get("vllm_server_url"), list):  # several servers as a list: the flag's form
+            options["vllm_server_url"] = ",".join(str(url) for url in options["vllm_server_url"])
         unknown = sorted(set(options) - set(cls.field_names()))
         if unknown:
             import difflib
@@ -309,6 +323,7 @@ class RunConfig:
             raise ConfigError(f"--vllm-gpu-memory-utilization must be in (0, 1], got {self.vllm_gpu_memory_utilization}")
         if self.use_vllm and self.vllm_mode == "server" and not self.vllm_server_url:
             raise ConfigError("--vllm-mode server needs --vllm-server-url (start one with `aitrain vllm-serve --model ...`)")
+        server_urls(self.vllm_server_url)
         if self.vllm_server_timeout <= 0:
             raise ConfigError(f"--vllm-server-timeout must be positive seconds, got {self.vllm_server_timeout}")
         if not 0 <= self.rl_max_error_rate <= 1:

@@ -36,8 +36,12 @@ def open_sampler(backend: GenerationBackend, sampling: SamplingParams) -> tuple[
     """How one rollout draws single turns: the backend's own `generate_one` where it takes one request at
     a time, else a `TurnBatcher` (to be closed on the engine's loop when the rollout ends)."""
     if isinstance(backend, RequestBackend):
-        async def draw(order: int, prompt: list[int], max_tokens: int) -> Sample:
-            return await backend.generate_one(prompt, max_tokens, sampling)
+        if getattr(backend, "episode_affinity", False):  # several servers: an episode keeps to one (server_pool.py)
+            async def draw(order: int, prompt: list[int], max_tokens: int) -> Sample:
+                return await backend.generate_one(prompt, max_tokens, sampling, episode=order)
+        else:
+            async def draw(order: int, prompt: list[int], max_tokens: int) -> Sample:
+                return await backend.generate_one(prompt, max_tokens, sampling)
 
         return draw, None
     batcher = TurnBatcher(backend, sampling)

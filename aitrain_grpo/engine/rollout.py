@@ -26,7 +26,6 @@ Left out: the trainer (see training/) and anything backend-specific (see backend
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import json
 import time
 from dataclasses import dataclass, field
@@ -35,13 +34,13 @@ from typing import Any
 from aitrain_grpo.config import DEFAULT_CUT_TURN, DEFAULT_TOOL_PARSER, ROLLOUT_SCHEDULES
 from aitrain_grpo.engine.agent_endpoint import LOCAL_HOST
 from aitrain_grpo.engine.agent_rollout import AgentLimits, AgentPlayer, renderer_cache
-from aitrain_grpo.engine.backends.base import GenerationBackend, RequestBackend, Sample, SamplingParams
+from aitrain_grpo.engine.backends.base import GenerationBackend, ReplayEpisode, RequestBackend, Sample, SamplingParams
 from aitrain_grpo.engine.chat import ChatRenderer
 from aitrain_grpo.engine.policy_turns import Draw, give_policy_turns, open_sampler
 from aitrain_grpo.env.agent import is_agent_environment
 from aitrain_grpo.env.base import Environment, Episode, Message, tools_for_row, tools_vary_by_row
 from aitrain_grpo.engine.runner import EpisodeRunner
-from aitrain_grpo.engine.stats import EpisodeSummary, episode_scores
+from aitrain_grpo.engine.stats import BusyClock, EpisodeSummary, episode_scores
 
 
 @dataclass
@@ -81,6 +80,7 @@ class RolloutBatch:
     env_seconds: float = 0.0
     wall_seconds: float = 0.0
     generate_calls: int = 0
+    replayed_episodes: int = 0  # episodes played again from their start after their server was lost
     agent_counts: dict[str, int] = field(default_factory=dict)  # agent environments' requests (agent_rollout.py)
 
     @property
@@ -109,25 +109,6 @@ class _RecordedTurn:
     text_ids: list[int]
     ended_with_eos: bool
     cut: str | None
-
-
-class _BusyClock:
-    """Wall time during which at least one call of a kind (generation, environment) was under way."""
-
-    def __init__(self):
-        self.seconds, self._open, self._since = 0.0, 0, 0.0
-
-    @contextlib.contextmanager
-    def running(self):
-        if self._open == 0:
-            self._since = time.perf_counter()
-        self._open += 1
-        try:
-            yield
-        finally:
-            self._open -= 1
-            if self._open == 0:
-                self.seconds += time.perf_counter() - self._since
 
 
 class RolloutEngine:
@@ -207,8 +188,14 @@ class RolloutEngine:
     def run(self, rows: list[dict[str, Any]]) -> RolloutBatch:
         # A backend may carry state from one turn of this rollout to the next (the hf backend: its
         # key-value cache), which holds only while the weights stay as they are, i.e. for one rollout.
-        with self.backend.rollout_session():
-            return self._run(rows)
+        # An episode whose server was lost is replayed on its own under the continuous schedule; where
+        # it cannot be (a lockstep batch, an agent's requests), the whole rollout is played again.
+        while True:
+            with self.backend.rollout_session():
+                try:
+                    return self._run(rows)
+                except ReplayEpisode:
+                    continue
 
     def _prompt_ids(self, episodes: list[Episode]) -> list[list[int]]:
         """Each episode's rendered prompt, one batched template call per renderer."""
@@ -310,7 +297,9 @@ class RolloutEngine:
                 break
             max_tokens = min(self.max_new_tokens, max(budgets[i] for i in running))
             t0 = time.perf_counter()
-            samples = self.backend.generate([traces[i].prompt_ids + traces[i].completion_ids for i in running], max_tokens, self.sampling)
+            prompts = [traces[i].prompt_ids + traces[i].completion_ids for i in running]
+            keys = {"episodes": running} if getattr(self.backend, "episode_affinity", False) else {}
+            samples = self.backend.generate(prompts, max_tokens, self.sampling, **keys)
             batch.generate_seconds += time.perf_counter() - t0
             batch.generate_calls += 1
 
@@ -335,7 +324,7 @@ class RolloutEngine:
     async def _continuous(self, batch: RolloutBatch, sample: Draw) -> None:
         """Every episode plays on its own, up to `max_concurrent_episodes` at once, its turns drawn by `sample`."""
         slots = asyncio.Semaphore(self.max_concurrent_episodes)
-        generating, answering = _BusyClock(), _BusyClock()
+        generating, answering = BusyClock(), BusyClock()
 
         async def play_agent(i: int) -> None:
             async def draw(prompt: list[int], max_tokens: int) -> Sample:
@@ -352,26 +341,37 @@ class RolloutEngine:
         async def play(i: int) -> None:
             if self.agents is not None:
                 return await play_agent(i)
-            episode, trace = batch.episodes[i], batch.traces[i]
             async with slots:
+                while True:
+                    try:
+                        return await play_once(i)
+                    except ReplayEpisode:  # its server was lost: play it again from its start, elsewhere
+                        old = batch.episodes[i]
+                        batch.episodes[i] = self.runner.new_episode(old.row)
+                        batch.episodes[i].policy_turn, old.policy_turn = old.policy_turn, None
+                        batch.traces[i] = TokenTrace(prompt_ids=batch.traces[i].prompt_ids)
+                        batch.replayed_episodes += 1
+
+        async def play_once(i: int) -> None:
+            episode, trace = batch.episodes[i], batch.traces[i]
+            with answering.running():
+                await self.runner.reset(episode)
+            while not episode.done:
+                budget = self._budget(episode, trace)
+                if budget <= 0:
+                    break
+                with generating.running():
+                    drawn = await sample(i, trace.prompt_ids + trace.completion_ids, min(self.max_new_tokens, budget))
+                batch.generate_calls += 1
+                turn = self._record_turn(trace, drawn, budget)
+                text = self.tokenizer.decode(turn.text_ids, skip_special_tokens=False, clean_up_tokenization_spaces=False)
                 with answering.running():
-                    await self.runner.reset(episode)
-                while not episode.done:
-                    budget = self._budget(episode, trace)
-                    if budget <= 0:
-                        break
-                    with generating.running():
-                        drawn = await sample(i, trace.prompt_ids + trace.completion_ids, min(self.max_new_tokens, budget))
-                    batch.generate_calls += 1
-                    turn = self._record_turn(trace, drawn, budget)
-                    text = self.tokenizer.decode(turn.text_ids, skip_special_tokens=False, clean_up_tokenization_spaces=False)
-                    with answering.running():
-                        reply = await self._respond(episode, text, turn)
-                    if reply is not None:
-                        (suffix,) = self.renderer.encode_many([self.renderer_for(episode).reply_text(reply, turn.ended_with_eos)])
-                        self._add_reply(episode, trace, reply, suffix)
-                with answering.running():
-                    await self.runner.score(episode)
+                    reply = await self._respond(episode, text, turn)
+                if reply is not None:
+                    (suffix,) = self.renderer.encode_many([self.renderer_for(episode).reply_text(reply, turn.ended_with_eos)])
+                    self._add_reply(episode, trace, reply, suffix)
+            with answering.running():
+                await self.runner.score(episode)
 
         tasks = [asyncio.ensure_future(play(i)) for i in range(len(batch.episodes))]
         try:

@@ -13,6 +13,8 @@ and training), and pass@k (it needs the task of each episode: commands/evaluatio
 
 from __future__ import annotations
 
+import contextlib
+import time
 from collections import Counter
 from dataclasses import dataclass, field
 from typing import Iterable
@@ -125,3 +127,22 @@ def episode_stats(items: Iterable[EpisodeSummary | Episode]) -> EpisodeStats:
         turn_reward_mean=(sum(s.turn_reward for s in rewarded) / max(sum(s.turns for s in rewarded), 1)
                           if rewarded else None),
     )
+
+
+class BusyClock:
+    """Wall time during which at least one call of a kind (generation, environment) was under way."""
+
+    def __init__(self):
+        self.seconds, self._open, self._since = 0.0, 0, 0.0
+
+    @contextlib.contextmanager
+    def running(self):
+        if self._open == 0:
+            self._since = time.perf_counter()
+        self._open += 1
+        try:
+            yield
+        finally:
+            self._open -= 1
+            if self._open == 0:
+                self.seconds += time.perf_counter() - self._since

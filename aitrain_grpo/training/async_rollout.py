@@ -90,10 +90,10 @@ class VersionedBackend:
             self._in_flight -= 1
             self._state.notify_all()
 
-    def generate(self, prompts, max_tokens, sampling):
+    def generate(self, prompts, max_tokens, sampling, **episodes):
         self._enter()
         try:
-            return self.backend.generate(prompts, max_tokens, sampling)
+            return self.backend.generate(prompts, max_tokens, sampling, **episodes)
         finally:
             self._leave()
 
@@ -127,7 +127,7 @@ class VersionedRequestBackend(VersionedBackend):
     """`VersionedBackend` for a backend that also takes one episode turn at a time (`generate_one`):
     waiting for a pause must not block the event loop the other requests complete on."""
 
-    async def generate_one(self, prompt, max_tokens, sampling):
+    async def generate_one(self, prompt, max_tokens, sampling, **episode):
         while True:
             with self._state:
                 if not self._paused:
@@ -135,7 +135,7 @@ class VersionedRequestBackend(VersionedBackend):
                     break
             await asyncio.sleep(0.005)
         try:
-            return await self.backend.generate_one(prompt, max_tokens, sampling)
+            return await self.backend.generate_one(prompt, max_tokens, sampling, **episode)
         finally:
             self._leave()
 

@@ -14,7 +14,9 @@ trainer keeps TRL from pushing them itself and still turns the correction on (`e
 
 `check_server` runs before any model is loaded: a server that is down (its wait printed every few
 seconds), serves another model, or a colocated vLLM that cannot take weights on this platform is a
-one-line `ConfigError` rather than a failure minutes into the run.
+one-line `ConfigError` rather than a failure minutes into the run. With several servers
+(`--vllm-server-url A,B`) each is checked, and named when wrong; they are then one `ServerPool`
+(engine/backends/server_pool.py), and NCCL, which reaches one server, is refused (`auto` picks disk).
 
 Left out: the backends themselves and building them (engine/backends/, `build_backend`, shared with
 evaluation) and the sync mechanics (weight_sync.py).
@@ -28,7 +30,7 @@ from typing import Any
 
 import torch
 
-from aitrain_grpo.config import RunConfig
+from aitrain_grpo.config import RunConfig, server_urls
 from aitrain_grpo.engine.backends.choice import build_backend, require_vllm
 from aitrain_grpo.engine.backends.vllm_server import GenerationServerError, VLLMServerClient, wait_for_server
 from aitrain_grpo.errors import ConfigError
@@ -58,7 +60,13 @@ def plan_generation(config: RunConfig) -> GenerationPlan:
     cuda = torch.cuda.is_available()
     if config.vllm_mode == "colocate":
         return GenerationPlan("vllm_colocate", "trl" if cuda else "reload")
+    several = len(server_urls(config.vllm_server_url)) > 1
+    if several and config.vllm_sync == "nccl":
+        raise ConfigError("--vllm-sync nccl reaches one server (TRL's NCCL client), and --vllm-server-url names "
+                          "several; use --vllm-sync lora (with --peft) or disk, or one server")
     sync = choose_sync_method(config.vllm_sync, peft=config.peft, cuda=cuda)
+    if several and sync == "nccl":  # auto: NCCL reaches one server; a folder reaches them all
+        sync = "disk"
     if sync == "nccl" and not cuda:
         raise ConfigError("--vllm-sync nccl needs CUDA on the trainer; on this machine use --vllm-sync lora (with --peft) or disk")
     if sync == "lora" and not config.peft:
@@ -82,7 +90,7 @@ def grpo_kwargs(config: RunConfig, plan: GenerationPlan) -> dict[str, Any]:
             vllm_tensor_parallel_size=config.vllm_tensor_parallel_size,
         )
     else:
-        kwargs.update(vllm_server_base_url=config.vllm_server_url, vllm_server_timeout=config.vllm_server_timeout)
+        kwargs.update(vllm_server_base_url=server_urls(config.vllm_server_url)[0], vllm_server_timeout=config.vllm_server_timeout)
     return kwargs
 
 
@@ -110,20 +118,21 @@ def check_server(config: RunConfig, plan: GenerationPlan) -> None:
                 raise ConfigError(problem)
     if plan.backend != "vllm_server":
         return
-    client = VLLMServerClient(config.vllm_server_url, retries=0)
-    try:
-        wait_for_server(client, config.vllm_server_timeout, timeout_flag="--vllm-server-timeout",
-                        hint=f"start it with `aitrain vllm-serve --model {config.model}` or fix --vllm-server-url")
-        served = client.served_models()
-    except GenerationServerError as exc:
-        raise ConfigError(str(exc)) from None
     expected = served_name(config.model)
-    if expected not in served:
-        shown = ", ".join(served) or "nothing"
-        raise ConfigError(
-            f"the vLLM server at {config.vllm_server_url} serves {shown}, not {expected}; "
-            f"start it with `aitrain vllm-serve --model {config.model}`"
-        )
+    for url in server_urls(config.vllm_server_url):
+        client = VLLMServerClient(url, retries=0)
+        try:
+            wait_for_server(client, config.vllm_server_timeout, timeout_flag="--vllm-server-timeout",
+                            hint=f"start it with `aitrain vllm-serve --model {config.model}` or fix --vllm-server-url")
+            served = client.served_models()
+        except GenerationServerError as exc:
+            raise ConfigError(str(exc)) from None
+        if expected not in served:
+            shown = ", ".join(served) or "nothing"
+            raise ConfigError(
+                f"the vLLM server at {client.base_url} serves {shown}, not {expected}; "
+                f"start it with `aitrain vllm-serve --model {config.model}`"
+            )
 
 
 def served_name(model: str) -> str:
@@ -137,8 +146,8 @@ def make_backend(trainer, config: RunConfig, plan: GenerationPlan, stop_ids: lis
     """Build the backend for a trainer; returns (backend, weight_sync or None). Where TRL moves the
     weights (colocate on CUDA, server with nccl) there is nothing to sync here."""
     served_model = served_name(config.model) if plan.backend == "vllm_server" else None
-    backend = build_backend(plan.backend, stop_ids, trainer=trainer, server_url=config.vllm_server_url,
-                            served_model=served_model)
+    backend = build_backend(plan.backend, stop_ids, trainer=trainer, server_urls=server_urls(config.vllm_server_url),
+                            served_model=served_model, server_timeout=config.vllm_server_timeout)
     if not plan.external_weight_sync:
         return backend, None
     from aitrain_grpo.training.weight_sync import ColocateWeightSync, FolderWeightSync
@@ -146,7 +155,7 @@ def make_backend(trainer, config: RunConfig, plan: GenerationPlan, stop_ids: lis
     if plan.backend == "vllm_colocate":
         return backend, ColocateWeightSync(backend.llm)
     sync_dir = Path(config.vllm_sync_dir) if config.vllm_sync_dir else config.resolved_output_dir() / "vllm-sync"
-    return backend, FolderWeightSync(plan.sync, backend.client, backend, sync_dir, base_model=served_model)
+    return backend, FolderWeightSync(plan.sync, backend, sync_dir, base_model=served_model)
 
 
 def training_devices(visible: list[str], server_gpus: int) -> list[str]:
@@ -170,7 +179,8 @@ def reserve_server_gpus(config: RunConfig, environ: dict[str, str] | None = None
     environ = os.environ if environ is None else environ
     if not (config.use_vllm and config.vllm_mode == "server" and config.vllm_server_url):
         return None
-    if "CUDA_VISIBLE_DEVICES" in environ or urlparse(config.vllm_server_url).hostname not in ("127.0.0.1", "localhost", "::1"):
+    local = [url for url in server_urls(config.vllm_server_url) if urlparse(url).hostname in ("127.0.0.1", "localhost", "::1")]
+    if "CUDA_VISIBLE_DEVICES" in environ or not local:
         return None
     if shutil.which("nvidia-smi") is None:
         return None

@@ -10,7 +10,8 @@ trainer). It owns:
 - its observers, called with every batch's `EpisodeSummary`s from all processes (the error-rate stop);
 - the last batch it played (`last_batch`, this process's episodes; the episode log reads it);
 - the metrics of the steps since the last log (`StepMetrics`): `env/*` from the episodes, `time/*`,
-  `vllm/sync_seconds`; `EpisodeGRPOTrainer.log` merges them into each log record.
+  `vllm/sync_seconds`, and a server pool's `vllm/<host:port>/*` and totals (requests, tokens, sync
+  seconds, live servers, replayed episodes); `EpisodeGRPOTrainer.log` merges them into each log record.
 
 It is also a trainer callback, to see where each optimizer step begins and ends: the step's time
 outside the rollout is `time/optimizer_s` (reference log-probabilities, forward, backward, the
@@ -142,6 +143,7 @@ class TrainingRollout(TrainerCallback):
             summaries = gather_object(summaries)
         self.metrics.update(episode_stats(summaries).env_metrics())
         self.metrics.update({f"agent/{name}": value for name, value in batch.agent_counts.items()})
+        self.metrics.update(self._server_metrics(batch))
         for observe in self.observers:
             observe(summaries)
         self.last_batch = batch
@@ -192,11 +194,20 @@ class TrainingRollout(TrainerCallback):
         if seconds is not None:
             self.metrics.update({"vllm/sync_seconds": seconds})
 
+    def _server_metrics(self, batch: RolloutBatch) -> dict[str, float]:
+        """`vllm/*` of a server pool (engine/backends/server_pool.py): per server and in total, and the
+        episodes replayed because their server was lost."""
+        take = getattr(self.engine.backend, "take_metrics", None)
+        if take is None:
+            return {}
+        return {**take(), "vllm/replayed_episodes": float(batch.replayed_episodes)}
+
     def close(self) -> None:
         if self.async_rollout is not None:
             self.async_rollout.close()
         if self.engine is not None:
             self.engine.close()
+            getattr(self.engine.backend, "close", lambda: None)()
 
     # ------------------------------------------------------------------------ step boundaries
 

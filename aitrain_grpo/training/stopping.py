@@ -9,17 +9,18 @@ stops early only when:
   `EpisodeSummary`s) and, from the step where the window is full, asks HF
   Trainer to save a checkpoint and stop; the message names the three most common errors. The first
   10 distinct errors are also printed as they appear, so a user sees them long before any bound is hit;
-- the generation backend raises `GenerationBackendError` (a server that stopped answering after its
-  client's bounded retries): a checkpoint of the last finished step is saved and the message names
-  the server;
+- the generation backend raises `GenerationBackendError`: for vLLM servers, no server came back within
+  `--vllm-server-timeout` (a lost server is replaced or waited for by the server pool,
+  engine/backends/server_pool.py), or one refused a request: a checkpoint of the last finished step is
+  saved and the message names the server;
 - SIGINT/SIGTERM arrive (signals.py).
 
 `clean_stops(trainer)` wraps `trainer.train()` and turns each of these into `TrainingStopped`, which
 carries the exit code and the lines the CLI prints (what happened, where the checkpoint is, how to go on).
 It finds the two stopping callbacks among the trainer's callbacks (`callback_handler`, transformers' API).
 
-Left out: retrying failed episodes, and HTTP retries themselves (the server client's job; it raises
-`GenerationBackendError` once they are used up).
+Left out: retrying failed episodes, and waiting for servers (the server pool's job; it raises
+`GenerationBackendError` once its wait is over).
 """
 
 from __future__ import annotations

@@ -16,6 +16,9 @@ Server, chosen by `--vllm-sync`:
   server reloads them from there.
 The folder must be readable by the server at the same path (same machine, or a shared file system).
 Each version is written to a hidden temporary folder and renamed, so the server never reads half a file.
+With several servers (`--vllm-server-url A,B`) each version is loaded into every server of the
+`ServerPool` (engine/backends/server_pool.py), which also gives it to a server that returns after a
+fault before that server's first request; the previous version is deleted once no server serves it.
 
 Only the main process writes and calls the server; every process switches to the new adapter name,
 which is derived from the step number so all agree without talking. Processes wait for each other
@@ -34,7 +37,8 @@ from pathlib import Path
 
 import torch
 
-from aitrain_grpo.engine.backends.vllm_server import GenerationServerError, VLLMServerBackend, VLLMServerClient
+from aitrain_grpo.engine.backends.server_pool import ServerPool, Weights
+from aitrain_grpo.engine.backends.vllm_server import GenerationServerError
 from aitrain_grpo.errors import ConfigError, one_line
 from aitrain_grpo.runlog.records import written_atomically
 
@@ -68,15 +72,14 @@ def merged_state_dict(model) -> dict[str, torch.Tensor]:
 
 
 class FolderWeightSync:
-    """`lora` and `disk` synchronisation through a shared folder."""
+    """`lora` and `disk` synchronisation through a shared folder, to every server of the run's pool."""
 
-    def __init__(self, method: str, client: VLLMServerClient, backend: VLLMServerBackend, sync_dir: Path, base_model: str):
+    def __init__(self, method: str, pool: ServerPool, sync_dir: Path, base_model: str):
         if method not in ("lora", "disk"):
             raise ValueError(f"unknown folder sync method {method!r}")
         self.method = method
         self.base_model = base_model
-        self.client = client
-        self.backend = backend
+        self.pool = pool
         self.sync_dir = Path(sync_dir).resolve()
         self.last_step: int | None = None
         self.current: Path | None = None
@@ -85,18 +88,20 @@ class FolderWeightSync:
         self.prefix = "aitrain-" + hashlib.sha1(str(self.sync_dir).encode()).hexdigest()[:8]
 
     def _probe_adapter(self, model) -> None:
-        """Load the untrained adapter once and unload it, before step 1: a server that cannot take
-        adapters, or not of this rank, is named now rather than after a step has trained
+        """Load the untrained adapter once into each server and unload it, before step 1: a server that
+        cannot take adapters, or not of this rank, is named now rather than after a step has trained
         (`_first_adapter_refused`). Sampling stays on the base model until the first real sync."""
         probe = self.sync_dir / f"{self.prefix}-probe"
         self.sync_dir.mkdir(parents=True, exist_ok=True)
         with written_atomically(probe, folder=True) as folder:
             model.save_pretrained(str(folder))
         try:
-            self.client.load_lora_adapter(probe.name, str(probe))
-            self.client.unload_lora_adapter(probe.name)
-        except GenerationServerError as exc:
-            raise _first_adapter_refused(exc, model, self.client.base_url) from None
+            for server in self.pool.each_live():
+                try:
+                    server.client.load_lora_adapter(probe.name, str(probe))
+                    server.client.unload_lora_adapter(probe.name)
+                except GenerationServerError as exc:
+                    raise _first_adapter_refused(exc, model, server.url) from None
         finally:
             shutil.rmtree(probe, ignore_errors=True)
 
@@ -107,44 +112,43 @@ class FolderWeightSync:
             return None
         started = time.perf_counter()
         accelerator = trainer.accelerator
+        main = accelerator.is_main_process
         if self.last_step is None:
             # A server outlives runs, and a `disk` run leaves its weights in it: start from the base
             # model's checkpoint, which is what the trainer starts from too (or, when resuming, what
             # the resumed adapter applies to). The path is explicit because a reload from a folder
             # makes that folder the server's default for later reloads.
-            if accelerator.is_main_process:
-                self.client.reload_weights(self.base_model)
+            self.pool.publish(Weights(self.base_model), load=main, fresh=True)
             self.last_step = 0
-            if self.method == "lora" and accelerator.is_main_process:
+            if self.method == "lora" and main:
                 self._probe_adapter(accelerator.unwrap_model(trainer.model))
             if step == 0:
                 accelerator.wait_for_everyone()
                 return time.perf_counter() - started
         version = self.sync_dir / f"{self.prefix}-step-{step}"
-        if self.method == "disk" or accelerator.is_main_process:
+        if self.method == "disk" or main:
             model = accelerator.unwrap_model(trainer.model)
         if self.method == "disk":
             # Merging is done on every process (it is cheap and keeps any sharded gathers collective).
             state = merged_state_dict(model)
-        if accelerator.is_main_process:
+        if main:
             self.sync_dir.mkdir(parents=True, exist_ok=True)
-            previous = self.current
-            if self.method == "lora":
-                with written_atomically(version, folder=True) as folder:
+            with written_atomically(version, folder=True) as folder:
+                if self.method == "lora":
                     model.save_pretrained(str(folder))
-                self.client.load_lora_adapter(version.name, str(version))
-                if previous is not None:
-                    self.client.unload_lora_adapter(previous.name)
-            else:
-                from safetensors.torch import save_file
+                else:
+                    from safetensors.torch import save_file
 
-                with written_atomically(version, folder=True) as folder:
                     save_file(state, str(folder / "model.safetensors"))
-                self.client.reload_weights(str(version))
-            if previous is not None:
-                shutil.rmtree(previous, ignore_errors=True)
+        # Every server gets the version (a server out of rotation, when it answers again); then the
+        # previous one is no longer served anywhere and is deleted.
         if self.method == "lora":
-            self.backend.model = version.name
+            weights = Weights(self.base_model, adapter=(version.name, str(version)))
+        else:
+            weights = Weights(self.base_model, folder=str(version))
+        self.pool.publish(weights, load=main)
+        if main and self.current is not None:
+            shutil.rmtree(self.current, ignore_errors=True)
         self.current = version
         self.last_step = step
         accelerator.wait_for_everyone()

@@ -41,6 +41,13 @@ class GenerationBackendError(RuntimeError):
     training then saves a checkpoint and exits non-zero with that message (see stopping.py)."""
 
 
+class ReplayEpisode(GenerationBackendError):
+    """The server an episode was played on was lost mid-episode (backends/server_pool.py): the engine
+    plays that episode again from its start, so no episode is sampled partly by a server that is gone.
+    A caller that cannot replay one episode replays its whole rollout (rollout.py); one that does not
+    catch it stops the run like any `GenerationBackendError`."""
+
+
 class GenerationBackend(Protocol):
     """What the engine needs of a backend. Subclass it to inherit the default `rollout_session`."""
 

@@ -31,11 +31,13 @@ def require_vllm(needed_by: str) -> None:
 
 
 def build_backend(kind: str, stop_ids: list[int] | None = None, *, trainer=None, model=None, tokenizer=None, llm=None,
-                  lora_request=None, server_url: str | None = None, served_model: str | None = None) -> GenerationBackend:
+                  lora_request=None, server_urls: list[str] | None = None, served_model: str | None = None,
+                  server_timeout: float = 240.0) -> GenerationBackend:
     """The backend of `kind`, from what the caller has:
     - "hf": `trainer`, or `model` and `tokenizer` (stop ids come from the model);
     - "vllm_colocate": `trainer` (TRL's engine) or `llm`, with `lora_request` to apply an adapter per request;
-    - "vllm_server": `server_url` and `served_model`, the name to sample from.
+    - "vllm_server": `server_urls` (one or more servers, a `ServerPool`) and `served_model`, the base
+      model's served name; `server_timeout`, how long requests wait for a server that stopped answering.
     Raises ValueError for an unknown kind or missing inputs (a caller's bug, not a user's)."""
     if kind == "hf":
         from aitrain_grpo.engine.backends.hf import HFBackend  # torch and transformers: seconds to import
@@ -56,9 +58,9 @@ def build_backend(kind: str, stop_ids: list[int] | None = None, *, trainer=None,
             raise ValueError("a vllm_colocate backend needs a trainer or a vllm.LLM")
         return VLLMColocateBackend.for_llm(llm, stop_ids, lora_request=lora_request)
     if kind == "vllm_server":
-        from aitrain_grpo.engine.backends.vllm_server import VLLMServerBackend, VLLMServerClient
+        from aitrain_grpo.engine.backends.server_pool import ServerPool
 
-        if not server_url or not served_model:
-            raise ValueError("a vllm_server backend needs the server's URL and the served model's name")
-        return VLLMServerBackend(VLLMServerClient(server_url), served_model, stop_ids)
+        if not server_urls or not served_model:
+            raise ValueError("a vllm_server backend needs the servers' URLs and the served model's name")
+        return ServerPool(server_urls, served_model, stop_ids, wait_timeout=server_timeout)
     raise ValueError(f"backend kind must be one of {BACKEND_KINDS}, not {kind!r}")

@@ -41,7 +41,11 @@ MAX_CONNECTIONS = 512
 
 
 class GenerationServerError(GenerationBackendError):
-    """The generation server cannot be reached or answered with an error. One line, names the server."""
+    """The generation server cannot be reached or answered with an error. One line, names the server.
+    `transient`: the server was unreachable, timed out or answered 5xx (it may come back), rather than
+    refusing the request (4xx, asking again would not help)."""
+
+    transient = False
 
 
 class _Failed(Exception):
@@ -87,7 +91,9 @@ class VLLMServerClient:
         return httpx.Timeout(timeout or self.request_timeout, pool=None)
 
     def _error(self, failure: _Failed) -> GenerationServerError:
-        return GenerationServerError(f"vLLM server at {self.base_url}: {failure}")
+        error = GenerationServerError(f"vLLM server at {self.base_url}: {failure}")
+        error.transient = failure.retry
+        return error
 
     def _request(self, method: str, path: str, body: Any = None, *, timeout: float | None = None, retry: bool = True) -> Any:
         if self._client is None:
