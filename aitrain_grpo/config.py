@@ -186,7 +186,7 @@ class RunConfig:
     vllm_server_gpus: int = _opt(1, "GPUs taken by the vLLM server (training uses the rest).", minimum=0)
     vllm_sync: str = _opt("auto", "How weights reach a vLLM server: auto, nccl (GPU), lora (adapter folder) or disk (weights folder).", choices=VLLM_SYNC)
     vllm_sync_dir: str | None = _opt(None, "Folder shared with the vLLM server for lora/disk sync (default: <output-dir>/vllm-sync).")
-    vllm_server_timeout: float = _opt(240.0, "Seconds to wait for the vLLM server to be healthy before training.")
+    vllm_server_timeout: float = _opt(240.0, "Seconds to wait for a vLLM server to answer: before training, and mid-run when no server is left (then the run stops with a checkpoint).")
     # agent environments
     agent_host: str = _opt("127.0.0.1", "Address an agent environment's OpenAI-compatible endpoint listens on: 127.0.0.1 serves this machine only; 0.0.0.0 (or one interface's address) also serves agents in containers or on other hosts, each request authorised by its episode's key.")
     agent_port: int = _opt(0, "Port of that endpoint (0: any free port).", minimum=0)

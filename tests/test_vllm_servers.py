@@ -251,3 +251,107 @@ def test_past_the_timeout_a_lost_server_stops_the_run_with_a_checkpoint(tiny_mod
     saved = sorted(int(p.name.split("-")[1]) for p in out.iterdir() if p.name.startswith("checkpoint-"))
     assert saved and saved[-1] == finished[-1], (saved, finished)
 
+
+
+# ------------------------------------------------------------------------------ soak
+
+class ProcessWatch:
+    """Samples a process's threads, open connections and resident memory, with the run's step, twice a second."""
+
+    def __init__(self, pid: int, out: Path):
+        import psutil
+        import threading
+
+        self.process, self.out, self.samples = psutil.Process(pid), out, []
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, daemon=True)
+        self._thread.start()
+
+    def _run(self) -> None:
+        import psutil
+
+        while not self._stop.wait(0.5):
+            path = self.out / "metrics.jsonl"
+            step = len(path.read_text().splitlines()) if path.exists() else 0
+            try:
+                self.samples.append((step, self.process.num_threads(), len(self.process.net_connections()),
+                                     self.process.memory_info().rss))
+            except psutil.Error:
+                return
+
+    def stop(self) -> list[tuple[int, int, int, int]]:
+        self._stop.set()
+        self._thread.join()
+        return self.samples
+
+
+@pytest.mark.slow
+def test_soak_two_servers_async_steps_one_killed_and_restarted(two_servers, tiny_model_dir, tmp_path):
+    """Last in the module: it kills one of the module's servers and restarts it. A run with
+    `--rl-async-steps 1` on two servers; server B is killed at step 5, the run goes on on A alone, and
+    B is started again on its port (the run paused meanwhile); once B has served five steps the run
+    is stopped with SIGTERM (a clean stop after the current step). Every step trains once, B is out of
+    rotation once and back, the sync folder keeps only the live version, and threads, connections and
+    memory do not grow."""
+    a, b = two_servers
+    out = tmp_path / "run"
+    training = start_training(out, tiny_model_dir, f"{a['url']},{b['url']}", "--max-steps", "1000",
+                              "--rl-async-steps", "1", "--vllm-sync", "lora", "--vllm-server-timeout", "200",
+                              "--log-episodes-every", "1", "--log-episodes-count", "8", "--save-steps", "1000")
+    watch = ProcessWatch(training.pid, out)
+    b_name = name(b["url"])
+    try:
+        wait_for_steps(out, training, 5)
+        kill_hard(b["process"])
+        wait_for_steps(out, training, 8)  # three steps on A alone
+        # The run is paused while B starts again: on two cores shared with the run and A, a start took
+        # four minutes (30-60 s on idle cores).
+        training.send_signal(signal.SIGSTOP)
+        try:
+            b["process"] = serve_on(b["url"], tiny_model_dir, b["log"])  # the fixture stops it at the end
+        finally:
+            training.send_signal(signal.SIGCONT)
+        deadline = time.monotonic() + 240
+        while True:  # B back in rotation and serving, for five steps
+            if sum(r.get(f"vllm/{b_name}/requests", 0) > 0 for r in metrics(out)[5:]) >= 5:
+                break
+            assert training.poll() is None and time.monotonic() < deadline, "server B did not come back into the run"
+            time.sleep(0.5)
+        training.send_signal(signal.SIGTERM)
+        stdout, stderr = training.communicate(timeout=300)
+    finally:
+        training.kill()
+        samples = watch.stop()
+        (tmp_path / "watch.json").write_text(json.dumps(samples))  # (step, threads, connections, rss) twice a second
+    assert training.returncode == 143, stderr[-3000:]  # stopped by SIGTERM after a step, with a checkpoint
+    assert "Traceback" not in stderr
+    lines = stderr.splitlines()
+    assert sum(line.startswith(f"warning: vLLM server {name(b['url'])} taken out of rotation") for line in lines) == 1
+    assert not any(line.startswith(f"warning: vLLM server {name(a['url'])} taken out") for line in lines)
+    assert f"vLLM server {name(b['url'])} is back in rotation" in stderr
+
+    records = metrics(out)
+    steps = len(records)
+    assert [r["step"] for r in records] == list(range(1, steps + 1))  # every step trained once
+    assert (out / f"checkpoint-{steps}").is_dir()
+    scores = [json.loads(line) for line in (out / "scores.jsonl").read_text().splitlines()]
+    assert [s["step"] for s in scores] == list(range(1, steps + 1)) and all(len(s["scores"]) == 8 for s in scores)
+    episodes = [json.loads(line) for line in (out / "episodes.jsonl").read_text().splitlines()]
+    assert sorted((e["step"], e["index"]) for e in episodes) == [(s, i) for s in range(1, steps + 1) for i in range(8)]
+    assert all(r["async/staleness_mean"] <= 1 for r in records)
+    a_requests = [r[f"vllm/{name(a['url'])}/requests"] for r in records]
+    b_requests = [r[f"vllm/{name(b['url'])}/requests"] for r in records]
+    (back,) = [i for i, r in enumerate(records) if f"vllm/{name(b['url'])}/return_to_first_request_s" in r]
+    assert all(n > 0 for n in a_requests) and sum(b_requests[back:]) > 0, (a_requests, b_requests)
+    (left,) = (out / "vllm-sync").iterdir()  # only the live version is left
+    assert left.name.endswith((f"-step-{steps}", f"-step-{steps - 1}")), left
+
+    # Threads, connections and memory: the last quarter of the run against the second (the first holds
+    # start-up). Measured: see the assertion messages.
+    quarter = [[s for s in samples if q * steps / 4 < s[0] <= (q + 1) * steps / 4] for q in range(4)]
+    second, last = quarter[1], quarter[3]
+    assert second and last, samples[-5:]
+    assert max(s[1] for s in last) <= max(s[1] for s in second) + 2, ("threads", second[-1], last[-1])
+    assert max(s[2] for s in last) <= max(s[2] for s in second) + 4, ("connections", second[-1], last[-1])
+    rss = [sum(s[3] for s in part) / len(part) for part in (second, last)]
+    assert rss[1] <= 1.1 * rss[0], ("rss", rss)
