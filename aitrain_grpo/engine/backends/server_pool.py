@@ -24,9 +24,12 @@
 - Metrics (`take_metrics`): per server and in total, requests and generated tokens since the last
   call, sync seconds, and whether it is live.
 
-Left out: weighted or cache-aware routing beyond least-loaded, health checks of idle live servers (a
-dead server is found by its next request), moving an episode between servers without a replay, and
-NCCL weight transfer (TRL's client talks to one server; refused where the run is planned).
+Left out: weighted or cache-aware routing beyond least-loaded (each training process counts only its
+own requests), health checks of idle live servers (a dead server is found by its next request), moving
+an episode between servers without a replay, and NCCL weight transfer (TRL's client talks to one
+server; refused where the run is planned). With several training processes only the main one loads
+weights, so another process puts a lost server back only once it has no server left (it then loads
+the current weights itself): correct, but that process uses fewer servers meanwhile.
 """
 
 from __future__ import annotations
