@@ -238,6 +238,10 @@ class RunConfig:
         if not isinstance(data, dict):
             raise ConfigError(f"config file {path} must hold a mapping of option names to values, not {type(data).__name__}")
         options = {str(k).replace("-", "_"): v for k, v in data.items()}
+        if "vllm_server_urls" in options:  # the plural spelling, for a list of servers
+            if "vllm_server_url" in options:
+                raise ConfigError(f"config file {path} gives both vllm_server_url and vllm_server_urls; keep one")
+            options["vllm_server_url"] = options.pop("vllm_server_urls")
         if isinstance(options.get("vllm_server_url"), list):  # several servers as a list: the flag's form
             options["vllm_server_url"] = ",".join(str(url) for url in options["vllm_server_url"])
         unknown = sorted(set(options) - set(cls.field_names()))

@@ -306,12 +306,14 @@ def test_eval_with_vllm_applies_a_lora_adapter(tiny_model_dir, tmp_path):
 
 
 def test_server_stopping_mid_run_saves_a_checkpoint_and_names_the_server(vllm_server, tiny_model_dir, tmp_path):
-    """Last in the module: it stops the shared server."""
+    """Last in the module: it stops the shared server, which never returns; the run waits
+    --vllm-server-timeout for it (test_vllm_servers.py has one that does return)."""
     out = tmp_path / "run"
     env = dict(os.environ, OMP_NUM_THREADS="1")
     training = subprocess.Popen(
         [sys.executable, "-m", "aitrain_grpo", "grpo", "--model", tiny_model_dir, *LETTERS, "--max-steps", "200",
-         "--output-dir", str(out), "--use-vllm", "--vllm-mode", "server", "--vllm-server-url", vllm_server["url"]],
+         "--output-dir", str(out), "--use-vllm", "--vllm-mode", "server", "--vllm-server-url", vllm_server["url"],
+         "--vllm-server-timeout", "10"],
         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env, cwd=str(REPO),
     )
     deadline = time.monotonic() + 180
@@ -322,7 +324,7 @@ def test_server_stopping_mid_run_saves_a_checkpoint_and_names_the_server(vllm_se
     vllm_server["process"].wait(timeout=120)
     stdout, stderr = training.communicate(timeout=180)
     assert training.returncode == 1, stderr[-3000:]  # README: a dead generation backend exits 1
-    assert f"vLLM server at {vllm_server['url']}" in stderr
+    assert f"vLLM server at {vllm_server['url']} is not answering after 10s (--vllm-server-timeout)" in stderr
     assert "Traceback" not in stderr
     # The checkpoint is the last step that finished (and was logged), not an earlier one.
     finished = [r["step"] for r in metrics(out)]

@@ -119,6 +119,11 @@ def test_server_urls_are_checked_and_read_from_a_list_in_a_config_file(tiny_mode
     path = tmp_path / "run.yaml"
     path.write_text("vllm_server_url:\n  - http://10.0.0.1:8000\n  - http://10.0.0.2:8000\n")
     assert RunConfig.from_file(path)["vllm_server_url"] == "http://10.0.0.1:8000,http://10.0.0.2:8000"
+    path.write_text("vllm_server_urls: [http://10.0.0.1:8000, http://10.0.0.2:8000]\n")  # the plural spelling
+    assert RunConfig.from_file(path)["vllm_server_url"] == "http://10.0.0.1:8000,http://10.0.0.2:8000"
+    path.write_text("vllm_server_url: http://10.0.0.1:8000\nvllm_server_urls: [http://10.0.0.2:8000]\n")
+    with pytest.raises(ConfigError, match="gives both vllm_server_url and vllm_server_urls; keep one"):
+        RunConfig.from_file(path)
 
 
 # ------------------------------------------------------------------------------ two servers
