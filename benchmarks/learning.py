@@ -228,47 +228,63 @@ def transcript(record: dict, limit: int = 240) -> str:
     return "\n".join(lines)
 
 
-def results_block(runs_by_workload: dict[str, list[Run]]) -> str:
-    out = [f"Machine: {machine()}. Written by `python benchmarks/learning.py report`.", ""]
-    for name, runs in runs_by_workload.items():
-        if not runs:
-            continue
-        out += [f"### {name}", "", "| seed | steps | first-5 mean | last-5 mean | change | s/step | held-out: trained | base | "
-                "train wall | eval wall |", "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |"]
-        for run in runs:
-            trained, base = (mean(r["score"] for r in run.heldout[k]) for k in ("model", "baseline"))
-            minutes = [run.wall.get(k, float("nan")) / 60 for k in ("train_seconds", "eval_seconds")]
-            out.append(
-                f"| {run.seed} | {len(run.scores)} | {run.first:.3f} | {run.last:.3f} | {run.last - run.first:+.3f} | "
-                f"{mean(run.step_seconds):.0f} | {shown(trained, '.3f')} | {shown(base, '.3f')} | "
-                f"{shown(minutes[0], '.0f', ' min')} | {shown(minutes[1], '.0f', ' min')} |")
-        for key in WORKLOADS[name].extra_curves:
-            out += ["", f"`{key}` first-5 -> last-5: " + ", ".join(
-                f"seed {r.seed} {mean(r.curves[key][:WINDOW]):.2f} -> {mean(r.curves[key][-WINDOW:]):.2f}" for r in runs)]
-        out += ["", "Score per step, each seed: " + "; ".join(
-            f"seed {r.seed}: " + " ".join(f"{s:.2f}" for s in r.scores) for r in runs), ""]
-        final = max(runs, key=lambda r: len(r.scores))
-        picked = sorted(final.samples, key=lambda r: -r.get("score", 0))
-        if picked:
-            step = picked[0].get("step", "?")
-            out += [f"Training episodes of seed {final.seed} at step {step} (the best and the worst logged):", "", "```",
-                    transcript(picked[0]), "", transcript(picked[-1]), "```", ""]
-        held = final.heldout["model"][:2]
-        if held:
-            out += [f"Held-back tasks, seed {final.seed}'s trained model:", "", "```",
-                    *(transcript(r) + "\n" for r in held), "```", ""]
+def workload_section(name: str, runs: list[Run]) -> str:
+    """One workload's results: `### name`, its curves, the table, scores per step and transcripts."""
+    out = [f"### {name}", "", f"![{name}: mean episode score per GRPO step, each seed](learning_curves/{name}.png)", "",
+           f"Machine: {machine()}.", "",
+           "| seed | steps | first-5 mean | last-5 mean | change | s/step | held-out: trained | base | train wall | eval wall |",
+           "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |"]
+    for run in runs:
+        trained, base = (mean(r["score"] for r in run.heldout[k]) for k in ("model", "baseline"))
+        minutes = [run.wall.get(k, float("nan")) / 60 for k in ("train_seconds", "eval_seconds")]
+        out.append(
+            f"| {run.seed} | {len(run.scores)} | {run.first:.3f} | {run.last:.3f} | {run.last - run.first:+.3f} | "
+            f"{mean(run.step_seconds):.0f} | {shown(trained, '.3f')} | {shown(base, '.3f')} | "
+            f"{shown(minutes[0], '.0f', ' min')} | {shown(minutes[1], '.0f', ' min')} |")
+    for key in WORKLOADS[name].extra_curves:
+        out += ["", f"`{key}` first-5 -> last-5: " + ", ".join(
+            f"seed {r.seed} {mean(r.curves[key][:WINDOW]):.2f} -> {mean(r.curves[key][-WINDOW:]):.2f}" for r in runs)]
+    out += ["", "Score per step, each seed: " + "; ".join(
+        f"seed {r.seed}: " + " ".join(f"{s:.2f}" for s in r.scores) for r in runs), ""]
+    final = max(runs, key=lambda r: len(r.scores))
+    picked = sorted(final.samples, key=lambda r: -r.get("score", 0))
+    if picked:
+        step = picked[0].get("step", "?")
+        out += [f"Training episodes of seed {final.seed} at step {step} (the best and the worst logged):", "", "```",
+                transcript(picked[0]), "", transcript(picked[-1]), "```", ""]
+    held = final.heldout["model"][:2]
+    if held:
+        out += [f"Held-back tasks, seed {final.seed}'s trained model:", "", "```",
+                *(transcript(r) + "\n" for r in held), "```", ""]
     return "\n".join(out)
+
+
+def sections(block: str) -> dict[str, str]:
+    """The `### <workload>` sections of a results block, by workload (text before the first is dropped)."""
+    found = {}
+    for part in block.split("\n### ")[1:]:
+        name = part.split("\n", 1)[0].strip()
+        found[name] = f"### {part.rstrip()}\n"
+    return found
 
 
 def report(args) -> None:
     runs = {name: [load_run(p, w.extra_curves) for p in run_dirs(args.runs_dir, name)] for name, w in WORKLOADS.items()}
-    runs = {name: [r for r in found if r.scores] for name, found in runs.items()}
-    if not any(runs.values()):
+    runs = {name: found for name, found in ((n, [r for r in f if r.scores]) for n, f in runs.items()) if found}
+    if not runs:
         sys.exit(f"no finished runs in {args.runs_dir}; run `train` first")
-    draw(runs)
-    block = results_block(runs)
-    write_block(block, BEGIN, END)
-    print(block)
+    kept = sections(read_block(BEGIN, END))
+    for name, found in runs.items():
+        draw(name, found)
+        kept[name] = workload_section(name, found)
+    order = [name for name in WORKLOADS if name in kept] + [name for name in kept if name not in WORKLOADS]
+    write_block("\n".join(kept[name] for name in order), BEGIN, END)
+    print("\n".join(workload_section(name, found) for name, found in runs.items()))
+
+
+def read_block(begin: str, end: str) -> str:
+    text = LEARNING_MD.read_text() if LEARNING_MD.exists() else ""
+    return text.split(begin, 1)[1].split(end, 1)[0] if begin in text and end in text else ""
 
 
 def write_block(block: str, begin: str, end: str) -> None:
