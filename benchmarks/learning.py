@@ -10,9 +10,11 @@ at a time), each in <runs-dir>/<workload>-seed<N> with its log beside it. `eval`
 --model <run> --baseline smollm2` on the workload's held-back tasks (`{"split": "held_out"}`: topics or
 cities the run never trained on), writing every episode to <run>/heldout.jsonl. `report` reads every
 run's metrics.jsonl (the per-step score curve, first-5 vs last-5 mean, seconds per step) and held-out
-episodes, draws the curves into benchmarks/learning_curves.png and rewrites the results block of
-benchmarks/LEARNING.md (between its `<!-- results -->` markers): tables, transcripts from the end of
-training, the machine and the wall time.
+episodes, draws each workload's curves into benchmarks/learning_curves/<workload>.png and rewrites that
+workload's section of the results block of benchmarks/LEARNING.md (between its `<!-- results -->`
+markers): table, transcripts from the end of training, the machine and the wall time. Sections of
+workloads with no runs in --runs-dir are kept as they are, so runs kept in different folders (or
+machines) report into one file.
 
 Workloads: `rewrite` (envs/rewrite.py: answer, then rewrite the answer under a constraint; target:
 every seed's last-5 mean at least 0.2 above its first-5 mean within 30 steps, and the trained model
@@ -41,7 +43,7 @@ from results_table import machine as describe_machine  # the benchmarks' one mac
 
 REPO = Path(__file__).resolve().parent.parent
 LEARNING_MD = REPO / "benchmarks" / "LEARNING.md"
-CURVES_PNG = REPO / "benchmarks" / "learning_curves.png"
+CURVES_DIR = REPO / "benchmarks" / "learning_curves"  # <workload>.png
 BEGIN, END = "<!-- results -->", "<!-- /results -->"
 WINDOW = 5  # steps averaged at each end of a curve
 
@@ -185,28 +187,31 @@ def load_run(path: Path, extra_curves: tuple[str, ...]) -> Run:
     )
 
 
-def draw(runs_by_workload: dict[str, list[Run]]) -> None:
+def draw(name: str, runs: list[Run]) -> Path:
+    """One workload's score curves (and its extra curves) into learning_curves/<name>.png."""
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    shown = [(name, runs) for name, runs in runs_by_workload.items() if runs]
-    fig, axes = plt.subplots(1, len(shown), figsize=(6 * len(shown), 4), squeeze=False)
-    for ax, (name, runs) in zip(axes[0], shown):
-        for run in runs:
-            line, = ax.plot(range(1, len(run.scores) + 1), run.scores, label=f"seed {run.seed}: score")
-            for key, style in zip(WORKLOADS[name].extra_curves, (":", "--")):
-                ax.plot(range(1, len(run.curves[key]) + 1), run.curves[key], style, color=line.get_color(),
-                        label=f"seed {run.seed}: {key.split('/', 1)[1]}")
-        episodes = RECIPE[RECIPE.index("--batch-size") + 1]
-        ax.set_title(f"{name}: mean episode score per step ({episodes} episodes)")
-        ax.set_xlabel("GRPO step")
-        ax.set_ylim(0, 1)
-        ax.grid(alpha=0.3)
-        ax.legend(fontsize=7)
+    fig, ax = plt.subplots(figsize=(6, 4))
+    for run in runs:
+        line, = ax.plot(range(1, len(run.scores) + 1), run.scores, label=f"seed {run.seed}: score")
+        for key, style in zip(WORKLOADS[name].extra_curves, (":", "--")):
+            ax.plot(range(1, len(run.curves[key]) + 1), run.curves[key], style, color=line.get_color(),
+                    label=f"seed {run.seed}: {key.split('/', 1)[1]}")
+    episodes = RECIPE[RECIPE.index("--batch-size") + 1]
+    ax.set_title(f"{name}: mean episode score per step ({episodes} episodes)")
+    ax.set_xlabel("GRPO step")
+    ax.set_ylim(0, 1)
+    ax.grid(alpha=0.3)
+    ax.legend(fontsize=7)
     fig.tight_layout()
-    fig.savefig(CURVES_PNG, dpi=110)
+    CURVES_DIR.mkdir(exist_ok=True)
+    path = CURVES_DIR / f"{name}.png"
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return path
 
 
 def machine() -> str:
