@@ -52,6 +52,8 @@ GUESS_ENV = textwrap.dedent('''
 
         def step(self, action, timeout_s=None, **kwargs):
             self._state.step_count += 1
+            if action.guess == "boom":
+                raise RuntimeError("the game crashed on boom")
             try:
                 number = int(action.guess.strip().split()[-1])
             except (ValueError, IndexError):
@@ -67,6 +69,7 @@ GUESS_ENV = textwrap.dedent('''
 
 
     app = create_app(GuessEnvironment, GuessAction, GuessObservation, env_name="guess", max_concurrent_envs=64)
+    one_session = create_app(GuessEnvironment, GuessAction, GuessObservation, env_name="guess", max_concurrent_envs=1)
 ''')
 
 
@@ -96,8 +99,9 @@ def servers(tmp_path_factory):
     subprocess.run([sys.executable, "-m", "openenv.cli", "init", "echo_env"], cwd=folder, check=True,
                    stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, timeout=120)
     (folder / "guess_server.py").write_text(GUESS_ENV)
-    started = [serve("echo_env.server.app:app", folder), serve("guess_server:app", folder)]
-    yield {"echo": started[0][1], "guess": started[1][1]}
+    started = [serve("echo_env.server.app:app", folder), serve("guess_server:app", folder),
+               serve("guess_server:one_session", folder)]
+    yield {"echo": started[0][1], "guess": started[1][1], "guess_one_session": started[2][1]}
     for process, _ in started:
         process.kill()
         process.wait()
@@ -139,6 +143,16 @@ def test_a_game_is_won_by_the_right_play_and_seeds_split(servers):
     assert all(ep.score == 1.0 and ep.stop_reason == "env" for ep in episodes), [ep.error for ep in episodes]
     wrong = play(env, rows[:2], lambda ep: "My guess: 0")
     assert all(ep.score == 0.0 and ep.turns == 8 for ep in wrong)  # the game's own end after 8 tries
+
+
+def test_an_episode_that_fails_gives_its_server_session_back(servers):
+    env = OpenEnvEnv(servers["guess_one_session"], size=5)  # a server with room for one session at a time
+    rows = env.build_dataset(None)
+    for _ in range(2):  # each failure must leave the one session free for what follows
+        (failed,) = play(env, rows[:1], lambda ep: "boom")
+        assert failed.score == 0.0 and "crashed on boom" in failed.error
+    (played,) = play(env, rows[:1], bisect)
+    assert played.error is None and played.score == 1.0
 
 
 def test_what_cannot_be_mapped_is_a_one_line_error(servers, refused_url):

@@ -26,6 +26,7 @@ server: `MCPTools(url=...)` in a ToolEnvironment), starting Docker images, and a
 
 from __future__ import annotations
 
+import contextlib
 import json
 from typing import Any
 
@@ -133,26 +134,28 @@ class OpenEnvEnv(Environment):
 
     async def reset(self, episode: Episode) -> None:
         client = self._client(base_url=self.url, connect_timeout_s=self.timeout, message_timeout_s=self.timeout)
-        await client.connect()
         self._sessions[id(episode)] = client
-        episode.state["openenv_rewards"] = []
-        result = await client.reset(seed=episode.row["openenv_seed"])
-        text = self.observation_text(result.observation)
-        if text != episode.row["first_observation"]:
-            raise ValueError(f"reset(seed={episode.row['openenv_seed']}) gave another observation than when the dataset "
-                             f"was built; the environment's reset must be deterministic per seed")
+        async with self._closed_on_error(episode):
+            await client.connect()
+            episode.state["openenv_rewards"] = []
+            result = await client.reset(seed=episode.row["openenv_seed"])
+            text = self.observation_text(result.observation)
+            if text != episode.row["first_observation"]:
+                raise ValueError(f"reset(seed={episode.row['openenv_seed']}) gave another observation than when the "
+                                 f"dataset was built; the environment's reset must be deterministic per seed")
 
     async def step(self, episode: Episode, completion: str):
         client = self._sessions[id(episode)]
-        result = await client.step({self.action_field: completion})
-        reward = float(result.reward or 0.0)
-        episode.state["openenv_rewards"].append(reward)
-        if reward:
-            episode.reward_turn(reward / (self.reward_range[1] - self.reward_range[0]))
-        if result.done:
-            await self._close(episode)
-            return None
-        return self.observation_text(result.observation)
+        async with self._closed_on_error(episode):
+            result = await client.step({self.action_field: completion})
+            reward = float(result.reward or 0.0)
+            episode.state["openenv_rewards"].append(reward)
+            if reward:
+                episode.reward_turn(reward / (self.reward_range[1] - self.reward_range[0]))
+            if result.done:
+                await self._close(episode)
+                return None
+            return self.observation_text(result.observation)
 
     async def score_episode(self, episode: Episode) -> float:
         await self._close(episode)
@@ -165,3 +168,14 @@ class OpenEnvEnv(Environment):
         client = self._sessions.pop(id(episode), None)
         if client is not None:
             await client.close()
+
+    @contextlib.asynccontextmanager
+    async def _closed_on_error(self, episode: Episode):
+        """An episode that fails in reset or step is scored 0 without `score_episode`: give its server
+        session back here, or a server with room for N sessions refuses new episodes after N failures."""
+        try:
+            yield
+        except BaseException:
+            with contextlib.suppress(Exception):  # the session may be gone with the server; the first error counts
+                await self._close(episode)
+            raise
