@@ -153,6 +153,9 @@ def test_an_episode_that_fails_gives_its_server_session_back(servers):
         assert failed.score == 0.0 and "crashed on boom" in failed.error
     (played,) = play(env, rows[:1], bisect)
     assert played.error is None and played.score == 1.0
+    both = play(env, rows[:2], bisect)  # two at once: one is refused, saying why
+    assert sorted(ep.score for ep in both) == [0.0, 1.0]
+    assert "at its session limit" in next(ep.error for ep in both if ep.error)
 
 
 def test_what_cannot_be_mapped_is_a_one_line_error(servers, refused_url):

@@ -138,7 +138,15 @@ class OpenEnvEnv(Environment):
         async with self._closed_on_error(episode):
             await client.connect()
             episode.state["openenv_rewards"] = []
-            result = await client.reset(seed=episode.row["openenv_seed"])
+            try:
+                result = await client.reset(seed=episode.row["openenv_seed"])
+            except Exception as exc:
+                if type(exc).__name__.startswith("ConnectionClosed"):  # websockets' class, not imported here
+                    raise RuntimeError(
+                        f"the OpenEnv server at {self.url} closed the session before reset; most likely it is at "
+                        f"its session limit: allow as many sessions as episodes in play (max_concurrent_envs in "
+                        f"its create_app) or train fewer episodes at once") from None
+                raise
             text = self.observation_text(result.observation)
             if text != episode.row["first_observation"]:
                 raise ValueError(f"reset(seed={episode.row['openenv_seed']}) gave another observation than when the "
