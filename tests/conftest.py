@@ -20,6 +20,9 @@ import torch
 
 from helpers import FIXTURES_DIR, refused_port
 
+# Under pytest-xdist, the longest modules first (tests/helpers/module_order.py).
+pytest_plugins = ["helpers.module_order"]
+
 torch.set_num_threads(1)
 
 # transformers binds its log handler to sys.stderr when it first logs. If that first time is inside a
