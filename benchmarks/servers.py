@@ -23,7 +23,6 @@ from __future__ import annotations
 import argparse
 import asyncio
 import os
-import signal
 import socket
 import statistics
 import subprocess
@@ -31,14 +30,15 @@ import sys
 import time
 from pathlib import Path
 
-import psutil
 
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
+sys.path.insert(0, str(REPO / "tests"))  # the tests' helpers start and stop servers the same way
 
 from aitrain_grpo.engine.backends.base import ReplayEpisode, SamplingParams  # noqa: E402
 from aitrain_grpo.engine.backends.server_pool import ServerPool, Weights  # noqa: E402
 from aitrain_grpo.engine.backends.vllm_server import VLLMServerClient  # noqa: E402
+from helpers.vllm import kill_hard, stop  # noqa: E402
 
 
 def free_port() -> int:
@@ -63,22 +63,6 @@ def serve(model: str, cores: str, log: Path, port: int | None = None) -> tuple[s
             raise SystemExit(f"server on {url} did not start; see {log}")
         time.sleep(0.25)
     return process, url, time.monotonic() - started
-
-
-def stop(process: subprocess.Popen) -> None:
-    if process.poll() is None:
-        process.send_signal(signal.SIGTERM)
-        process.wait(timeout=120)
-
-
-def kill_hard(process: subprocess.Popen) -> None:
-    for child in psutil.Process(process.pid).children():
-        try:
-            os.killpg(child.pid, signal.SIGKILL)
-        except ProcessLookupError:
-            pass
-    process.kill()
-    process.wait()
 
 
 def play(pool: ServerPool, prompt: list[int], episodes: int, turns: int, tokens: int) -> tuple[float, int]:

@@ -29,34 +29,10 @@ from aitrain_grpo.engine.backends.vllm_server import VLLMServerClient  # noqa: E
 from aitrain_grpo.errors import ConfigError  # noqa: E402
 from aitrain_grpo.training.generation import check_server, plan_generation  # noqa: E402
 from helpers import REPO, run_cli  # noqa: E402
-from helpers.vllm import fixed_prompt, in_sync, start_vllm_serve  # noqa: E402
+from helpers.vllm import fixed_prompt, in_sync, kill_hard, start_vllm_serve, stop  # noqa: E402
 
 LETTERS = ["--rl-env-module", "envs.letters", "--rl-env-class", "LetterEnv", "--lr", "1e-2", "--rl-kl-coef", "0",
            "--rl-max-new-tokens", "24"]
-
-
-def stop(process: subprocess.Popen) -> None:
-    if process.poll() is None:
-        process.send_signal(signal.SIGTERM)
-        try:
-            process.wait(timeout=120)
-        except subprocess.TimeoutExpired:
-            process.kill()
-            process.wait()
-
-
-def kill_hard(process: subprocess.Popen) -> None:
-    """SIGKILL the server `aitrain vllm-serve` started (its own process group) and the command itself: a
-    server that dies without a goodbye (an OOM kill, a lost node)."""
-    import psutil
-
-    for child in psutil.Process(process.pid).children():
-        try:
-            os.killpg(child.pid, signal.SIGKILL)
-        except ProcessLookupError:
-            pass
-    process.kill()
-    process.wait()
 
 
 def serve_on(url: str, model: str, log: Path) -> subprocess.Popen:

@@ -5,11 +5,13 @@ model give the same tokens, to tell whether a server holds the trainer's weights
 from __future__ import annotations
 
 import os
+import signal
 import subprocess
 import sys
 import time
 from pathlib import Path
 
+import psutil
 import pytest
 import torch
 
@@ -75,3 +77,25 @@ def in_sync(ratio: float) -> bool:
     bfloat16 on a CPU and the trainer scores in float32, so at lr 1e-2 the tiny model's ratio wanders:
     0.78-1.03 measured after syncs; a server left on stale weights gives 0.004-0.11 (the stale tests)."""
     return 0.6 <= ratio <= 1.5
+
+
+def stop(process: subprocess.Popen) -> None:
+    if process.poll() is None:
+        process.send_signal(signal.SIGTERM)
+        try:
+            process.wait(timeout=120)
+        except subprocess.TimeoutExpired:
+            process.kill()
+            process.wait()
+
+
+def kill_hard(process: subprocess.Popen) -> None:
+    """SIGKILL the server `aitrain vllm-serve` started (its own process group) and the command itself: a
+    server that dies without a goodbye (an OOM kill, a lost node)."""
+    for child in psutil.Process(process.pid).children():
+        try:
+            os.killpg(child.pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+    process.kill()
+    process.wait()
