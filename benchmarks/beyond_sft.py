@@ -2,8 +2,9 @@
 
     OMP_NUM_THREADS=1 python benchmarks/beyond_sft.py all --workload weather --seeds 1 2 3
     python benchmarks/beyond_sft.py sft --workload stations          # or one phase at a time:
-    python benchmarks/beyond_sft.py train --workload stations --seeds 1 --advantage turn
-    python benchmarks/beyond_sft.py eval --workload stations
+    python benchmarks/beyond_sft.py train --workload stations --seeds 1 --advantage turn --save-every 5
+    python benchmarks/beyond_sft.py eval --workload stations --advantage turn
+    python benchmarks/beyond_sft.py curve --workload stations --advantage turn   # held-back at each checkpoint
     python benchmarks/beyond_sft.py report
 
 `sft` warms SmolLM2-135M-Instruct up on a few oracle demonstrations (`aitrain sft`: enough to learn
@@ -13,7 +14,9 @@ GRPO run, each against the SFT model as `--baseline`: the same tasks, the same s
 SFT start is measured exactly as the model trained from it. `report` writes the block between the
 `<!-- beyond-sft -->` markers of benchmarks/LEARNING.md: per run, held-back success (episodes scoring
 1.0) and mean score of the GRPO model and of its SFT start, the environment's metrics for both, and
-a transcript of each from the same task.
+a transcript of each from the same task. `curve` plays the held-back tasks with every checkpoint of a
+run (`train --save-every N`), and `report` adds held-back success by step and the first step that
+reaches `--threshold`: how credit per turn (`--advantage turn`) is compared with `outcome`.
 
 Workloads: `weather` (envs/weather.py: one call, then the number) and `stations` (envs/stations.py:
 find_station, then read_station with the id it returned, then the number: two dependent calls).
@@ -81,7 +84,7 @@ def run_name(args, seed: int) -> str:
 def sft(args) -> None:
     w = WORKLOADS[args.workload]
     out = sft_dir(args)
-    command = aitrain("sft", "--model", "smollm2", "--rl-env-module", w.module, "--rl-env-class", w.env_class,
+    command = aitrain("sft", "--model", args.model, "--rl-env-module", w.module, "--rl-env-class", w.env_class,
                       "--episodes", str(args.demos or w.demos), "--max-steps", str(args.sft_steps or w.sft_steps),
                       "--output-dir", str(out), "--overwrite")
     print("sft:", " ".join(command[2:]), flush=True)
@@ -94,7 +97,8 @@ def train(args) -> None:
         out = args.runs_dir / run_name(args, seed)
         command = aitrain("grpo", "--model", str(sft_dir(args)), "--rl-env-module", w.module, "--rl-env-class",
                           w.env_class, *GRPO, *RECIPES[args.recipe], *w.turn_options, "--rl-advantage", args.advantage,
-                          "--max-steps", str(args.steps), "--seed", str(seed), "--output-dir", str(out))
+                          "--max-steps", str(args.steps), "--seed", str(seed), "--output-dir", str(out),
+                          *(("--save-steps", str(args.save_every)) if args.save_every else ()))
         print("grpo:", " ".join(command[2:]), flush=True)
         seconds = run_logged(command, args.runs_dir / f"{out.name}.log")
         (out / "wall.json").write_text(json.dumps({"train_seconds": seconds}))
@@ -108,6 +112,29 @@ def evaluate(args) -> None:
                           "--rl-env-class", w.env_class, *EVAL, *w.turn_options, "--output", str(out / "heldout.jsonl"))
         print("eval:", " ".join(command[2:]), flush=True)
         run_logged(command, out / "heldout.log")
+
+
+def checkpoints(run: Path) -> list[tuple[int, Path]]:
+    found = [(int(c.name.rsplit("-", 1)[1]), c) for c in run.glob("checkpoint-*") if c.name.rsplit("-", 1)[1].isdigit()]
+    return sorted(found)
+
+
+def curve(args) -> None:
+    """Held-back success along each run: every checkpoint (`train --save-every N`) played on the held-back
+    tasks as `eval` plays the final model, into <run>/curve/step-<K>.jsonl; step 0 (the SFT start) and the
+    last step come from the run's heldout.jsonl."""
+    w = WORKLOADS[args.workload]
+    for seed in args.seeds:
+        out = args.runs_dir / run_name(args, seed)
+        (out / "curve").mkdir(exist_ok=True)
+        for step, checkpoint in checkpoints(out):
+            target = out / "curve" / f"step-{step}.jsonl"
+            if target.exists():
+                continue
+            command = aitrain("eval", "--model", str(checkpoint), "--rl-env-module", w.module, "--rl-env-class", w.env_class,
+                              *EVAL, *w.turn_options, "--output", str(target))
+            print("eval:", " ".join(command[2:]), flush=True)
+            run_logged(command, out / "curve" / f"step-{step}.log")
 
 
 # ------------------------------------------------------------------------------------------ report
@@ -140,7 +167,38 @@ def transcript(record: dict, limit: int = 200) -> str:
     return "\n".join(lines)
 
 
-def results_block(runs_dir: Path) -> str:
+def success_by_step(run: Path, steps: int) -> dict[int, float]:
+    """Held-back success at step 0 (the SFT start), at each evaluated checkpoint, and at the last step."""
+    grpo, base = by_model(read_jsonl(run / "heldout.jsonl"))
+    found = {0: summary(base, ())["success"]} if base else {}
+    for f in (run / "curve").glob("step-*.jsonl"):
+        found[int(f.stem.split("-")[1])] = summary(read_jsonl(f), ())["success"]
+    found[steps] = summary(grpo, ())["success"]
+    return dict(sorted(found.items()))
+
+
+def curve_table(runs: list[Path], threshold: float) -> list[str]:
+    """Per run: held-back success by step and the first evaluated step that reaches `threshold` (the
+    turn-vs-outcome measure); empty when no run was evaluated along the way (`curve`)."""
+    curves = {}
+    for run in runs:
+        if (run / "curve").is_dir():
+            steps = sum(1 for r in read_jsonl(run / "metrics.jsonl") if "env/score_mean" in r)
+            curves[run.name] = success_by_step(run, steps)
+    if not curves:
+        return []
+    columns = sorted({step for c in curves.values() for step in c})
+    out = ["", f"Held-back success by step (step 0: the SFT start); first step at or above {threshold:.2f}:", "",
+           "| run | " + " | ".join(f"step {k}" for k in columns) + " | first step >= threshold |",
+           "| --- " * (len(columns) + 2) + "|"]
+    for name, c in curves.items():
+        first = next((k for k, v in c.items() if v >= threshold), None)
+        cells = " | ".join(f"{c[k]:.3f}" if k in c else "" for k in columns)
+        out.append(f"| {name} | {cells} | {first if first is not None else 'not reached'} |")
+    return out
+
+
+def results_block(runs_dir: Path, threshold: float = 0.5) -> str:
     out = [f"Machine: {describe_machine()}; one torch thread per process. Written by "
            "`python benchmarks/beyond_sft.py report`.", ""]
     for name, w in WORKLOADS.items():
@@ -159,6 +217,7 @@ def results_block(runs_dir: Path) -> str:
             out.append(f"| {run.name} | {steps} | {start['success']:.3f} | {trained['success']:.3f} | "
                        f"{trained['success'] - start['success']:+.3f} | {start['score']:.3f} -> {trained['score']:.3f} | "
                        f"{metric_cells} | {wall:.0f} min |")
+        out += curve_table(runs, threshold)
         grpo, base = by_model(read_jsonl(runs[-1] / "heldout.jsonl"))
         if base and grpo:
             out += ["", f"The first held-back task, {runs[-1].name}: the SFT start, then the GRPO model.", "", "```",
@@ -168,25 +227,28 @@ def results_block(runs_dir: Path) -> str:
 
 
 def report(args) -> None:
-    block = results_block(args.runs_dir)
+    block = results_block(args.runs_dir, args.threshold)
     write_block(block, BEGIN, END)
     print(block)
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    parser.add_argument("phase", choices=("sft", "train", "eval", "report", "all"))
+    parser.add_argument("phase", choices=("sft", "train", "eval", "curve", "report", "all"))
     parser.add_argument("--workload", choices=sorted(WORKLOADS), default="weather")
     parser.add_argument("--seeds", type=int, nargs="+", default=[1, 2, 3])
     parser.add_argument("--steps", type=int, default=20, help="GRPO steps per seed")
     parser.add_argument("--demos", type=int, default=None, help="oracle demonstrations (default: the workload's)")
     parser.add_argument("--sft-steps", type=int, default=None)
     parser.add_argument("--advantage", choices=("outcome", "turn"), default="outcome")
+    parser.add_argument("--model", default="smollm2", help="the model sft starts from ('tiny' for a quick check)")
+    parser.add_argument("--save-every", type=int, default=None, help="checkpoint every N steps, for `curve`")
+    parser.add_argument("--threshold", type=float, default=0.5, help="held-back success the curve table looks for")
     parser.add_argument("--recipe", choices=sorted(RECIPES), default="kl")
     parser.add_argument("--runs-dir", type=Path, default=REPO / "runs" / "beyond_sft")
     args = parser.parse_args()
     args.runs_dir.mkdir(parents=True, exist_ok=True)
-    phases = {"sft": [sft], "train": [train], "eval": [evaluate], "report": [report],
+    phases = {"sft": [sft], "train": [train], "eval": [evaluate], "curve": [curve], "report": [report],
               "all": [sft, train, evaluate, report]}[args.phase]
     for phase in phases:
         phase(args)
