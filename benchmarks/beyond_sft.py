@@ -219,9 +219,10 @@ def results_block(runs_dir: Path, threshold: float = 0.5) -> str:
                        f"{metric_cells} | {wall:.0f} min |")
         out += curve_table(runs, threshold)
         grpo, base = by_model(read_jsonl(runs[-1] / "heldout.jsonl"))
-        if base and grpo:
-            out += ["", f"The first held-back task, {runs[-1].name}: the SFT start, then the GRPO model.", "", "```",
-                    transcript(base[0]), "", transcript(grpo[0]), "```"]
+        if base and grpo:  # the first held-back episode the two models scored differently (the same task and sample)
+            i = next((k for k, (b, g) in enumerate(zip(base, grpo)) if b["score"] != g["score"]), 0)
+            out += ["", f"Held-back task {base[i].get('task')}, sample {base[i].get('sample')}, {runs[-1].name}: the SFT "
+                    "start, then the GRPO model.", "", "```", transcript(base[i]), "", transcript(grpo[i]), "```"]
         out.append("")
     return "\n".join(out)
 
