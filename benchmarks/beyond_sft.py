@@ -63,7 +63,7 @@ WORKLOADS = {
 # model is peaked, and at 0.7 its groups barely differ). Recipes: `nokl` is LEARNING.md's rewrite recipe
 # (lr 1e-3, no KL), which collapsed on weather's seed 2; `kl` keeps the policy near the SFT model it
 # starts from (the reference of a LoRA run is its base, here the merged SFT model) and moves half as fast.
-GRPO = ("--rl-temperature", "1.0", "--batch-size", "16", "--rl-num-generations", "4", "--overwrite")
+GRPO = ("--rl-temperature", "1.0", "--batch-size", "16", "--rl-num-generations", "4")
 RECIPES = {"nokl": ("--lr", "1e-3", "--rl-kl-coef", "0"), "kl": ("--lr", "5e-4", "--rl-kl-coef", "0.1")}
 EVAL = ("--rl-env-config", '{"split": "held_out"}', "--episodes", "16", "--rl-num-generations", "2",
         "--rl-temperature", "0.7", "--seed", "0")
@@ -98,10 +98,23 @@ def train(args) -> None:
         command = aitrain("grpo", "--model", str(sft_dir(args)), "--rl-env-module", w.module, "--rl-env-class",
                           w.env_class, *GRPO, *RECIPES[args.recipe], *w.turn_options, "--rl-advantage", args.advantage,
                           "--max-steps", str(args.steps), "--seed", str(seed), "--output-dir", str(out),
-                          *(("--save-steps", str(args.save_every)) if args.save_every else ()))
+                          *(("--save-steps", str(args.save_every)) if args.save_every else ()),
+                          *(("--resume-from-checkpoint", "auto") if args.resume else ("--overwrite",)))
         print("grpo:", " ".join(command[2:]), flush=True)
-        seconds = run_logged(command, args.runs_dir / f"{out.name}.log")
-        (out / "wall.json").write_text(json.dumps({"train_seconds": seconds}))
+        log = args.runs_dir / f"{out.name}.log"
+        before = log.read_text() if args.resume and log.exists() else ""
+        earlier = read_wall(out) if args.resume else 0.0
+        seconds = run_logged(command, log)
+        if before:  # a resumed run's log keeps the earlier part
+            log.write_text(before + log.read_text())
+        (out / "wall.json").write_text(json.dumps({"train_seconds": earlier + seconds}))
+
+
+def read_wall(run: Path) -> float:
+    """Training seconds recorded so far (wall.json; a run stopped part-way records its steps' seconds)."""
+    if (run / "wall.json").exists():
+        return json.loads((run / "wall.json").read_text()).get("train_seconds", 0.0)
+    return sum(r.get("time/step_s", 0.0) for r in read_jsonl(run / "metrics.jsonl"))
 
 
 def evaluate(args) -> None:
@@ -212,7 +225,7 @@ def results_block(runs_dir: Path, threshold: float = 0.5) -> str:
             grpo, base = by_model(read_jsonl(run / "heldout.jsonl"))
             start, trained = summary(base, w.metrics), summary(grpo, w.metrics)
             steps = sum(1 for r in read_jsonl(run / "metrics.jsonl") if "env/score_mean" in r)
-            wall = json.loads((run / "wall.json").read_text()).get("train_seconds", 0) / 60 if (run / "wall.json").exists() else 0
+            wall = read_wall(run) / 60
             metric_cells = " | ".join(f"{start[m]:.2f} -> {trained[m]:.2f}" for m in w.metrics)
             out.append(f"| {run.name} | {steps} | {start['success']:.3f} | {trained['success']:.3f} | "
                        f"{trained['success'] - start['success']:+.3f} | {start['score']:.3f} -> {trained['score']:.3f} | "
@@ -243,6 +256,7 @@ def main() -> None:
     parser.add_argument("--sft-steps", type=int, default=None)
     parser.add_argument("--advantage", choices=("outcome", "turn"), default="outcome")
     parser.add_argument("--model", default="smollm2", help="the model sft starts from ('tiny' for a quick check)")
+    parser.add_argument("--resume", action="store_true", help="go on from each run's last checkpoint (a stopped run)")
     parser.add_argument("--save-every", type=int, default=None, help="checkpoint every N steps, for `curve`")
     parser.add_argument("--threshold", type=float, default=0.5, help="held-back success the curve table looks for")
     parser.add_argument("--recipe", choices=sorted(RECIPES), default="kl")
