@@ -55,7 +55,7 @@ WORKLOADS = {
     "weather": Workload("envs.weather", "WeatherEnv", 64, 14,
                         ("--rl-max-new-tokens", "48", "--rl-max-completion-length", "192"),
                         ("valid_call", "right_city", "answered")),
-    "stations": Workload("envs.stations", "StationEnv", 64, 12,
+    "stations": Workload("envs.stations", "StationEnv", 64, 24,
                          ("--rl-max-new-tokens", "48", "--rl-max-completion-length", "256"),
                          ("found_station", "read_station", "answered", "wrong_id")),
 }
