@@ -101,12 +101,8 @@ def train(args) -> None:
                           *(("--save-steps", str(args.save_every)) if args.save_every else ()),
                           *(("--resume-from-checkpoint", "auto") if args.resume else ("--overwrite",)))
         print("grpo:", " ".join(command[2:]), flush=True)
-        log = args.runs_dir / f"{out.name}.log"
-        before = log.read_text() if args.resume and log.exists() else ""
         earlier = read_wall(out) if args.resume else 0.0
-        seconds = run_logged(command, log)
-        if before:  # a resumed run's log keeps the earlier part
-            log.write_text(before + log.read_text())
+        seconds = run_logged(command, args.runs_dir / f"{out.name}.log", append=args.resume)
         (out / "wall.json").write_text(json.dumps({"train_seconds": earlier + seconds}))
 
 

@@ -94,11 +94,12 @@ def grpo_command(workload: Workload, seed: int, steps: int, output_dir: Path) ->
             "--output-dir", str(output_dir)]
 
 
-def run_logged(command: list[str], log: Path) -> float:
-    """Run a command from the repository root with its output in `log`; return its wall seconds."""
+def run_logged(command: list[str], log: Path, append: bool = False) -> float:
+    """Run a command from the repository root with its output in `log` (after what it holds, with
+    `append`: a resumed run); return its wall seconds."""
     env = dict(os.environ, OMP_NUM_THREADS="1", PYTHONUNBUFFERED="1")
     started = time.time()
-    with log.open("w") as out:
+    with log.open("a" if append else "w") as out:
         out.write("$ " + " ".join(command) + "\n")
         out.flush()
         code = subprocess.run(command, cwd=REPO, env=env, stdout=out, stderr=subprocess.STDOUT).returncode
