@@ -11,7 +11,6 @@ import sys
 import time
 from pathlib import Path
 
-import psutil
 import pytest
 import torch
 
@@ -92,6 +91,8 @@ def stop(process: subprocess.Popen) -> None:
 def kill_hard(process: subprocess.Popen) -> None:
     """SIGKILL the server `aitrain vllm-serve` started (its own process group) and the command itself: a
     server that dies without a goodbye (an OOM kill, a lost node)."""
+    import psutil  # accelerate's dependency, not ours
+
     for child in psutil.Process(process.pid).children():
         try:
             os.killpg(child.pid, signal.SIGKILL)
