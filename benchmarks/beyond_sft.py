@@ -176,6 +176,11 @@ def transcript(record: dict, limit: int = 200) -> str:
     return "\n".join(lines)
 
 
+def steps_done(run: Path) -> int:
+    """The last step the run logged (a step replayed after a resume is logged twice: not a count)."""
+    return max((r.get("step", 0) for r in read_jsonl(run / "metrics.jsonl") if "env/score_mean" in r), default=0)
+
+
 def success_by_step(run: Path, steps: int) -> dict[int, float]:
     """Held-back success at step 0 (the SFT start), at each evaluated checkpoint, and at the last step."""
     grpo, base = by_model(read_jsonl(run / "heldout.jsonl"))
@@ -192,7 +197,7 @@ def curve_table(runs: list[Path], threshold: float) -> list[str]:
     curves = {}
     for run in runs:
         if (run / "curve").is_dir():
-            steps = sum(1 for r in read_jsonl(run / "metrics.jsonl") if "env/score_mean" in r)
+            steps = steps_done(run)
             curves[run.name] = success_by_step(run, steps)
     if not curves:
         return []
@@ -220,7 +225,7 @@ def results_block(runs_dir: Path, threshold: float = 0.5) -> str:
         for run in runs:
             grpo, base = by_model(read_jsonl(run / "heldout.jsonl"))
             start, trained = summary(base, w.metrics), summary(grpo, w.metrics)
-            steps = sum(1 for r in read_jsonl(run / "metrics.jsonl") if "env/score_mean" in r)
+            steps = steps_done(run)
             wall = read_wall(run) / 60
             metric_cells = " | ".join(f"{start[m]:.2f} -> {trained[m]:.2f}" for m in w.metrics)
             out.append(f"| {run.name} | {steps} | {start['success']:.3f} | {trained['success']:.3f} | "
