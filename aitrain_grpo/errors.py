@@ -53,6 +53,12 @@ def user_location(exc: BaseException) -> str | None:
     return f"{frame.filename}:{frame.lineno}"
 
 
+def raised_message(what: str, exc: BaseException) -> str:
+    """"WHAT raised Type: message (at file:line)": how an error names a user callable that failed."""
+    location = user_location(exc)
+    return f"{what} raised {describe_exception(exc)}" + (f" (at {location})" if location else "")
+
+
 class UserError(ValueError):
     """A problem the user can fix. The message is one line: what is wrong; how to fix it."""
 

@@ -17,7 +17,7 @@ from collections.abc import Iterable, Mapping
 from typing import Any
 
 from aitrain_grpo.env.base import MESSAGE_ROLES
-from aitrain_grpo.errors import EnvLoadError, describe_exception, one_line, user_location
+from aitrain_grpo.errors import EnvLoadError, one_line, raised_message
 
 _ROLE_LIST = ", ".join(MESSAGE_ROLES)
 
@@ -121,8 +121,5 @@ def build_rows(env: Any, tokenizer: Any) -> list[dict[str, Any]]:
         if inspect.isawaitable(rows):  # an `async def build_dataset` is accepted
             rows = asyncio.run(rows)
     except Exception as exc:
-        location = user_location(exc)
-        at = f" (at {location})" if location else ""
-        raise EnvLoadError(f"build_dataset of {name} raised {describe_exception(exc)}{at}; fix "
-                           f"{name}.build_dataset") from exc
+        raise EnvLoadError(f"{raised_message(f'build_dataset of {name}', exc)}; fix {name}.build_dataset") from exc
     return validate_dataset(rows, source=f"{name}.build_dataset")

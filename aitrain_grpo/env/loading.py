@@ -35,7 +35,7 @@ from aitrain_grpo.env.adapters.aitraining import AITRAINING_SIGNATURE, adapt, sc
 from aitrain_grpo.env.agent import AgentEnvironment
 from aitrain_grpo.env.base import Environment
 from aitrain_grpo.env.tools import ToolEnvironment
-from aitrain_grpo.errors import EnvLoadError, describe_exception, one_line, user_location
+from aitrain_grpo.errors import EnvLoadError, describe_exception, one_line, raised_message, user_location
 
 REQUIRED_METHODS = ("build_dataset", "score_episode")
 # The library's own base classes are never the answer to "which class did you mean?".
@@ -295,10 +295,8 @@ def load_environment(module: str, class_name: str, config: str | Mapping | None 
     try:
         env = cls(**kwargs)
     except Exception as exc:
-        location = user_location(exc)
-        at = f" (at {location})" if location else ""
-        raise EnvLoadError(f"{cls.__name__}(**config) raised {describe_exception(exc)}{at}; fix the config "
-                           f"values or the constructor") from exc
+        raise EnvLoadError(f"{raised_message(f'{cls.__name__}(**config)', exc)}; fix the config values or the "
+                           f"constructor") from exc
     if isinstance(env, ToolEnvironment):
         env.tool_specs  # builds (and caches) the schemas: a bad tool definition is an EnvLoadError now
     if aitraining_style:

@@ -40,7 +40,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from aitrain_grpo.env.base import Environment, Episode
-from aitrain_grpo.errors import EnvLoadError, describe_exception, one_line, user_location
+from aitrain_grpo.errors import EnvLoadError, one_line, raised_message
 
 AITRAINING_PARAMETERS = ("model", "tokenizer", "completion", "case_idx")
 OUR_SIGNATURE = "score_episode(self, episode)"
@@ -137,10 +137,7 @@ class AITrainingEnvironment(Environment):
         try:
             tools = get_tools()
         except Exception as exc:
-            location = user_location(exc)
-            at = f" (at {location})" if location else ""
-            raise EnvLoadError(f"{owner}.get_tools() raised {describe_exception(exc)}{at}; fix "
-                               f"{owner}.get_tools") from exc
+            raise EnvLoadError(f"{raised_message(f'{owner}.get_tools()', exc)}; fix {owner}.get_tools") from exc
         return normalise_tools(tools, owner)
 
     @property

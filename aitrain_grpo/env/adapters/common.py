@@ -20,7 +20,7 @@ import os
 from collections.abc import Mapping
 from typing import Any
 
-from aitrain_grpo.errors import EnvLoadError, describe_exception, one_line, user_location
+from aitrain_grpo.errors import EnvLoadError, describe_exception, one_line, raised_message
 
 ROW_FILES = (".parquet", ".json", ".jsonl")
 
@@ -80,10 +80,8 @@ def load_rows(rows: Any, owner: str, example: str) -> list[dict[str, Any]]:
                 try:
                     rows = rows()
                 except Exception as exc:
-                    location = user_location(exc)
-                    at = f" (at {location})" if location else ""
-                    raise EnvLoadError(f"{source} raised {describe_exception(exc)}{at} when called with no "
-                                       f"arguments; fix it") from exc
+                    raise EnvLoadError(f"{raised_message(source, exc)} when called with no arguments; "
+                                       f"fix it") from exc
     return validate_dataset(rows, source=source)
 
 

@@ -47,7 +47,7 @@ from typing import Any
 from aitrain_grpo.env.adapters.common import (clamp01, import_object, load_rows, origin, resolve_named,
                                               reward_number, spec_of, without)
 from aitrain_grpo.env.base import Environment, EnvReply, Episode
-from aitrain_grpo.errors import EnvLoadError, describe_exception, one_line, user_location
+from aitrain_grpo.errors import EnvLoadError, one_line, raised_message
 
 STATE_KEY = "skyrl_env"
 REWARDS_KEY = "skyrl_rewards"
@@ -56,11 +56,6 @@ CLASS_COLUMN = "_skyrl_class"
 OWN_COLUMNS = (PROMPT_COLUMN, CLASS_COLUMN)
 NOT_EXTRAS = ("prompt", "env_class", *OWN_COLUMNS)  # SkyRL's extras are the other columns
 DEFAULT_MAX_TURNS = 10
-
-
-def _raised(what: str, exc: Exception) -> str:
-    location = user_location(exc)
-    return f"{what} raised {describe_exception(exc)}" + (f" (at {location})" if location else "")
 
 
 def _messages(prompt: Any) -> list[dict[str, Any]]:
@@ -170,12 +165,12 @@ class SkyRLEnv(Environment):
         try:
             instance = self.make(cls, row)
         except Exception as exc:
-            raise EnvLoadError(f"row {index}: {_raised(f'{label}(env_config, extras)', exc)}; fix the row's "
+            raise EnvLoadError(f"row {index}: {raised_message(f'{label}(env_config, extras)', exc)}; fix the row's "
                                f"columns (they are the extras) or env_config") from exc
         try:
             prepared["prompt"] = self._init(instance, row["prompt"])
         except Exception as exc:
-            raise EnvLoadError(f"row {index}: {_raised(f'{label}.init(prompt)', exc)}; fix init or the row") from exc
+            raise EnvLoadError(f"row {index}: {raised_message(f'{label}.init(prompt)', exc)}; fix init or the row") from exc
         finally:
             _close(instance)
         return prepared

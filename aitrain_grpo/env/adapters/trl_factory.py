@@ -54,7 +54,7 @@ from aitrain_grpo.env.adapters.common import (clamp01, import_object, load_rows,
                                               reward_number, without)
 from aitrain_grpo.env.base import Episode, Message, ToolCall
 from aitrain_grpo.env.tools import ToolEnvironment, ToolSpec, refused_call
-from aitrain_grpo.errors import EnvLoadError, describe_exception, one_line, user_location
+from aitrain_grpo.errors import EnvLoadError, one_line, raised_message
 
 RESERVED = ("reset", "get_reward")  # never tools, as in TRL
 STATE_KEY = "trl_env"
@@ -81,10 +81,6 @@ def with_reset_text(prompt: Any, text: str | None) -> Any:
     last = prompt[-1]
     return [*prompt[:-1], {**last, "content": (last.get("content") or "") + text}]
 
-
-def _raised(what: str, exc: Exception) -> str:
-    location = user_location(exc)
-    return f"{what} raised {describe_exception(exc)}" + (f" (at {location})" if location else "")
 
 
 class TRLFactoryEnv(ToolEnvironment):
@@ -138,7 +134,7 @@ class TRLFactoryEnv(ToolEnvironment):
         try:
             return self.env_class(**self.env_kwargs)
         except Exception as exc:
-            raise error(_raised(f"{self.name}(**env_kwargs)", exc)) from exc
+            raise error(raised_message(f"{self.name}(**env_kwargs)", exc)) from exc
 
     def _read_tools(self) -> tuple[list[dict[str, Any]], dict[str, ToolSpec]]:
         from transformers.utils import get_json_schema
@@ -163,7 +159,7 @@ class TRLFactoryEnv(ToolEnvironment):
         try:
             text = self._call_reset(self.probe, row)
         except Exception as exc:
-            raise EnvLoadError(f"row {index}: {_raised(f'{self.name}.reset(**row)', exc)}; fix reset or the "
+            raise EnvLoadError(f"row {index}: {raised_message(f'{self.name}.reset(**row)', exc)}; fix reset or the "
                                f"row") from exc
         return {**row, "prompt": with_reset_text(row["prompt"], text), PROMPT_COLUMN: row["prompt"],
                 RESET_COLUMN: text}
