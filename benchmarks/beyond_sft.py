@@ -49,15 +49,16 @@ class Workload:
     sft_steps: int
     turn_options: tuple[str, ...]  # per-turn and per-episode token limits
     metrics: tuple[str, ...]  # the environment's metrics shown in the table
+    eval_tasks: int  # held-back tasks per model (x2 samples); weather's 16 are its 4 cities x 4
 
 
 WORKLOADS = {
     "weather": Workload("envs.weather", "WeatherEnv", 64, 14,
                         ("--rl-max-new-tokens", "48", "--rl-max-completion-length", "192"),
-                        ("valid_call", "right_city", "answered")),
+                        ("valid_call", "right_city", "answered"), 16),
     "stations": Workload("envs.stations", "StationEnv", 64, 24,
                          ("--rl-max-new-tokens", "48", "--rl-max-completion-length", "256"),
-                         ("found_station", "read_station", "answered", "wrong_id")),
+                         ("found_station", "read_station", "answered", "wrong_id"), 32),
 }
 # GRPO from the warm start: LoRA, 16 episodes a step in groups of 4, at temperature 1.0 (the warm-started
 # model is peaked, and at 0.7 its groups barely differ). Recipes: `nokl` is LEARNING.md's rewrite recipe
@@ -65,7 +66,7 @@ WORKLOADS = {
 # starts from (the reference of a LoRA run is its base, here the merged SFT model) and moves half as fast.
 GRPO = ("--rl-temperature", "1.0", "--batch-size", "16", "--rl-num-generations", "4")
 RECIPES = {"nokl": ("--lr", "1e-3", "--rl-kl-coef", "0"), "kl": ("--lr", "5e-4", "--rl-kl-coef", "0.1")}
-EVAL = ("--rl-env-config", '{"split": "held_out"}', "--episodes", "16", "--rl-num-generations", "2",
+EVAL = ("--rl-env-config", '{"split": "held_out"}', "--rl-num-generations", "2",
         "--rl-temperature", "0.7", "--seed", "0")
 
 
@@ -118,7 +119,8 @@ def evaluate(args) -> None:
     for seed in args.seeds:
         out = args.runs_dir / run_name(args, seed)
         command = aitrain("eval", "--model", str(out), "--baseline", str(sft_dir(args)), "--rl-env-module", w.module,
-                          "--rl-env-class", w.env_class, *EVAL, *w.turn_options, "--output", str(out / "heldout.jsonl"))
+                          "--rl-env-class", w.env_class, *EVAL, "--episodes", str(w.eval_tasks), *w.turn_options,
+                          "--output", str(out / "heldout.jsonl"))
         print("eval:", " ".join(command[2:]), flush=True)
         run_logged(command, out / "heldout.log")
 
@@ -141,7 +143,7 @@ def curve(args) -> None:
             if target.exists():
                 continue
             command = aitrain("eval", "--model", str(checkpoint), "--rl-env-module", w.module, "--rl-env-class", w.env_class,
-                              *EVAL, *w.turn_options, "--output", str(target))
+                              *EVAL, "--episodes", str(w.eval_tasks), *w.turn_options, "--output", str(target))
             print("eval:", " ".join(command[2:]), flush=True)
             run_logged(command, out / "curve" / f"step-{step}.log")
 

@@ -16,7 +16,11 @@ turn gets 0.4, so `--rl-advantage turn` can credit the turn that earned it; the 
 ignores these. Metrics: `found_station`, `read_station`, `answered`, `wrong_id` (read_station with an
 id that no find_station call of the episode returned: a guessed or copied id).
 
-Cities are split: `split="held_out"` gives cities that `split="train"` never shows (every fifth of 20).
+Cities are split: `split="train"` has 16 of CITIES; `split="held_out"` has the other 4 (every fifth) and
+the 12 MORE_HELD_OUT cities, which only evaluation sees. The held-back split was 4 cities at first; one
+of them (Athens) no model solved because SmolLM2 copies the prompt's example city there, so one city
+decided a quarter of every held-back number. The 12 were added without changing a training row or
+any value the first 20 cities draw (they draw after them), so models trained before stay valid.
 Used by benchmarks/beyond_sft.py.
 
 Left out: ambiguity (one station per city) and any check of the answer's wording beyond the number.
@@ -34,6 +38,8 @@ CITIES = (
     "Lisbon", "Paris", "Berlin", "Madrid", "Rome", "Vienna", "Oslo", "Dublin", "Prague", "Athens",
     "Warsaw", "Zurich", "Brussels", "Stockholm", "Helsinki", "Budapest", "Porto", "Milan", "Munich", "Lyon",
 )
+MORE_HELD_OUT = ("Copenhagen", "Amsterdam", "Barcelona", "Edinburgh", "Krakow", "Seville", "Geneva", "Venice",
+                 "Florence", "Tallinn", "Riga", "Vilnius")
 HELD_OUT_EVERY = 5
 QUESTION = ("What is the temperature in {city} right now? First find the city's weather station with "
             "find_station, then read that station with read_station, then tell me the number.")
@@ -54,12 +60,17 @@ class StationEnv(ToolEnvironment):
             raise ValueError("repeats must be at least 1")
         self.split, self.repeats, self.example = split, repeats, example
         rng = random.Random(seed)
-        self.stations = {city: f"{city[:3].upper()}-{rng.randint(100, 999)}" for city in CITIES}
-        self.temperatures = {station: rng.randint(-5, 35) for station in self.stations.values()}
+        self.stations: dict[str, str] = {}
+        self.temperatures: dict[str, int] = {}
+        for cities in (CITIES, MORE_HELD_OUT):  # in this order: the held-out-only cities change no other value
+            stations = {city: f"{city[:3].upper()}-{rng.randint(100, 999)}" for city in cities}
+            self.stations.update(stations)
+            self.temperatures.update({station: rng.randint(-5, 35) for station in stations.values()})
 
     def cities(self) -> list[str]:
         held_out = self.split == "held_out"
-        return [c for i, c in enumerate(CITIES) if (i % HELD_OUT_EVERY == HELD_OUT_EVERY - 1) == held_out]
+        split = [c for i, c in enumerate(CITIES) if (i % HELD_OUT_EVERY == HELD_OUT_EVERY - 1) == held_out]
+        return split + list(MORE_HELD_OUT) if held_out else split
 
     def build_dataset(self, tokenizer) -> list[dict]:
         example = EXAMPLE if self.example else ""

@@ -52,4 +52,6 @@ def test_reading_a_station_needs_the_id_the_first_call_returned():
 def test_held_out_cities_are_never_trained_on():
     train = {row["city"] for row in StationEnv().build_dataset(None)}
     held_out = {row["city"] for row in StationEnv(split="held_out").build_dataset(None)}
-    assert len(held_out) == 4 and not train & held_out
+    assert len(held_out) == 16 and not train & held_out
+    env = StationEnv(split="held_out")
+    assert len(set(env.stations.values())) == len(env.stations) == 32  # an id names one city's station
