@@ -82,7 +82,6 @@ def with_reset_text(prompt: Any, text: str | None) -> Any:
     return [*prompt[:-1], {**last, "content": (last.get("content") or "") + text}]
 
 
-
 class TRLFactoryEnv(ToolEnvironment):
     """A TRL `environment_factory` class as a tool `Environment` (see the module docstring)."""
 
