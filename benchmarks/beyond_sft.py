@@ -144,8 +144,9 @@ def curve(args) -> None:
             target = out / "curve" / f"step-{step}.jsonl"
             if target.exists():
                 continue
-            command = aitrain("eval", "--model", str(checkpoint), "--rl-env-module", w.module, "--rl-env-class", w.env_class,
-                              *EVAL, "--episodes", str(w.eval_tasks), *w.turn_options, "--output", str(target))
+            command = aitrain("eval", "--model", str(checkpoint), "--rl-env-module", w.module, "--rl-env-class",
+                              w.env_class, *EVAL, "--episodes", str(w.eval_tasks), *w.turn_options,
+                              "--output", str(target))
             print("eval:", " ".join(command[2:]), flush=True)
             run_logged(command, out / "curve" / f"step-{step}.log")
 

@@ -170,7 +170,8 @@ class SkyRLEnv(Environment):
         try:
             prepared["prompt"] = self._init(instance, row["prompt"])
         except Exception as exc:
-            raise EnvLoadError(f"row {index}: {raised_message(f'{label}.init(prompt)', exc)}; fix init or the row") from exc
+            raise EnvLoadError(f"row {index}: {raised_message(f'{label}.init(prompt)', exc)}; fix init or the "
+                               f"row") from exc
         finally:
             _close(instance)
         return prepared
