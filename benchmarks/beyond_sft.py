@@ -118,8 +118,11 @@ def evaluate(args) -> None:
     w = WORKLOADS[args.workload]
     for seed in args.seeds:
         out = args.runs_dir / run_name(args, seed)
-        # `aitrain eval` refuses to overwrite a file in the folder of the model it reads; this one is ours.
-        (out / "heldout.jsonl").unlink(missing_ok=True)
+        # `aitrain eval` refuses to overwrite a file in the folder of the model it reads: an earlier
+        # evaluation is kept beside it under the time it was written, never deleted.
+        earlier = out / "heldout.jsonl"
+        if earlier.exists():
+            earlier.rename(out / f"heldout-{int(earlier.stat().st_mtime)}.jsonl")
         command = aitrain("eval", "--model", str(out), "--baseline", str(sft_dir(args)), "--rl-env-module", w.module,
                           "--rl-env-class", w.env_class, *EVAL, "--episodes", str(w.eval_tasks), *w.turn_options,
                           "--output", str(out / "heldout.jsonl"))
