@@ -5,6 +5,7 @@
     python benchmarks/beyond_sft.py train --workload stations --seeds 1 --advantage turn --save-every 5
     python benchmarks/beyond_sft.py eval --workload stations --advantage turn
     python benchmarks/beyond_sft.py curve --workload stations --advantage turn   # held-back at each checkpoint
+    python benchmarks/beyond_sft.py curve --workload stations --threshold 0.8 --until-threshold
     python benchmarks/beyond_sft.py report
 
 `sft` warms SmolLM2-135M-Instruct up on a few oracle demonstrations (`aitrain sft`: enough to learn
@@ -138,20 +139,25 @@ def checkpoints(run: Path) -> list[tuple[int, Path]]:
 def curve(args) -> None:
     """Held-back success along each run: every checkpoint (`train --save-every N`) played on the held-back
     tasks as `eval` plays the final model, into <run>/curve/step-<K>.jsonl; step 0 (the SFT start) and the
-    last step come from the run's heldout.jsonl."""
+    last step come from the run's heldout.jsonl. With `--until-threshold`, the checkpoints after the first
+    one that reaches `--threshold` are left out: the steps-to-threshold measure needs no more, and each
+    checkpoint costs an evaluation of several minutes."""
     w = WORKLOADS[args.workload]
     for seed in args.seeds:
         out = args.runs_dir / run_name(args, seed)
         (out / "curve").mkdir(exist_ok=True)
         for step, checkpoint in checkpoints(out):
             target = out / "curve" / f"step-{step}.jsonl"
-            if target.exists():
-                continue
-            command = aitrain("eval", "--model", str(checkpoint), "--rl-env-module", w.module, "--rl-env-class",
-                              w.env_class, *EVAL, "--episodes", str(w.eval_tasks), *w.turn_options,
-                              "--output", str(target))
-            print("eval:", " ".join(command[2:]), flush=True)
-            run_logged(command, out / "curve" / f"step-{step}.log")
+            if not target.exists():
+                command = aitrain("eval", "--model", str(checkpoint), "--rl-env-module", w.module, "--rl-env-class",
+                                  w.env_class, *EVAL, "--episodes", str(w.eval_tasks), *w.turn_options,
+                                  "--output", str(target))
+                print("eval:", " ".join(command[2:]), flush=True)
+                run_logged(command, out / "curve" / f"step-{step}.log")
+            success = summary(read_jsonl(target), ())["success"]
+            print(f"{out.name} step {step}: held-back success {success:.3f}", flush=True)
+            if args.until_threshold and success >= args.threshold:
+                break
 
 
 # ------------------------------------------------------------------------------------------ report
@@ -268,6 +274,8 @@ def main() -> None:
     parser.add_argument("--resume", action="store_true", help="go on from each run's last checkpoint (a stopped run)")
     parser.add_argument("--save-every", type=int, default=None, help="checkpoint every N steps, for `curve`")
     parser.add_argument("--threshold", type=float, default=0.5, help="held-back success the curve table looks for")
+    parser.add_argument("--until-threshold", action="store_true",
+                        help="curve: stop at the first checkpoint that reaches --threshold")
     parser.add_argument("--recipe", choices=sorted(RECIPES), default="kl")
     parser.add_argument("--runs-dir", type=Path, default=REPO / "runs" / "beyond_sft")
     args = parser.parse_args()
