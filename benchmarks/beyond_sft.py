@@ -13,7 +13,7 @@ the form of a call, not the task); `train` runs `aitrain grpo --model <sft outpu
 `eval` plays the held-back tasks (`{"split": "held_out"}`: cities training never shows) with every
 GRPO run, each against the SFT model as `--baseline`: the same tasks, the same sampling seed, so the
 SFT start is measured exactly as the model trained from it. `report` writes the block between the
-`<!-- beyond-sft -->` markers of benchmarks/LEARNING.md: per run, held-back success (episodes scoring
+`<!-- beyond-sft -->` markers of benchmarks/TOOL_USE.md: per run, held-back success (episodes scoring
 1.0) and mean score of the GRPO model and of its SFT start, the environment's metrics for both, and
 a transcript of each from the same task. `curve` plays the held-back tasks with every checkpoint of a
 run (`train --save-every N`), and `report` adds held-back success by step and the first step that
@@ -34,10 +34,11 @@ import sys
 from dataclasses import dataclass
 from pathlib import Path
 
-from learning import run_logged, write_block  # the benchmarks' one way to run a command, write LEARNING.md
+from learning import run_logged, write_block  # the benchmarks' one way to run a command, write a results block
 from results_table import machine as describe_machine
 
 REPO = Path(__file__).resolve().parent.parent
+TOOL_USE_MD = REPO / "benchmarks" / "TOOL_USE.md"
 BEGIN, END = "<!-- beyond-sft -->", "<!-- /beyond-sft -->"
 SUCCESS = 1.0 - 1e-9
 
@@ -257,7 +258,7 @@ def results_block(runs_dir: Path, threshold: float = 0.5) -> str:
 
 def report(args) -> None:
     block = results_block(args.runs_dir, args.threshold)
-    write_block(block, BEGIN, END)
+    write_block(block, BEGIN, END, TOOL_USE_MD)
     print(block)
 
 

@@ -293,13 +293,13 @@ def read_block(begin: str, end: str) -> str:
     return text.split(begin, 1)[1].split(end, 1)[0] if begin in text and end in text else ""
 
 
-def write_block(block: str, begin: str, end: str) -> None:
-    """Put `block` between the `begin` and `end` markers of LEARNING.md (added at its end when missing)."""
-    text = LEARNING_MD.read_text() if LEARNING_MD.exists() else "# Learning\n"
+def write_block(block: str, begin: str, end: str, path: Path = LEARNING_MD) -> None:
+    """Put `block` between the `begin` and `end` markers of `path` (added at its end when missing)."""
+    text = path.read_text() if path.exists() else "# Learning\n"
     if begin not in text:
         text += f"\n{begin}\n{end}\n"
     head, rest = text.split(begin, 1)
-    LEARNING_MD.write_text(f"{head}{begin}\n{block}\n{end}{rest.split(end, 1)[1]}")
+    path.write_text(f"{head}{begin}\n{block}\n{end}{rest.split(end, 1)[1]}")
 
 
 def main() -> None:
