@@ -11,9 +11,9 @@ the model rarely gets everything right:
     a later answer that states the tool's temperature               +0.5
 
 A valid call of the wrong city pays 0.2, not more: when it paid 0.4 (and the right city 0.6), GRPO
-from a weak SFT start learned to look up one training city for every question (benchmarks/LEARNING.md,
-"Beyond imitation"). The tool's description gives a city that is never a task (Tokyo), so copying the
-example earns nothing beyond a valid call.
+from a weak SFT start learned to look up one training city for every question (benchmarks/TOOL_USE.md).
+The tool's description gives a city that is never a task (Tokyo), so copying the example earns nothing
+beyond a valid call.
 
 Metrics (logged as env/<name>): `tried_call` (a <tool_call> block was written), `valid_call` (the episode
 made a valid call), `right_city`, `answered`.
