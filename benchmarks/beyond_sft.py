@@ -41,6 +41,9 @@ REPO = Path(__file__).resolve().parent.parent
 TOOL_USE_MD = REPO / "benchmarks" / "TOOL_USE.md"
 BEGIN, END = "<!-- beyond-sft -->", "<!-- /beyond-sft -->"
 SUCCESS = 1.0 - 1e-9
+# The steps the steps-to-threshold measure reads (`train --save-every 5`): every run is read at the same
+# steps, so a run stopped and resumed, which leaves a checkpoint between them, gains nothing from it.
+CURVE_EVERY = 5
 
 
 @dataclass(frozen=True)
@@ -141,8 +144,8 @@ def curve(args) -> None:
     """Held-back success along each run: every checkpoint (`train --save-every N`) played on the held-back
     tasks as `eval` plays the final model, into <run>/curve/step-<K>.jsonl; step 0 (the SFT start) and the
     last step come from the run's heldout.jsonl. With `--until-threshold`, the checkpoints after the first
-    one that reaches `--threshold` are left out: the steps-to-threshold measure needs no more, and each
-    checkpoint costs an evaluation of several minutes."""
+    one of steps 5, 10, ... that reaches `--threshold` are left out: the steps-to-threshold measure needs
+    no more, and each checkpoint costs an evaluation of several minutes."""
     w = WORKLOADS[args.workload]
     for seed in args.seeds:
         out = args.runs_dir / run_name(args, seed)
@@ -157,7 +160,7 @@ def curve(args) -> None:
                 run_logged(command, out / "curve" / f"step-{step}.log")
             success = summary(read_jsonl(target), ())["success"]
             print(f"{out.name} step {step}: held-back success {success:.3f}", flush=True)
-            if args.until_threshold and success >= args.threshold:
+            if args.until_threshold and success >= args.threshold and step % CURVE_EVERY == 0:
                 break
 
 
@@ -196,34 +199,38 @@ def steps_done(run: Path) -> int:
     return max((r.get("step", 0) for r in read_jsonl(run / "metrics.jsonl") if "env/score_mean" in r), default=0)
 
 
-def success_by_step(run: Path, steps: int) -> dict[int, float]:
-    """Held-back success at step 0 (the SFT start), at each evaluated checkpoint, and at the last step."""
+def success_by_step(run: Path, steps: int, start: float | None) -> dict[int, float]:
+    """Held-back success at step 0 (the SFT start: `start`, which every run of a workload shares, or the
+    run's own baseline), at each evaluated checkpoint, and at the last step when the run was evaluated
+    (a run stopped early has only its checkpoints)."""
     grpo, base = by_model(read_jsonl(run / "heldout.jsonl"))
-    found = {0: summary(base, ())["success"]} if base else {}
+    found = {0: summary(base, ())["success"]} if base else ({0: start} if start is not None else {})
     for f in (run / "curve").glob("step-*.jsonl"):
         found[int(f.stem.split("-")[1])] = summary(read_jsonl(f), ())["success"]
-    found[steps] = summary(grpo, ())["success"]
+    if grpo:
+        found[steps] = summary(grpo, ())["success"]
     return dict(sorted(found.items()))
 
 
-def curve_table(runs: list[Path], threshold: float) -> list[str]:
+def curve_table(runs: list[Path], threshold: float, start: float | None) -> list[str]:
     """Per run: held-back success by step and the first evaluated step that reaches `threshold` (the
     turn-vs-outcome measure); empty when no run was evaluated along the way (`curve`)."""
     curves = {}
     for run in runs:
         if (run / "curve").is_dir():
-            steps = steps_done(run)
-            curves[run.name] = success_by_step(run, steps)
+            curves[run.name] = success_by_step(run, steps_done(run), start)
     if not curves:
         return []
     columns = sorted({step for c in curves.values() for step in c})
-    out = ["", f"Held-back success by step (step 0: the SFT start); first step at or above {threshold:.2f}:", "",
+    out = ["", f"Held-back success by step (step 0: the SFT start); the first of steps 0, {CURVE_EVERY}, "
+           f"{2 * CURVE_EVERY}, ... at or above {threshold:.2f} (other steps are checkpoints a stopped run left):", "",
            "| run | " + " | ".join(f"step {k}" for k in columns) + " | first step >= threshold |",
            "| --- " * (len(columns) + 2) + "|"]
     for name, c in curves.items():
-        first = next((k for k, v in c.items() if v >= threshold), None)
+        read = [k for k in c if k % CURVE_EVERY == 0]
+        first = next((k for k in read if c[k] >= threshold), None)
         cells = " | ".join(f"{c[k]:.3f}" if k in c else "" for k in columns)
-        out.append(f"| {name} | {cells} | {first if first is not None else 'not reached'} |")
+        out.append(f"| {name} | {cells} | {first if first is not None else f'not by step {max(read)}'} |")
     return out
 
 
@@ -231,7 +238,8 @@ def results_block(runs_dir: Path, threshold: float = 0.5) -> str:
     out = [f"Machine: {describe_machine()}; one torch thread per process. Written by "
            "`python benchmarks/beyond_sft.py report`.", ""]
     for name, w in WORKLOADS.items():
-        runs = sorted(p for p in runs_dir.glob(f"{name}*-seed*") if (p / "heldout.jsonl").exists())
+        everything = sorted(p for p in runs_dir.glob(f"{name}*-seed*") if p.is_dir())
+        runs = [p for p in everything if (p / "heldout.jsonl").exists()]
         if not runs:
             continue
         cells = " | ".join(f"{m} (sft -> grpo)" for m in w.metrics)
@@ -246,7 +254,8 @@ def results_block(runs_dir: Path, threshold: float = 0.5) -> str:
             out.append(f"| {run.name} | {steps} | {start['success']:.3f} | {trained['success']:.3f} | "
                        f"{trained['success'] - start['success']:+.3f} | {start['score']:.3f} -> {trained['score']:.3f} | "
                        f"{metric_cells} | {wall:.0f} min |")
-        out += curve_table(runs, threshold)
+        start = summary(by_model(read_jsonl(runs[0] / "heldout.jsonl"))[1], ())["success"]
+        out += curve_table(everything, threshold, start)
         grpo, base = by_model(read_jsonl(runs[-1] / "heldout.jsonl"))
         if base and grpo:  # the first held-back episode the two models scored differently (the same task and sample)
             i = next((k for k, (b, g) in enumerate(zip(base, grpo)) if b["score"] != g["score"]), 0)
