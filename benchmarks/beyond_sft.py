@@ -54,13 +54,13 @@ class Workload:
     sft_steps: int
     turn_options: tuple[str, ...]  # per-turn and per-episode token limits
     metrics: tuple[str, ...]  # the environment's metrics shown in the table
-    eval_tasks: int  # held-back tasks per model (x2 samples); weather's 16 are its 4 cities x 4
+    eval_tasks: int  # held-back tasks per model (x2 samples): the 16 held-back cities x 2
 
 
 WORKLOADS = {
     "weather": Workload("envs.weather", "WeatherEnv", 64, 14,
                         ("--rl-max-new-tokens", "48", "--rl-max-completion-length", "192"),
-                        ("valid_call", "right_city", "answered"), 16),
+                        ("valid_call", "right_city", "answered"), 32),
     "stations": Workload("envs.stations", "StationEnv", 64, 24,
                          ("--rl-max-new-tokens", "48", "--rl-max-completion-length", "256"),
                          ("found_station", "read_station", "answered", "wrong_id"), 32),

@@ -16,11 +16,8 @@ turn gets 0.4, so `--rl-advantage turn` can credit the turn that earned it; the 
 ignores these. Metrics: `found_station`, `read_station`, `answered`, `wrong_id` (read_station with an
 id that no find_station call of the episode returned: a guessed or copied id).
 
-Cities are split: `split="train"` has 16 of CITIES; `split="held_out"` has the other 4 (every fifth) and
-the 12 MORE_HELD_OUT cities, which only evaluation sees. The held-back split was 4 cities at first; one
-of them (Athens) no model solved because SmolLM2 copies the prompt's example city there, so one city
-decided a quarter of every held-back number. The 12 were added without changing a training row or
-any value the first 20 cities draw (they draw after them), so models trained before stay valid.
+Cities are split as envs/cities.py says: 16 for training, 16 held back (4 of the first 20 and 12 that
+only evaluation sees).
 Used by benchmarks/beyond_sft.py.
 
 Left out: ambiguity (one station per city) and any check of the answer's wording beyond the number.
@@ -33,14 +30,8 @@ import random
 import re
 
 from aitrain_grpo import Episode, ToolEnvironment, tool
+from envs.cities import CITIES, MORE_HELD_OUT, split_cities
 
-CITIES = (
-    "Lisbon", "Paris", "Berlin", "Madrid", "Rome", "Vienna", "Oslo", "Dublin", "Prague", "Athens",
-    "Warsaw", "Zurich", "Brussels", "Stockholm", "Helsinki", "Budapest", "Porto", "Milan", "Munich", "Lyon",
-)
-MORE_HELD_OUT = ("Copenhagen", "Amsterdam", "Barcelona", "Edinburgh", "Krakow", "Seville", "Geneva", "Venice",
-                 "Florence", "Tallinn", "Riga", "Vilnius")
-HELD_OUT_EVERY = 5
 QUESTION = ("What is the temperature in {city} right now? First find the city's weather station with "
             "find_station, then read that station with read_station, then tell me the number.")
 EXAMPLE = (' A call looks like this:\n<tool_call>\n{"name": "find_station", "arguments": {"city": "Tokyo"}}'
@@ -54,8 +45,7 @@ class StationEnv(ToolEnvironment):
     max_turns = 4
 
     def __init__(self, split: str = "train", seed: int = 0, repeats: int = 4, example: bool = True):
-        if split not in ("train", "held_out"):
-            raise ValueError(f"split must be 'train' or 'held_out', got {split!r}")
+        split_cities(split)  # a bad split is refused here, when the environment is made
         if repeats < 1:
             raise ValueError("repeats must be at least 1")
         self.split, self.repeats, self.example = split, repeats, example
@@ -68,9 +58,7 @@ class StationEnv(ToolEnvironment):
             self.temperatures.update({station: rng.randint(-5, 35) for station in stations.values()})
 
     def cities(self) -> list[str]:
-        held_out = self.split == "held_out"
-        split = [c for i, c in enumerate(CITIES) if (i % HELD_OUT_EVERY == HELD_OUT_EVERY - 1) == held_out]
-        return split + list(MORE_HELD_OUT) if held_out else split
+        return split_cities(self.split)
 
     def build_dataset(self, tokenizer) -> list[dict]:
         example = EXAMPLE if self.example else ""

@@ -17,9 +17,9 @@ beyond a valid call.
 
 Metrics (logged as env/<name>): `tried_call` (a <tool_call> block was written), `valid_call` (the episode
 made a valid call), `right_city`, `answered`.
-Each question carries a worked example of a call (`example=False` leaves it out). Cities are split:
-`split="held_out"` gives cities that `split="train"` never shows. Used by
-benchmarks/learning.py:
+Each question carries a worked example of a call (`example=False` leaves it out). Cities are split as
+envs/cities.py says: `split="held_out"` gives 16 cities that `split="train"` never shows. Used by
+benchmarks/learning.py and benchmarks/beyond_sft.py:
 
     aitrain grpo --model smollm2 --rl-env-module envs.weather --rl-env-class WeatherEnv
 
@@ -33,12 +33,8 @@ import random
 import re
 
 from aitrain_grpo import Episode, ToolEnvironment, tool
+from envs.cities import CITIES, MORE_HELD_OUT, split_cities
 
-CITIES = (
-    "Lisbon", "Paris", "Berlin", "Madrid", "Rome", "Vienna", "Oslo", "Dublin", "Prague", "Athens",
-    "Warsaw", "Zurich", "Brussels", "Stockholm", "Helsinki", "Budapest", "Porto", "Milan", "Munich", "Lyon",
-)
-HELD_OUT_EVERY = 5  # every fifth city is held back from training (4 of 20)
 QUESTIONS = (
     "What is the temperature in {city} right now?",
     "How warm is it in {city} today?",
@@ -60,19 +56,18 @@ class WeatherEnv(ToolEnvironment):
     max_turns = 3
 
     def __init__(self, split: str = "train", seed: int = 0, repeats: int = 4, example: bool = True):
-        if split not in ("train", "held_out"):
-            raise ValueError(f"split must be 'train' or 'held_out', got {split!r}")
+        split_cities(split)  # a bad split is refused here, when the environment is made
         if repeats < 1:
             raise ValueError("repeats must be at least 1")
         self.split = split
         self.repeats = repeats
         self.example = example  # a worked example of a call in each question (EXAMPLE)
         rng = random.Random(seed)
-        self.temperatures = {city: rng.randint(-5, 35) for city in CITIES}
+        # MORE_HELD_OUT after CITIES: the held-out-only cities change no other city's value
+        self.temperatures = {city: rng.randint(-5, 35) for city in CITIES + MORE_HELD_OUT}
 
     def cities(self) -> list[str]:
-        held_out = self.split == "held_out"
-        return [c for i, c in enumerate(CITIES) if (i % HELD_OUT_EVERY == HELD_OUT_EVERY - 1) == held_out]
+        return split_cities(self.split)
 
     def build_dataset(self, tokenizer) -> list[dict]:
         rows = []

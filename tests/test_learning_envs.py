@@ -5,10 +5,12 @@ number only the tool knows. Both hold tasks back for evaluation."""
 from __future__ import annotations
 
 import json
+import random
 
 import pytest
 
 from aitrain_grpo.engine.runner import play
+from envs.cities import CITIES
 from envs.rewrite import RewriteEnv
 from envs.weather import WeatherEnv
 
@@ -84,7 +86,16 @@ def test_weather_pays_for_the_call_and_the_number():
 def test_weather_held_out_cities_are_never_trained_on():
     train = {row["city"] for row in WeatherEnv().build_dataset(None)}
     held_out = {row["city"] for row in WeatherEnv(split="held_out").build_dataset(None)}
-    assert held_out and not train & held_out
+    assert len(held_out) == 16 and not train & held_out
+    assert held_out <= set(WeatherEnv(split="held_out").temperatures)  # the tool knows every one
+
+
+def test_weather_held_back_cities_added_later_change_no_earlier_temperature():
+    """Models trained before the 12 held-back-only cities were added stay valid: the 20 first cities keep
+    the temperatures that seed draws for them."""
+    rng = random.Random(3)
+    expected = {city: rng.randint(-5, 35) for city in CITIES}
+    assert {city: WeatherEnv(seed=3).temperatures[city] for city in CITIES} == expected
 
 
 def test_weather_oracle_scores_full_marks():
