@@ -285,7 +285,7 @@ def main() -> None:
     parser.add_argument("--save-every", type=int, default=None, help="checkpoint every N steps, for `curve`")
     parser.add_argument("--threshold", type=float, default=0.5, help="held-back success the curve table looks for")
     parser.add_argument("--until-threshold", action="store_true",
-                        help="curve: stop at the first checkpoint that reaches --threshold")
+                        help="curve: stop at the first of steps 5, 10, ... that reaches --threshold")
     parser.add_argument("--recipe", choices=sorted(RECIPES), default="kl")
     parser.add_argument("--runs-dir", type=Path, default=REPO / "runs" / "beyond_sft")
     args = parser.parse_args()
