@@ -10,13 +10,19 @@ A step's peak is also split by phase (`StepPeaks`): the rollout (generation and 
 of every micro-batch), and the optimizer step. The phases follow each other, so each mark reads the peak since
 the last one and starts a new one; the step's peak is the largest.
 
-Left out: GPU memory (torch.cuda.max_memory_allocated belongs beside it once a GPU run needs it) and
-child processes (a vLLM server is its own process).
+On CUDA, `memory/peak_gpu_gb` is the step's peak of memory torch allocated on this process's GPU
+(`torch.cuda.max_memory_allocated`, reset when the step starts): what decides whether a step fits on
+the card. It is read only where torch is already imported and sees a GPU.
+
+Left out: GPU memory per phase and memory torch did not allocate (colocated vLLM's KV cache is
+reserved up front by `--vllm-gpu-memory-utilization`; cuDNN/NCCL workspaces), and child processes (a
+vLLM server is its own process).
 """
 
 from __future__ import annotations
 
 import resource
+import sys
 from pathlib import Path
 
 _STATUS = Path("/proc/self/status")
@@ -32,6 +38,15 @@ def peak_rss_bytes() -> int:
     except OSError:
         pass
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024  # kB on Linux
+
+
+def _cuda():
+    """torch.cuda where torch is loaded and a GPU is visible, else None (never imports torch itself)."""
+    torch = sys.modules.get("torch")
+    try:
+        return torch.cuda if torch is not None and torch.cuda.is_available() else None
+    except Exception:  # a broken driver must not stop the run's logging
+        return None
 
 
 def reset_peak() -> bool:
@@ -53,13 +68,20 @@ class StepPeaks:
     def start(self) -> None:
         self.peaks = {}
         reset_peak()
+        cuda = _cuda()
+        if cuda is not None:
+            cuda.reset_peak_memory_stats()
 
     def mark(self, phase: str) -> None:
         self.peaks[phase] = max(self.peaks.get(phase, 0.0), peak_rss_bytes() / 2**30)
         reset_peak()
 
     def metrics(self) -> dict[str, float]:
-        """`memory/<phase>_peak_rss_gb` for each phase marked, and `memory/peak_rss_gb`, the step's."""
+        """`memory/<phase>_peak_rss_gb` for each phase marked, `memory/peak_rss_gb`, the step's, and on
+        CUDA `memory/peak_gpu_gb`."""
         out = {f"memory/{phase}_peak_rss_gb": gb for phase, gb in self.peaks.items()}
         out["memory/peak_rss_gb"] = max(self.peaks.values(), default=peak_rss_bytes() / 2**30)
+        cuda = _cuda()
+        if cuda is not None:
+            out["memory/peak_gpu_gb"] = cuda.max_memory_allocated() / 2**30
         return out
