@@ -61,6 +61,7 @@ DEFAULT_CUT_TURN = "continue"
 ROLLOUT_SCHEDULES = ("auto", "continuous", "lockstep")
 ZERO_STD_GROUPS = ("keep", "drop", "refill")
 ADVANTAGE_MODES = ("outcome", "turn")  # training/turn_credit.py
+SHARED_PREFIX_MODES = ("auto", "on", "off")  # training/shared_prefix.py
 TOOL_PARSERS = ("auto", "hermes", "json", "llama3_json", "mistral", "pythonic")  # engine/tool_parsers.py
 DEFAULT_TOOL_PARSER = "auto"
 REWARD_FUNC_EXAMPLE = "aitrain_grpo.rewards:length_penalty"
@@ -161,6 +162,7 @@ class RunConfig:
     batch_size: int = _opt(8, "Episodes per device in one generation batch (its GRPO groups); a multiple of --rl-num-generations. An optimizer step takes --gradient-accumulation-steps such batches.", minimum=1)
     gradient_accumulation_steps: int = _opt(1, "Generation batches (each --batch-size episodes) per optimizer step.", minimum=1)
     micro_batch_size: int | None = _opt(None, "Episodes per forward/backward pass: the --batch-size episodes of a step are trained in passes of this many, with the gradient of one pass (default: 2, or 1 for an odd batch; one pass with --rl-zero-std-groups drop/refill).", minimum=1)
+    shared_prefix_loss: str = _opt("off", "Forward each distinct prompt of a micro-batch once, its episodes' continuations on it, in the loss and log-prob passes (exact: the same loss and gradients): auto where that leaves out at least 15% of the tokens, on wherever two episodes of a pass share a prompt, off for TRL's path. Keeps each group's episodes in the same passes. Setups it cannot run (gradient checkpointing in the loss pass, sliding-window caches, distributed wrappers, images) take TRL's path, said once in the log.", choices=SHARED_PREFIX_MODES)
     seed: int = _opt(42, "Random seed.")
     # LoRA
     peft: bool = _opt(True, "Train a LoRA adapter (--no-peft: full fine-tuning).")

@@ -15,6 +15,22 @@ token count), in pieces. The old/reference log-probabilities are computed in chu
 Each micro-batch arrives padded to the longest episode of the whole generation batch; `trim_padding` cuts
 the completion columns no episode of the micro-batch uses, so a short micro-batch costs its own length.
 
+Keeping a prompt's episodes together (`keep_prompts_together`, while the shared-prefix loss is on):
+TRL shuffles the generation batch's episodes before splitting it, so with groups of 4 in a batch of 16
+a micro-batch of 2 holds two episodes of one prompt only one time in five, and the shared-prefix loss
+(shared_prefix.py) saves only within a micro-batch. The shuffled batch is re-ordered by prompt (prompts
+in the order TRL's shuffle first reached them, each prompt's episodes in TRL's order) and split again
+into as many micro-batches of the same size. What that does to the loss, per TRL loss type (trl 1.16
+`_compute_loss`): a step's gradient is the sum of its equal-sized micro-batches', so for `grpo`, `sapo`
+and `luspo` (a mean over the micro-batch's episodes, divided by the accumulation steps), `dr_grpo` (a
+token sum over micro-batch size x max completion length) and `dapo`, `cispo`, `vespo` (a token sum over
+the whole generation batch's token count) an episode's weight does not depend on where it lands: the
+step is TRL's, to float rounding. `bnpo` divides each micro-batch by its own token count, as do the
+entropy bonus (`--rl-entropy-coef`) and TRL's `top_entropy_quantile` mask: there an episode's weight is
+1 / the tokens of its micro-batch, over a random partition of groups instead of TRL's random partition
+of episodes (a group's episodes weighted alike, as one pass over the step would). Neither is one pass of
+the step; the two differ as two shuffles of TRL's do.
+
 Left out: choosing M from a measurement of free memory at run time (the default is a constant measured in
 benchmarks/MEMORY.md; `memory_check` warns when the estimate does not fit) and token-budget packing.
 """
@@ -22,6 +38,8 @@ benchmarks/MEMORY.md; `memory_check` warns when the estimate does not fit) and t
 from __future__ import annotations
 
 from typing import Any
+
+import torch
 
 from aitrain_grpo.errors import ConfigError
 
@@ -86,6 +104,45 @@ def trim_padding(inputs: dict[str, Any]) -> dict[str, Any]:
         key: value[:, :keep] if _per_completion_token(key, value, width) else value
         for key, value in inputs.items()
     }
+
+
+def keep_prompts_together(batches: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """TRL's shuffled micro-batches of one generation batch (`_buffered_inputs`), split again with the
+    episodes of one prompt next to each other: the same episodes, as many micro-batches of the same size.
+    A row's prompt is its `prompt_ids` where `prompt_mask` is 1. Values are treated as TRL's
+    `shuffle_sequence_dict`/`split_tensor_dict` treat them: tensors of one dimension or more and lists
+    per row, 0-dimensional tensors and None the same in every micro-batch."""
+    if len(batches) < 2 or any("prompt_ids" not in b or "prompt_mask" not in b for b in batches):
+        return batches
+    whole = {key: _joined([b[key] for b in batches]) for key in batches[0]}
+    rows = whole["prompt_ids"].size(0)
+    if rows % len(batches):
+        return batches
+    keys = [tuple(ids[m.bool()].tolist()) for ids, m in zip(whole["prompt_ids"], whole["prompt_mask"])]
+    rank: dict[tuple, int] = {}
+    for key in keys:
+        rank.setdefault(key, len(rank))
+    order = sorted(range(rows), key=lambda i: rank[keys[i]])
+    size = rows // len(batches)
+    return [{key: _rows(value, order[i * size:(i + 1) * size]) for key, value in whole.items()}
+            for i in range(len(batches))]
+
+
+def _joined(values: list[Any]) -> Any:
+    first = values[0]
+    if first is None or (isinstance(first, torch.Tensor) and first.dim() == 0):
+        return first
+    if isinstance(first, torch.Tensor):
+        return torch.cat(values)
+    return [item for value in values for item in value]
+
+
+def _rows(value: Any, index: list[int]) -> Any:
+    if value is None or (isinstance(value, torch.Tensor) and value.dim() == 0):
+        return value
+    if isinstance(value, torch.Tensor):
+        return value[torch.tensor(index, device=value.device)]
+    return [value[i] for i in index]
 
 
 def _per_completion_token(key: str, value: Any, width: int) -> bool:

@@ -13,6 +13,12 @@ What each override does lives in the module of its concern; the hooks only call 
 - `_compute_loss`: per micro-batch, cuts padding no row uses (micro_batches.py), makes the advantages
   per token for turn credit (turn_credit.py), and takes dropped groups' all-masked rows out of the loss
   and its normalisation (groups.py); then TRL's own loss.
+- `_get_per_token_logps_and_entropies` (the loss pass and the old/reference log-prob passes): each
+  distinct prompt of a chunk forwarded once and its episodes' continuations on it, where the model
+  allows and it pays (shared_prefix.py, `--shared-prefix-loss`).
+- `_prepare_inputs`: after TRL shuffles a new generation batch into micro-batches, the episodes of one
+  prompt are put next to each other while the shared-prefix loss is on, so a micro-batch holds whole
+  groups to share (shared_prefix.py, micro_batches.py).
 - `_get_train_sampler`: TRL's sampler re-classed so its order after a resume is the uninterrupted
   run's (checkpoints.py).
 - `_get_output_dir`, `_save_checkpoint`: checkpoints written into a staging folder and renamed into
@@ -27,6 +33,7 @@ from aitrain_grpo.training.async_rollout import masked_share_metrics
 from aitrain_grpo.training.checkpoints import resumable_sampler, save_checkpoint_atomically
 from aitrain_grpo.training.groups import without_masked_rows
 from aitrain_grpo.training.micro_batches import trim_padding
+from aitrain_grpo.training.shared_prefix import group_micro_batches, shared_logps
 from aitrain_grpo.training.turn_credit import attach_turn_advantages, with_turn_advantages
 
 # Method -> the parameter names it was read with (trl 1.16.0; transformers 5.17 and 5.23 for Trainer's).
@@ -34,6 +41,11 @@ PINNED = {
     "_generate_and_score_completions": ("self", "inputs"),
     "_generate": ("self", "prompts"),
     "_compute_loss": ("self", "model", "inputs"),
+    "_get_per_token_logps_and_entropies": (
+        "self", "model", "input_ids", "attention_mask", "logits_to_keep", "batch_size", "compute_entropy",
+        "compute_aux_loss", "pixel_values", "image_grid_thw", "num_images", "pixel_attention_mask",
+        "spatial_shapes", "num_tiles", "image_sizes", "token_type_ids", "mm_token_type_ids", "image_position_ids"),
+    "_prepare_inputs": ("self", "generation_batch"),
     "_get_train_sampler": ("self", "dataset"),
     "_get_output_dir": ("self", "trial"),
     "_save_checkpoint": ("self", "model", "trial"),
@@ -67,6 +79,19 @@ class TRLHooks:
         if self.drop_masked_rows:
             inputs = without_masked_rows(inputs)
         return super()._compute_loss(model, inputs)
+
+    def _get_per_token_logps_and_entropies(self, model, input_ids, attention_mask, logits_to_keep, batch_size=None,
+                                           compute_entropy=False, compute_aux_loss=False, **extras):
+        def plain(ids, mask, size):
+            return super(TRLHooks, self)._get_per_token_logps_and_entropies(
+                model, ids, mask, logits_to_keep, batch_size=size, compute_entropy=compute_entropy,
+                compute_aux_loss=compute_aux_loss, **extras)
+
+        return shared_logps(self, model, input_ids, attention_mask, logits_to_keep, batch_size,
+                            compute_entropy, compute_aux_loss, extras, plain)
+
+    def _prepare_inputs(self, generation_batch):
+        return group_micro_batches(self, super()._prepare_inputs(generation_batch))
 
     def _get_train_sampler(self, dataset=None):
         return resumable_sampler(super()._get_train_sampler(dataset))

@@ -1,0 +1,223 @@
+"""The shared-prefix loss: each distinct prompt of a micro-batch goes through the model once, and every
+episode's continuation is computed on top of it (`--shared-prefix-loss`).
+
+Why: the episodes of a GRPO group share their prompt (system prompt, tool schemas, task). On a tool
+environment the prompt is most of each sequence (79 % of the tokens on issue 33's), and TRL's
+`_get_per_token_logps_and_entropies` runs it once per episode, in the loss pass and in the old and
+reference log-prob passes alike. Here, per chunk of rows TRL would forward together:
+
+1. the distinct prompts (`prompt_ids` rows with their left padding) are found by their tokens;
+2. each goes through the model once, all but its last token, with `use_cache=True` and gradients on:
+   with LoRA (or full fine-tuning) the prompt's keys and values depend on trained weights;
+3. the cache is indexed out to the episodes (`Cache.batch_select_indices`, an index on each layer's
+   keys and values, so autograd sums each member's gradient into its prompt's once);
+4. each episode's last prompt token and completion go through TRL's own fused head
+   (`model(..., past_key_values=cache, labels=..., fused_lm_head=True)`): the same temperature, entropy,
+   logit scale and softcapping as the plain path, and the last prompt token's hidden state predicts the
+   first completion token as it does there.
+
+Exact, not approximate: positions are the plain path's (the model counts them on from the cache's length,
+as it counts columns in the whole left-padded row), the attention mask is the whole row's, and a
+continuation token attends to exactly the keys it attends to in the plain path; only float summation
+order differs (tests/test_shared_prefix.py compares log-probs, entropies, loss and gradients).
+
+Where it runs: text-only rows, one process (an unwrapped model or a PEFT LoRA model: a DDP, FSDP or
+DeepSpeed wrapper would see two forwards per backward), no MoE auxiliary loss, no prompt-learning or
+aLoRA adapter, a cache of plain `DynamicLayer`s (no sliding-window, linear-attention or static layers),
+and in the loss pass no gradient checkpointing (transformers drops the cache of a checkpointed layer;
+the no-grad old/reference passes still share). Anything else takes TRL's path, with one log line per
+reason. A model that ignores the cache is caught after its first try (the cache did not grow) and
+falls back for the rest of the run.
+
+Where it pays: `auto` shares a chunk only when the tokens it leaves out are at least `AUTO_MIN_SAVED`
+of the plain path's; `on` whenever two rows of a chunk share a prompt. The saving needs a group's
+episodes in one micro-batch; micro_batches.py's `keep_prompts_together` puts them there.
+
+Left out: a packed single forward with a tree attention mask (portable only to attention kernels that
+take arbitrary 4D masks, and quadratic in all members' tokens at once), prompts that share only a
+leading part (a common system prompt across tasks), and multimodal rows.
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import Any, Callable
+
+import torch
+
+from aitrain_grpo.config import SHARED_PREFIX_MODES
+from aitrain_grpo.training.micro_batches import keep_prompts_together
+
+logger = logging.getLogger(__name__)
+
+MODES = SHARED_PREFIX_MODES
+# `auto` shares a chunk when it leaves out at least this share of the plain path's tokens
+# (benchmarks/SHARED_PREFIX.md: below it the second forward call costs about what it saves).
+AUTO_MIN_SAVED = 0.15
+
+
+class SharedPrefix:
+    """One trainer's shared-prefix state: the mode, and what has already been said or found
+    unsupported (each reason is logged once)."""
+
+    def __init__(self, mode: str = "auto"):
+        if mode not in MODES:
+            raise ValueError(f"shared-prefix mode {mode!r} is not one of {', '.join(MODES)}")
+        self.mode = mode
+        self.broken: str | None = None  # a model found to ignore the cache: plain path from then on
+        self._noted: set[str] = set()
+        self.shared_chunks = 0  # counts for tests and benchmarks
+        self.plain_chunks = 0
+
+    @property
+    def active(self) -> bool:
+        return self.mode != "off" and self.broken is None
+
+    def note(self, reason: str) -> None:
+        if reason not in self._noted:
+            self._noted.add(reason)
+            logger.warning("shared-prefix loss: %s; those passes take TRL's plain path", reason)
+
+
+def state_of(trainer: Any) -> SharedPrefix:
+    """The trainer's `SharedPrefix`, made on first use from its run config (`shared_prefix_loss`)."""
+    state = vars(trainer).get("_shared_prefix")
+    if state is None:
+        mode = getattr(getattr(trainer, "run_config", None), "shared_prefix_loss", "auto")
+        state = trainer._shared_prefix = SharedPrefix(mode)
+    return state
+
+
+def shared_logps(trainer: Any, model: Any, input_ids: torch.Tensor, attention_mask: torch.Tensor,
+                 logits_to_keep: int, batch_size: int | None, compute_entropy: bool, compute_aux_loss: bool,
+                 extras: dict[str, Any], plain: Callable[[torch.Tensor, torch.Tensor, int | None], tuple]) -> tuple:
+    """What TRL's `_get_per_token_logps_and_entropies` returns, shared where this call allows it;
+    `plain(ids, mask, batch_size)` is TRL's own method."""
+    state = state_of(trainer)
+    if state.active:
+        reason = unsupported(trainer, model, extras, compute_aux_loss)
+        if reason:
+            state.note(reason)
+        else:
+            shared = per_token_logps(trainer, model, input_ids, attention_mask, logits_to_keep, batch_size,
+                                     compute_entropy, lambda ids, mask: plain(ids, mask, None))
+            if shared is not None:
+                return shared
+    return plain(input_ids, attention_mask, batch_size)
+
+
+def group_micro_batches(trainer: Any, inputs: dict[str, Any]) -> dict[str, Any]:
+    """After TRL's `_prepare_inputs`: when it has just shuffled a new generation batch into its
+    micro-batches (`_buffered_inputs`), and sharing is on, the batch is re-split with each prompt's
+    episodes next to each other (`keep_prompts_together`), and this step's micro-batch is returned
+    from the new split. Why keeping groups together is safe for every loss type: micro_batches.py."""
+    buffered = getattr(trainer, "_buffered_inputs", None)
+    if (not trainer.model.training or not state_of(trainer).active or not buffered
+            or buffered is vars(trainer).get("_grouped_buffer")):
+        return inputs
+    trainer._buffered_inputs = trainer._grouped_buffer = keep_prompts_together(buffered)
+    return trainer._buffered_inputs[trainer._step % trainer.args.steps_per_generation]
+
+
+def unsupported(trainer: Any, model: Any, extras: dict[str, Any], compute_aux_loss: bool) -> str | None:
+    """Why this call cannot share (None: it can)."""
+    if any(value is not None for value in extras.values()):
+        return "multimodal inputs"
+    if compute_aux_loss:
+        return "a MoE auxiliary loss is on"
+    unwrapped = trainer.accelerator.unwrap_model(model)
+    if unwrapped is not model:
+        return "the model is wrapped for distributed training"
+    causal = unwrapped
+    if hasattr(unwrapped, "active_peft_config"):
+        peft_config = unwrapped.active_peft_config
+        if peft_config.is_prompt_learning or getattr(peft_config, "alora_invocation_tokens", None):
+            return "a prompt-learning or aLoRA adapter"
+        causal = unwrapped.get_base_model()
+    config = causal.config.get_text_config()
+    if getattr(config, "output_router_logits", False):
+        return "the model returns router logits"
+    if torch.is_grad_enabled() and causal.training and getattr(causal, "is_gradient_checkpointing", False):
+        return "gradient checkpointing drops the cache in the loss pass"
+    return None
+
+
+def saved_share(input_ids: torch.Tensor, prompt_len: int, distinct: int) -> float:
+    """The share of the plain path's tokens that sharing leaves out for one chunk."""
+    rows, width = input_ids.shape
+    shared_tokens = distinct * (prompt_len - 1) + rows * (width - prompt_len + 1)
+    return 1.0 - shared_tokens / (rows * width)
+
+
+def per_token_logps(trainer: Any, model: Any, input_ids: torch.Tensor, attention_mask: torch.Tensor,
+                    logits_to_keep: int, batch_size: int | None, compute_entropy: bool,
+                    plain: Callable[[torch.Tensor, torch.Tensor], tuple]) -> tuple | None:
+    """TRL's `(logps, entropies, aux_loss)` for these rows, each chunk of `batch_size` rows shared where
+    it pays and `plain(ids, mask)` (TRL's own method on that chunk) where not. None: the model cannot
+    share at all, and the caller runs TRL's method on every row."""
+    state = state_of(trainer)
+    prompt_len = input_ids.size(1) - logits_to_keep
+    if prompt_len < 2:
+        return None
+    batch_size = batch_size or input_ids.size(0)
+    logps, entropies = [], []
+    for start in range(0, input_ids.size(0), batch_size):
+        ids, mask = input_ids[start:start + batch_size], attention_mask[start:start + batch_size]
+        result = _shared_chunk(trainer, model, ids, mask, prompt_len, compute_entropy) if state.active else None
+        if result is None:
+            state.plain_chunks += 1
+            result = plain(ids, mask)[:2]
+        else:
+            state.shared_chunks += 1
+        logps.append(result[0])
+        entropies.append(result[1])
+    return torch.cat(logps), (torch.cat(entropies) if compute_entropy else None), None
+
+
+def _shared_chunk(trainer: Any, model: Any, ids: torch.Tensor, mask: torch.Tensor, prompt_len: int,
+                  compute_entropy: bool) -> tuple[torch.Tensor, torch.Tensor | None] | None:
+    state = state_of(trainer)
+    prompts = torch.cat([ids[:, :prompt_len], mask[:, :prompt_len].to(ids.dtype)], dim=1)
+    distinct, member_of = torch.unique(prompts, dim=0, return_inverse=True)
+    if distinct.size(0) == ids.size(0):
+        return None  # no two rows share a prompt
+    if state.mode == "auto" and saved_share(ids, prompt_len, distinct.size(0)) < AUTO_MIN_SAVED:
+        return None
+    prefix_ids = distinct[:, :prompt_len - 1]
+    prefix_mask = distinct[:, prompt_len:2 * prompt_len - 1].to(mask.dtype)
+    with trainer.accelerator.autocast():
+        # Through the model's own forward (PEFT and TRL's patched forward pass it on), one position of
+        # logits: only the cache is used.
+        prefix = model(input_ids=prefix_ids, attention_mask=prefix_mask, use_cache=True, logits_to_keep=1)
+    cache = getattr(prefix, "past_key_values", None)
+    problem = _cache_problem(cache, prompt_len - 1)
+    if problem:
+        state.broken = problem
+        state.note(problem)
+        return None
+    cache.batch_select_indices(member_of)
+    continuation = ids[:, prompt_len - 1:]
+    labels = continuation.masked_fill(mask[:, prompt_len - 1:] == 0, -100)
+    labels[:, 0] = -100  # the last prompt token is input only, as in the plain path
+    with trainer.accelerator.autocast():
+        out = model(input_ids=continuation, attention_mask=mask, past_key_values=cache, labels=labels,
+                    fused_lm_head=True)
+    if cache.get_seq_length() != ids.size(1):
+        state.broken = "the model did not extend the prompt's cache"
+        state.note(state.broken)
+        return None
+    return out.log_probs, (out.entropy if compute_entropy else None)
+
+
+def _cache_problem(cache: Any, length: int) -> str | None:
+    from transformers.cache_utils import DynamicCache, DynamicLayer
+
+    if not isinstance(cache, DynamicCache):
+        return f"the model returned no DynamicCache ({type(cache).__name__})"
+    layers = getattr(cache, "layers", None)
+    if not layers or any(type(layer) is not DynamicLayer for layer in layers):
+        kinds = sorted({type(layer).__name__ for layer in layers or []})
+        return f"the model's cache has {', '.join(kinds) or 'no'} layers, not only DynamicLayer"
+    if cache.get_seq_length() != length:
+        return "the model's cache does not hold the whole prompt"
+    return None
