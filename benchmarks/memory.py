@@ -64,7 +64,8 @@ def run_case(model: str, module: str, cls: str, batch: int, micro: int | None, e
                     "tail": (done.stderr or done.stdout)[-400:], "wall_s": wall}
         record = json.loads(metrics.read_text().splitlines()[0])
         return {"ok": True, "peak_gb": record["memory/peak_rss_gb"], "step_s": record["time/step_s"],
-                "optimizer_s": record.get("time/optimizer_s"), "wall_s": wall,
+                # The step outside the rollout (was `time/optimizer_s`, now split into phases: step_phases.py).
+                "optimizer_s": record["time/step_s"] - record["time/rollout_s"], "wall_s": wall,
                 "micro": micro or micro_batch_size(batch, None)}
 
 

@@ -49,7 +49,9 @@ def test_a_terminal_gets_a_live_bar_with_metrics_lines_above_it():
 
 
 def test_the_line_shows_where_the_step_time_went():
-    timed = dict(LOGS, **{"time/rollout_s": 3.1, "time/generate_s": 2.4, "time/env_s": 0.5, "time/optimizer_s": 1.2,
+    timed = dict(LOGS, **{"time/rollout_s": 3.1, "time/generate_s": 2.4, "time/env_s": 0.5, "time/step_s": 4.3,
+                          "time/ref_logprobs_s": 0.3, "time/loss_forward_backward_s": 0.8, "time/optimizer_step_s": 0.05,
                           "time/tokens_per_s": 850.4})
     line = metrics_line(12, 200, timed, elapsed=24.0, steps_done=12)
-    assert "grad 0.50  rollout 3.10s (gen 2.40s, env 0.50s)  optimizer 1.20s  850 tok/s  2.00s/step" in line
+    assert ("grad 0.50  rollout 3.10s (gen 2.40s, env 0.50s)  train 1.20s (ref 0.30s, loss 0.80s, optim 0.05s)  "
+            "850 tok/s  2.00s/step") in line

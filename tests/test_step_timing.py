@@ -1,6 +1,7 @@
 """Where a training step's time goes: every step's metrics say how long the rollout, generation, the
-environment and the optimizer took, and how fast the model generated, in numbers that add up; the same
-metrics carry why episodes stopped, and the transcripts say it per episode."""
+environment, TRL's scoring, the reference forward, the loss forward and backward and the optimizer step
+took, and how fast the model generated, in numbers that add up; the same metrics carry why episodes
+stopped, and the transcripts say it per episode."""
 
 from __future__ import annotations
 
@@ -18,7 +19,9 @@ from aitrain_grpo.training.trainer import train
 from envs.letters import LetterEnv
 
 STEPS = 3
-TIME_KEYS = ("time/rollout_s", "time/generate_s", "time/env_s", "time/optimizer_s", "time/step_s", "time/tokens_per_s")
+PHASE_KEYS = ("time/rollout_s", "time/score_s", "time/ref_logprobs_s", "time/loss_forward_backward_s",
+              "time/optimizer_step_s")
+TIME_KEYS = (*PHASE_KEYS, "time/generate_s", "time/env_s", "time/step_s", "time/tokens_per_s")
 
 
 @pytest.fixture(scope="module")
@@ -47,8 +50,9 @@ def test_every_step_says_where_its_time_went(timed_run):
         # With the hf backend (lockstep turns) generation and the environment are parts of the rollout;
         # rollout and optimizer make the step.
         assert r["time/generate_s"] + r["time/env_s"] <= r["time/rollout_s"]
-        assert 0 < r["time/optimizer_s"]
-        assert r["time/rollout_s"] + r["time/optimizer_s"] == pytest.approx(r["time/step_s"], rel=1e-6)
+        assert all(r[key] > 0 for key in PHASE_KEYS), r  # the default KL (0.1) needs a reference forward
+        assert sum(r[key] for key in PHASE_KEYS) == pytest.approx(r["time/step_s"], rel=1e-6)
+        assert "time/optimizer_s" not in r  # renamed: it held the loss as well as the optimizer
         assert r["time/tokens_per_s"] > 0
     # The steps fit in the run's wall time (which also loads the model and saves it).
     assert sum(r["time/step_s"] for r in records) <= wall
@@ -67,7 +71,8 @@ def test_the_progress_line_shows_the_split(timed_run):
     lines = [line for line in printed.splitlines() if line.startswith("step ")]
     assert len(lines) == STEPS
     for line in lines:
-        assert "rollout " in line and "s (gen " in line and "s, env " in line and "optimizer " in line and " tok/s" in line
+        assert "rollout " in line and "s (gen " in line and "s, env " in line and " tok/s" in line
+        assert re.search(r"train [\d.]+s \(ref [\d.]+s, loss [\d.]+s, optim [\d.]+s\)", line), line
 
 
 def test_stop_reasons_are_logged_and_shown_in_transcripts(timed_run):
@@ -85,9 +90,65 @@ def test_the_report_charts_the_time_split_and_the_stop_reasons(timed_run, tmp_pa
 
     out, _, _, _ = timed_run
     dom = rendered_dom(out / "report.html", tmp_path)
-    for chart, legend in (("time", "optimizer (the rest)"), ("speed", "tokens/s"), ("stops", "turn_tokens")):
+    for chart, legend in (("time", "loss forward+backward"), ("speed", "tokens/s"), ("stops", "turn_tokens")):
         svg = re.search(rf'<svg[^>]*data-chart="{chart}".*?</svg>', dom, re.S)
         assert svg and svg.group(0).count("<circle") >= STEPS, chart  # a point per step, per series
         assert f"</i>{legend}</span>" in dom, legend  # in the chart's legend, not just the page's script
     # Each transcript says why its episode ended.
     assert re.search(r'class="badge[^"]*">stopped: (env|max_turns|turn_tokens|completion_budget|error)<', dom)
+
+
+class FakeTime:
+    def __init__(self):
+        self.now = 0.0
+
+    def __call__(self):
+        return self.now
+
+
+def test_the_clock_charges_each_second_to_the_innermost_phase():
+    from aitrain_grpo.training.step_phases import PhaseClock
+
+    t = FakeTime()
+    clock = PhaseClock(t)
+    with clock.phase("rollout"):  # outside a step: nothing is charged
+        t.now += 5
+    clock.start()  # TRL's scoring first
+    t.now += 1
+    with clock.phase("rollout"):
+        t.now += 10
+    t.now += 2
+    clock.base("loss_forward_backward")
+    t.now += 7
+    clock.base("optimizer_step")
+    t.now += 0.5
+    metrics = clock.stop()
+    assert metrics == {"time/rollout_s": 10, "time/score_s": 3, "time/ref_logprobs_s": 0,
+                       "time/loss_forward_backward_s": 7, "time/optimizer_step_s": 0.5, "time/step_s": 20.5}
+
+
+def test_only_forwards_made_while_scoring_count_as_reference_forwards():
+    import torch
+
+    from aitrain_grpo.training.step_phases import PhaseClock, time_forwards
+
+    t = FakeTime()
+    clock = PhaseClock(t)
+
+    class Slow(torch.nn.Module):
+        def forward(self, x):
+            t.now += 4
+            return x
+
+    model = Slow()
+    time_forwards(clock, [model, None])
+    clock.start()
+    model(torch.zeros(1))  # a scoring forward
+    t.now += 1
+    with clock.phase("rollout"):
+        model(torch.zeros(1))  # generation
+    clock.base("loss_forward_backward")
+    model(torch.zeros(1))  # the loss forward
+    metrics = clock.stop()
+    assert (metrics["time/ref_logprobs_s"], metrics["time/score_s"], metrics["time/rollout_s"],
+            metrics["time/loss_forward_backward_s"]) == (4, 1, 4, 4)

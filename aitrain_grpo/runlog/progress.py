@@ -52,12 +52,16 @@ def metrics_line(step: int, max_steps: int, logs: dict[str, Any], elapsed: float
 
 
 def _time_parts(logs: dict[str, Any]) -> list[str]:
-    """Where a step's time went (the rollout's `time/*` metrics), where they were logged."""
-    seconds = {key: logs.get(f"time/{key}_s") for key in ("rollout", "generate", "env", "optimizer")}
+    """Where a step's time went (the `time/*` metrics of training/step_phases.py), where they were
+    logged: the rollout and its generation and environment time, then the rest of the step (`train`)
+    and its reference forward, loss forward and backward, and optimizer step."""
+    keys = ("rollout", "generate", "env", "step", "ref_logprobs", "loss_forward_backward", "optimizer_step")
+    seconds = {key: logs.get(f"time/{key}_s") for key in keys}
     if not all(isinstance(v, (int, float)) for v in seconds.values()):
         return []
     parts = [f"rollout {seconds['rollout']:.2f}s (gen {seconds['generate']:.2f}s, env {seconds['env']:.2f}s)",
-             f"optimizer {seconds['optimizer']:.2f}s"]
+             f"train {seconds['step'] - seconds['rollout']:.2f}s (ref {seconds['ref_logprobs']:.2f}s, "
+             f"loss {seconds['loss_forward_backward']:.2f}s, optim {seconds['optimizer_step']:.2f}s)"]
     speed = logs.get("time/tokens_per_s")
     if isinstance(speed, (int, float)):
         parts.append(f"{speed:.0f} tok/s")

@@ -13,15 +13,16 @@ trainer). It owns:
   `vllm/sync_seconds`, and a server pool's `vllm/<host:port>/*` and totals (requests, tokens, sync
   seconds, live servers, replayed episodes); `EpisodeGRPOTrainer.log` merges them into each log record.
 
-It is also a trainer callback, to see where each optimizer step begins and ends: the step's time
-outside the rollout is `time/optimizer_s` (reference log-probabilities, forward, backward, the
-optimizer step). Timing per step: `time/rollout_s` (the whole rollout call), `time/generate_s` and
-`time/env_s` (wall time while a generate / environment call was under way: in lockstep, hf's schedule,
-parts of the rollout; under the continuous schedule they overlap; with --rl-async-steps they were
-mostly spent while earlier steps trained), `time/optimizer_s`, `time/step_s`, and `time/tokens_per_s`
-(tokens the model generated per second of generation); and `memory/peak_rss_gb`, the process's peak
-resident memory during the step, split into `memory/rollout_peak_rss_gb`, `memory/loss_peak_rss_gb`
-(forward and backward) and `memory/optimizer_peak_rss_gb` (runlog/memory.py).
+It is also a trainer callback, to see where each optimizer step begins and ends, and owns the step's
+`PhaseClock` (step_phases.py), which the rollout and the trainer (trainer.py) advance: the step's
+metrics get `time/<phase>_s` for the rollout, TRL's scoring, the reference log-probabilities, the
+loss forward and backward and the optimizer step, adding up to `time/step_s`. Besides: `time/generate_s`
+and `time/env_s` (wall time while a generate / environment call was under way: in lockstep, hf's
+schedule, parts of the rollout; under the continuous schedule they overlap; with --rl-async-steps they
+were mostly spent while earlier steps trained), and `time/tokens_per_s` (tokens the model generated per
+second of generation); and `memory/peak_rss_gb`, the process's peak resident memory during the step,
+split into `memory/rollout_peak_rss_gb`, `memory/loss_peak_rss_gb` (reference log-probabilities,
+forward and backward) and `memory/optimizer_peak_rss_gb` (runlog/memory.py).
 
 Left out: building the trainer (trainer.py), choosing and building the backend (generation.py), the
 files a run writes (runlog/), and metrics of TRL's evaluation loop (no run configures one).
@@ -32,7 +33,6 @@ from __future__ import annotations
 import contextlib
 import copy
 import math
-import time
 from collections import defaultdict
 from typing import Any, Callable, Iterable
 
@@ -50,6 +50,7 @@ from aitrain_grpo.runlog.memory import StepPeaks
 from aitrain_grpo.training.generation import GenerationPlan, make_backend
 from aitrain_grpo.training.async_rollout import AsyncRollout, start_async_rollout, versioned
 from aitrain_grpo.training.groups import play_groups
+from aitrain_grpo.training.step_phases import PhaseClock
 from aitrain_grpo.training.turn_credit import rollout_turn_advantages
 
 SummaryObserver = Callable[[list[EpisodeSummary]], None]
@@ -76,11 +77,11 @@ class StepMetrics:
         return averages
 
 
-def rollout_timing(batch: RolloutBatch, seconds: float) -> dict[str, float]:
-    """Where one rollout's time went, and how fast the model generated."""
+def rollout_timing(batch: RolloutBatch) -> dict[str, float]:
+    """Where one rollout's time went, and how fast the model generated (the rollout's own wall time is
+    the step clock's `time/rollout_s`)."""
     generated = sum(sum(trace.env_mask) for trace in batch.traces)
     return {
-        "time/rollout_s": seconds,
         "time/generate_s": batch.generate_seconds,
         "time/env_s": batch.env_seconds,
         "time/tokens_per_s": generated / batch.generate_seconds if batch.generate_seconds > 0 else 0.0,
@@ -107,10 +108,8 @@ class TrainingRollout(TrainerCallback):
         self.last_batch: RolloutBatch | None = None
         self.last_weight_versions: list[int] | None = None  # per episode of last_batch (async runs only)
         self.async_rollout: AsyncRollout | None = None  # --rl-async-steps >= 1: plays steps ahead
-        self.rollout_seconds = 0.0  # over the whole run; a step's share is the difference across it
+        self.clock = PhaseClock()  # the step's time per phase (step_phases.py)
         self._rows: list[dict[str, Any]] | None = None
-        self._step_started = 0.0
-        self._rollout_seconds_at_step_start = 0.0
         self._peaks = StepPeaks()
 
     # --------------------------------------------------------------------------------- the rollout
@@ -120,7 +119,10 @@ class TrainingRollout(TrainerCallback):
         self._rows = [dict(row) for row in rows]
 
     def __call__(self, prompts: list, trainer) -> dict[str, Any]:
-        started = time.perf_counter()
+        with self.clock.phase("rollout"):
+            return self._play(prompts, trainer)
+
+    def _play(self, prompts: list, trainer) -> dict[str, Any]:
         rows, self._rows = self._rows, None
         if rows is None or len(rows) != len(prompts):
             got = "no" if rows is None else len(rows)
@@ -148,9 +150,7 @@ class TrainingRollout(TrainerCallback):
             observe(summaries)
         self.last_batch = batch
         self._peaks.mark("rollout")
-        seconds = time.perf_counter() - started
-        self.rollout_seconds += seconds
-        self.metrics.update(rollout_timing(batch, seconds))
+        self.metrics.update(rollout_timing(batch))
         out = grouped.for_trl()
         if self.config.rl_advantage == "turn":  # per-token turn credit, an extra field (turn_credit.py)
             out["turn_advantages"] = rollout_turn_advantages(batch.episodes, batch.traces, trainer.num_generations)
@@ -213,14 +213,12 @@ class TrainingRollout(TrainerCallback):
 
     def on_step_begin(self, args, state, control, **kwargs):
         self._peaks.start()  # this step's own peaks (runlog/memory.py)
-        self._step_started = time.perf_counter()
-        self._rollout_seconds_at_step_start = self.rollout_seconds
+        self.clock.start("score")  # TRL's batch preparation, until the first compute_loss (trainer.py)
 
     def on_step_end(self, args, state, control, **kwargs):
-        wall = time.perf_counter() - self._step_started
-        in_rollout = self.rollout_seconds - self._rollout_seconds_at_step_start
         self._peaks.mark("optimizer")
-        self.metrics.update({"time/step_s": wall, "time/optimizer_s": wall - in_rollout, **self._peaks.metrics()})
+        self.metrics.update({**self.clock.stop(), **self._peaks.metrics()})
 
     def on_pre_optimizer_step(self, args, state, control, **kwargs):
         self._peaks.mark("loss")  # every micro-batch's forward and backward are done
+        self.clock.base("optimizer_step")
