@@ -100,11 +100,11 @@ def trl_chat_template(tokenizer, tools: list[dict]) -> str:
     return described_tools_template()
 
 
-def grpo_args(output_dir: Path, seed: int, save_steps: int, recipe: dict = RECIPE):
+def grpo_args(output_dir: Path, seed: int, save_steps: int, max_steps: int | None = None, recipe: dict = RECIPE):
     from trl import GRPOConfig
 
     return GRPOConfig(
-        output_dir=str(output_dir), seed=seed, learning_rate=recipe["lr"], max_steps=recipe["max_steps"],
+        output_dir=str(output_dir), seed=seed, learning_rate=recipe["lr"], max_steps=max_steps or recipe["max_steps"],
         per_device_train_batch_size=recipe["micro_batch"],
         gradient_accumulation_steps=recipe["batch_size"] // recipe["micro_batch"],
         num_generations=recipe["num_generations"], max_completion_length=recipe["max_completion_length"],
@@ -154,7 +154,8 @@ def original_tokenizer_in_checkpoints(tokenizer_dir: str):
     return Keep()
 
 
-def build_trainer(start: str, output_dir: Path, seed: int, save_steps: int, recipe: dict = RECIPE):
+def build_trainer(start: str, output_dir: Path, seed: int, save_steps: int, max_steps: int | None = None,
+                  recipe: dict = RECIPE):
     """GRPOTrainer(environment_factory=StationsTRL) on the start model, as TRL's docs build one."""
     from datasets import Dataset
     from peft import LoraConfig
@@ -170,7 +171,7 @@ def build_trainer(start: str, output_dir: Path, seed: int, save_steps: int, reci
     model = AutoModelForCausalLM.from_pretrained(start, dtype="float32")
     lora = LoraConfig(r=recipe["lora_r"], lora_alpha=recipe["lora_alpha"], lora_dropout=recipe["lora_dropout"],
                       target_modules="all-linear", task_type="CAUSAL_LM")
-    return GRPOTrainer(model=model, args=grpo_args(output_dir, seed, save_steps, recipe), processing_class=tokenizer,
+    return GRPOTrainer(model=model, args=grpo_args(output_dir, seed, save_steps, max_steps, recipe), processing_class=tokenizer,
                        train_dataset=Dataset.from_list(rows("train")), environment_factory=StationsTRL,
                        reward_funcs=[station_reward], peft_config=lora,
                        callbacks=[original_tokenizer_in_checkpoints(start)])
@@ -182,12 +183,13 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--output-dir", type=Path, required=True)
     parser.add_argument("--seed", type=int, default=1)
     parser.add_argument("--save-steps", type=int, default=5)
+    parser.add_argument("--max-steps", type=int, default=RECIPE["max_steps"])
     args = parser.parse_args(argv)
     stop = StopOnSignal()  # first: a budget that ends during loading still stops after one step
     import torch
 
     torch.set_num_threads(1)
-    trainer = build_trainer(args.start, args.output_dir, args.seed, args.save_steps)
+    trainer = build_trainer(args.start, args.output_dir, args.seed, args.save_steps, args.max_steps)
     trainer.add_callback(stop.callback())
     trainer.train()
     print(f"trl: stopped after step {trainer.state.global_step}", flush=True)

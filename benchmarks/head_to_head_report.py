@@ -1,0 +1,166 @@
+"""The report of benchmarks/head_to_head.py: the results block of HEAD_TO_HEAD.md and its figure.
+
+Read from each run's folder, the same way for both trainers (nothing from either trainer's own metrics
+but the step count and TRL's `step_time`, which both log, aitrain's trainer being TRL's):
+- minutes of a checkpoint: the modification time of its trainer_state.json less the process's start
+  (run.json), so model loading counts, as it does in the budget;
+- steps: the last checkpoint's `global_step`; episodes: steps x the recipe's 16; episodes per hour:
+  episodes over the minutes of the last checkpoint;
+- held-back success: the share of the 64 held-back episodes (eval/step-<N>.jsonl) that scored 1.0, for
+  the start (start-eval.jsonl, minute 0) and every checkpoint; "final" is the last checkpoint's;
+- peak memory: run.json's peak resident set of the training process.
+
+Left out: statistical tests (three seeds), and runs that have no run.json (never started by the harness).
+"""
+
+from __future__ import annotations
+
+import json
+import shlex
+import statistics
+from pathlib import Path
+
+from head_to_head_trl import RECIPE
+from learning import write_block
+from results_table import machine as describe_machine
+
+REPO = Path(__file__).resolve().parent.parent
+BEGIN, END = "<!-- head-to-head -->", "<!-- /head-to-head -->"
+SUCCESS = 1.0 - 1e-9
+STYLE = {"aitrain": ("tab:blue", "-"), "trl": ("tab:orange", "--")}
+
+
+def read_jsonl(path: Path) -> list[dict]:
+    return [json.loads(line) for line in path.read_text().splitlines() if line.strip()] if path.exists() else []
+
+
+def success(path: Path) -> float | None:
+    records = read_jsonl(path)
+    return sum(r["score"] >= SUCCESS for r in records) / len(records) if records else None
+
+
+def checkpoints(run: Path) -> list[tuple[int, Path]]:
+    """(step, folder) of each checkpoint the trainer wrote into <run>/train, by step."""
+    found = [(int(c.name.rsplit("-", 1)[1]), c) for c in (run / "train").glob("checkpoint-*")
+             if c.name.rsplit("-", 1)[1].isdigit()]
+    return sorted(found)
+
+
+def read_run(run: Path, start_success: float | None) -> dict:
+    """One run's numbers (see the module docstring); `curve` is [(minutes, step, success or None)]."""
+    info = json.loads((run / "run.json").read_text())
+    trainer, seed = run.name.rsplit("-seed", 1)
+    curve = [(0.0, 0, start_success)]
+    step_times: list[float] = []
+    for step, checkpoint in checkpoints(run):
+        state = checkpoint / "trainer_state.json"
+        minutes = (state.stat().st_mtime - info["launched"]) / 60
+        curve.append((minutes, step, success(run / "eval" / f"step-{step}.jsonl")))
+        history = json.loads(state.read_text()).get("log_history", [])
+        step_times = [h["step_time"] for h in history if "step_time" in h] or step_times
+    steps, minutes = curve[-1][1], curve[-1][0]
+    episodes = steps * RECIPE["batch_size"]
+    return {"name": run.name, "trainer": trainer, "seed": int(seed), "curve": curve, "steps": steps,
+            "episodes": episodes, "minutes": minutes, "per_hour": episodes / (minutes / 60) if minutes else 0.0,
+            "final": curve[-1][2] if steps else None, "peak_mib": info["peak_rss_mib"],
+            "budget_min": (info["budget_s"] or 0) / 60, "wall_min": info["wall_seconds"] / 60,
+            "step_s": statistics.median(step_times) if step_times else None, "command": info["command"]}
+
+
+def cell(value: float | None, fmt: str = ".3f") -> str:
+    return "n/a" if value is None else format(value, fmt)
+
+
+def summary_lines(rows: list[dict]) -> list[str]:
+    """Per trainer means, the episodes-per-hour ratio, and the seeds where aitrain's final success is ahead."""
+    by = {t: [r for r in rows if r["trainer"] == t] for t in ("aitrain", "trl")}
+    if not by["aitrain"] or not by["trl"]:
+        return []
+
+    def mean(values):
+        values = [v for v in values if v is not None]
+        return statistics.mean(values) if values else None
+
+    out = ["", "| trainer | runs | held-back success at the budget (mean) | episodes/hour (mean) | steps (mean) | "
+           "peak memory (mean) |", "| --- | --- | --- | --- | --- | --- |"]
+    for trainer, group in by.items():
+        out.append(f"| {trainer} | {len(group)} | {cell(mean(r['final'] for r in group))} | "
+                   f"{cell(mean(r['per_hour'] for r in group), '.0f')} | {cell(mean(r['steps'] for r in group), '.1f')} | "
+                   f"{cell(mean(r['peak_mib'] for r in group) / 1024, '.2f')} GiB |")
+    ratio = (mean(r["per_hour"] for r in by["aitrain"]) or 0) / (mean(r["per_hour"] for r in by["trl"]) or float("nan"))
+    seeds = sorted({r["seed"] for r in rows})
+    pairs = [(s, next((r for r in by["aitrain"] if r["seed"] == s), None), next((r for r in by["trl"] if r["seed"] == s), None))
+             for s in seeds]
+    ahead = [s for s, a, t in pairs if a and t and a["final"] is not None and t["final"] is not None and a["final"] > t["final"]]
+    behind = [s for s, a, t in pairs if a and t and a["final"] is not None and t["final"] is not None and a["final"] < t["final"]]
+    out += ["", f"Episodes trained per hour, aitrain / TRL: **{ratio:.2f}x** (goal: 1.5x). Held-back success at the "
+                f"budget: aitrain ahead on seed(s) {', '.join(map(str, ahead)) or 'none'}, TRL ahead on seed(s) "
+                f"{', '.join(map(str, behind)) or 'none'}, of {len(seeds)} (goal: aitrain ahead on every seed)."]
+    return out
+
+
+def figure(rows: list[dict], path: Path) -> bool:
+    """Held-back success against minutes, every run; False when matplotlib is missing."""
+    try:
+        import matplotlib
+
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError:
+        return False
+    fig, ax = plt.subplots(figsize=(7, 4.2))
+    for r in rows:
+        points = [(m, s) for m, _, s in r["curve"] if s is not None]
+        if points:
+            color, line = STYLE.get(r["trainer"], ("gray", ":"))
+            ax.plot(*zip(*points), line, color=color, marker="o", markersize=3, label=r["name"], alpha=0.85)
+    ax.set_xlabel("minutes since the process started (model loading included)")
+    ax.set_ylabel("held-back success (64 episodes)")
+    ax.set_ylim(-0.02, 1.02)
+    ax.grid(alpha=0.3)
+    ax.legend(fontsize=7, ncol=2)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return True
+
+
+def results_block(runs_dir: Path, figure_path: Path | None) -> str:
+    start = success(runs_dir / "start-eval.jsonl")
+    rows = [read_run(p, start) for p in sorted(runs_dir.glob("*-seed*")) if (p / "run.json").is_file()]
+    rows.sort(key=lambda r: (r["seed"], r["trainer"]))
+    made = json.loads((runs_dir / "start.json").read_text()) if (runs_dir / "start.json").exists() else {}
+    origin = (f"{made['model']} after `aitrain sft` ({made['demos']} demonstrations, {made['sft_steps']} steps)"
+              if made.get("model") else "made elsewhere")
+    out = [f"Machine: {describe_machine()}; OMP_NUM_THREADS=1 per process. Start: {origin}, held-back success "
+           f"{cell(start)}. Written by `python benchmarks/head_to_head.py report`.", ""]
+    if not rows:
+        return "\n".join(out + ["No runs yet."])
+    out += ["| run | budget | trained | steps | episodes | episodes/hour | step (median) | peak memory | "
+            "held-back success: start -> final |", "| --- " * 9 + "|"]
+    for r in rows:
+        out.append(f"| {r['name']} | {r['budget_min']:.1f} min | {r['minutes']:.1f} min | {r['steps']} | {r['episodes']} | "
+                   f"{r['per_hour']:.0f} | {cell(r['step_s'], '.1f')} s | {r['peak_mib'] / 1024:.2f} GiB | "
+                   f"{cell(start)} -> {cell(r['final'])} |")
+    out += summary_lines(rows)
+    out += ["", "Held-back success at each checkpoint (step, minutes since the start of the process):", ""]
+    for r in rows:
+        points = ", ".join(f"step {s} ({m:.1f} min): {cell(v)}" for m, s, v in r["curve"][1:])
+        out.append(f"- {r['name']}: start {cell(start)}; {points or 'no checkpoint'}")
+    if figure_path is not None and figure(rows, figure_path):
+        out += ["", f"![held-back success against minutes]({figure_path.name})"]
+    out += ["", "Each run's command (seed 1's; the other seeds change `--seed` and the folder):", ""]
+    for trainer in ("aitrain", "trl"):
+        first = next((r for r in rows if r["trainer"] == trainer), None)
+        if first:
+            shown = [a.replace(str(REPO) + "/", "") for a in first["command"]]
+            out += ["```bash", shlex.join(["python", *shown[1:]]), "```"]
+    return "\n".join(out)
+
+
+def write_report(runs_dir: Path, md: Path, argv: list[str]) -> str:
+    block = results_block(runs_dir, md.parent / f"{md.stem.lower()}.png")
+    if not md.exists():
+        md.write_text("# Head to head with TRL\n")
+    write_block(block, BEGIN, END, md)
+    return block
