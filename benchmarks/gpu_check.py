@@ -78,6 +78,7 @@ class Part:
     what: str
     needs: tuple[str, ...]
     run: Callable[[Context, str], Result]
+    real: bool = False  # plays the real model (prepared only when a selected part does)
 
 
 def aitrain(*args: str) -> list[str]:
@@ -197,10 +198,10 @@ PARTS = [
     Part("hf-tiny", "bf16 grpo, tiny model, envs.letters, Hugging Face generate", (),
          grpo_part(lambda c: c.tiny, LETTERS)),
     Part("hf-smollm2", "bf16 grpo, SmolLM2, envs.stations (tools), batch 16, Hugging Face generate", (),
-         grpo_part(lambda c: c.real, STATIONS, batch=16)),
-    Part("vllm-colocate", "SmolLM2 with colocated vLLM, weights synced each step", ("vllm",), vllm_colocate),
-    Part("vllm-server-nccl", "aitrain vllm-serve + training, NCCL weight sync", ("vllm",), server_part("nccl")),
-    Part("vllm-server-lora", "aitrain vllm-serve + training, LoRA adapter sync", ("vllm",), server_part("lora")),
+         grpo_part(lambda c: c.real, STATIONS, batch=16), real=True),
+    Part("vllm-colocate", "SmolLM2 with colocated vLLM, weights synced each step", ("vllm",), vllm_colocate, real=True),
+    Part("vllm-server-nccl", "aitrain vllm-serve + training, NCCL weight sync", ("vllm",), server_part("nccl"), real=True),
+    Part("vllm-server-lora", "aitrain vllm-serve + training, LoRA adapter sync", ("vllm",), server_part("lora"), real=True),
     Part("deepspeed-zero2", "accelerate launch, DeepSpeed ZeRO-2, one process, tiny model", ("deepspeed",),
          grpo_part(lambda c: c.tiny, LETTERS, launcher=ACCELERATE + ["--config_file", str(ROOT / "examples/accelerate/zero2.yaml")])),
     Part("fsdp2", "accelerate launch, FSDP2, one process, tiny model", (),
@@ -261,11 +262,13 @@ def random_weights_model(config_dir: Path, work: Path) -> str:
     return str(target)
 
 
-def prepare(args, work: Path) -> Context:
+def prepare(args, work: Path, parts: list[Part]) -> Context:
     from aitrain_grpo.models.loading import resolve_model
 
     tiny = resolve_model("tiny")  # builds it once into AITRAIN_CACHE_DIR
-    if args.random_weights_from:
+    if not any(part.real for part in parts):
+        real, real_name = "", "(not used)"
+    elif args.random_weights_from:
         real, real_name = random_weights_model(Path(args.random_weights_from), work), "SmolLM2 architecture, random weights"
     else:
         real, real_name = resolve_model(args.model), args.model
@@ -296,9 +299,8 @@ def main(argv: list[str] | None = None) -> int:
     device = torch.cuda.get_device_name(0) if torch.cuda.is_available() else "CPU (rehearsal: numbers mean nothing)"
     work = Path(args.work).resolve()
     work.mkdir(parents=True, exist_ok=True)
-    os.environ.setdefault("AITRAIN_CACHE_DIR", str(work / "cache"))
     started = time.perf_counter()
-    ctx = prepare(args, work)
+    ctx = prepare(args, work, parts)
     print(f"prepared models in {time.perf_counter() - started:.1f} s (real model: {ctx.real_name})", flush=True)
     results = []
     for part in parts:

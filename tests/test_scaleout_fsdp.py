@@ -2,7 +2,7 @@
 
 FSDP: accelerate 1.15 attaches its FSDP plugin only to GPU-type devices, so on a CPU an FSDP launch
 would train as plain DDP and shard nothing; `aitrain grpo` refuses it in one line naming the launches
-that do run (docs/operations.md, "Several processes and machines"). DeepSpeed ZeRO-2/3 runs on a CPU
+that do run (docs/scale-out.md, "Several processes and machines"). DeepSpeed ZeRO-2/3 runs on a CPU
 over gloo once `pip install deepspeed` is done (skipped where it is not installed): both processes
 train, the saved weights are whole, load, and equal DeepSpeed's own gather of both ranks' shards, and a
 resumed run goes on from its checkpoint's step."""
