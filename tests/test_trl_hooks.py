@@ -9,7 +9,7 @@ import inspect
 from trl import GRPOTrainer
 
 from aitrain_grpo.training.trainer import EpisodeGRPOTrainer
-from aitrain_grpo.training.trl_hooks import PINNED, TRLHooks
+from aitrain_grpo.training.trl_hooks import PINNED, PINNED_FUNCTIONS, TRLHooks
 
 
 def test_every_pinned_method_has_the_parameters_it_was_read_with():
@@ -29,3 +29,17 @@ def test_the_hooks_are_every_private_override_and_come_first():
                if name.startswith("_") and not name.startswith("__") and callable(value) and hasattr(GRPOTrainer, name)}
     assert private == set(PINNED) == {n for n in vars(TRLHooks) if n in PINNED}
     assert EpisodeGRPOTrainer.__mro__[1] is TRLHooks
+
+
+def test_every_replaced_trl_function_has_the_parameters_and_the_one_use_it_was_read_with():
+    import importlib
+
+    for dotted, parameters in PINNED_FUNCTIONS.items():
+        module_name, _, name = dotted.rpartition(".")
+        module = importlib.import_module(module_name)
+        found = getattr(module, name, None)
+        assert found is not None and tuple(inspect.signature(found).parameters) == parameters, dotted
+    # lm_head.py relies on trl.trainer.utils reading `_use_triton` only to choose the positions it scores.
+    source = inspect.getsource(importlib.import_module("trl.trainer.utils"))
+    calls = [line.strip() for line in source.splitlines() if "_use_triton(" in line]
+    assert calls == ["compact = _use_triton(hidden_states.device)"], calls

@@ -60,7 +60,7 @@ from aitrain_grpo.training.rollout_func import TrainingRollout
 from aitrain_grpo.training.signals import SignalStop
 from aitrain_grpo.training.step_phases import time_forwards
 from aitrain_grpo.training.stopping import ErrorRateStop, clean_stops
-from aitrain_grpo.training.trl_hooks import TRLHooks
+from aitrain_grpo.training.trl_hooks import TRLHooks, replace_trl_functions
 
 
 # Saving an adapter, PEFT looks for its base's config.json to see whether the vocabulary changed. An
@@ -97,6 +97,7 @@ class EpisodeGRPOTrainer(TRLHooks, AtomicCheckpoints, GRPOTrainer):
             # built whatever it builds; `_generate` keeps TRL's own push before each rollout off.
             self.use_vllm = True
         time_forwards(rollout.clock, (self.model, self.ref_model))  # TRL's scoring forwards (step_phases.py)
+        replace_trl_functions()  # the fused LM head scores completion positions only, on a CPU too (lm_head.py)
 
     def compute_loss(self, model, inputs, return_outputs=False, num_items_in_batch=None):
         self.rollout.clock.base("loss_forward_backward")  # TRL's scoring is over (step_phases.py)

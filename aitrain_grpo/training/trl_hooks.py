@@ -24,6 +24,10 @@ What each override does lives in the module of its concern; the hooks only call 
 - `_get_output_dir`, `_save_checkpoint`: checkpoints written into a staging folder and renamed into
   place when whole, with the run's own state (checkpoints.py).
 
+And one private module function, replaced in its module (`PINNED_FUNCTIONS`, `replace_trl_functions`):
+- `trl.trainer.utils._use_triton`: answers True for a CPU, so TRL's fused LM head scores only the
+  completion positions there too, as it does on CUDA (lm_head.py).
+
 Left out: public methods and callbacks (`train`, `log`; TrainerCallback events), which are stable API.
 """
 
@@ -32,6 +36,7 @@ from __future__ import annotations
 from aitrain_grpo.training.async_rollout import masked_share_metrics
 from aitrain_grpo.training.checkpoints import resumable_sampler, save_checkpoint_atomically
 from aitrain_grpo.training.groups import without_masked_rows
+from aitrain_grpo.training.lm_head import scoring_labelled_positions
 from aitrain_grpo.training.micro_batches import trim_padding
 from aitrain_grpo.training.shared_prefix import group_micro_batches, shared_logps
 from aitrain_grpo.training.turn_credit import attach_turn_advantages, with_turn_advantages
@@ -50,6 +55,18 @@ PINNED = {
     "_get_output_dir": ("self", "trial"),
     "_save_checkpoint": ("self", "model", "trial"),
 }
+
+# Module function -> the parameter names it was read with (trl 1.16.0), replaced by replace_trl_functions.
+PINNED_FUNCTIONS = {
+    "trl.trainer.utils._use_triton": ("device",),
+}
+
+
+def replace_trl_functions() -> None:
+    """Install the PINNED_FUNCTIONS replacements in their modules (idempotent; read at call time)."""
+    import trl.trainer.utils as utils
+
+    utils._use_triton = scoring_labelled_positions(utils._use_triton)
 
 
 class TRLHooks:
