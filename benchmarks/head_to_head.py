@@ -24,8 +24,9 @@ the harness sends SIGTERM; each trainer finishes the step in flight, saves a che
 (aitrain's SignalStop, the TRL runner's StopOnSignal): a run overshoots its budget by less than one
 step, and the report gives each run's real minutes. Checkpoints every `--save-every` steps. Recorded in
 <run>/run.json: the command, start and end times, exit code and the process's peak resident memory
-(`os.wait4`'s ru_maxrss: the process and its waited-for children). `--max-steps N` stops after N steps
-instead (timing one step).
+(`os.wait4`'s ru_maxrss: the process and its waited-for children), its CPU time, and its CPU time
+sampled every 2 s (`cpu_timeline`): on a machine shared with other work, CPU seconds are what a run
+would take on a core of its own. `--max-steps N` stops after N steps instead (timing one step).
 
 `eval` plays the held-back split of envs.stations (StationEnv, `{"split": "held_out"}`, 32 tasks x 2
 samples at temperature 0.7, seed 0: beyond_sft's evaluation) with the start and with every checkpoint of
@@ -59,8 +60,10 @@ ENV_CONFIG = {"rows": "envs.stations_trl:rows", "reward_func": "envs.stations_tr
 TURN_OPTIONS = ("--rl-max-new-tokens", str(RECIPE["max_new_tokens"]),
                 "--rl-max-completion-length", str(RECIPE["max_completion_length"]))
 EVAL = ("--rl-env-module", "envs.stations", "--rl-env-class", "StationEnv", "--rl-env-config", '{"split": "held_out"}',
-        "--episodes", "32", "--rl-num-generations", "2", "--rl-temperature", "0.7", "--seed", "0", *TURN_OPTIONS)
+        "--rl-num-generations", "2", "--rl-temperature", "0.7", "--seed", "0", *TURN_OPTIONS)
+EVAL_TASKS = 32  # the 16 held-back cities x 2 questions, x 2 samples: beyond_sft's evaluation
 SFT_DEMOS, SFT_STEPS = 64, 24  # beyond_sft's stations workload
+CPU_EVERY_S = 2.0  # how often a run's CPU time is sampled (run.json's cpu_timeline)
 KILL_AFTER_S = 1800  # after SIGTERM, a run still going this long is killed (a step of SmolLM2 takes minutes)
 
 
@@ -69,6 +72,11 @@ def aitrain(*args: str) -> list[str]:
 
 
 def start_dir(args) -> Path:
+    """The shared start: `--start` (a model folder, or a name such as smollm2), else <runs-dir>/start."""
+    if getattr(args, "start", None):
+        from aitrain_grpo.models.loading import resolve_model
+
+        return Path(resolve_model(args.start)).resolve()
     return (args.runs_dir / "start").resolve()
 
 
@@ -115,6 +123,16 @@ class Job:
     started: float = 0.0
     signalled: float | None = None
     info: dict = field(default_factory=dict)
+    cpu: list = field(default_factory=list)  # [(seconds since start, CPU seconds used so far)]
+
+
+def cpu_seconds(pid: int) -> float | None:
+    """CPU time (user + system) a running process has used so far, from /proc (None where unreadable)."""
+    try:
+        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+        return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+    except (OSError, ValueError, IndexError):
+        return None
 
 
 def _start(job: Job) -> None:
@@ -135,7 +153,9 @@ def _finish(job: Job, status: int, usage) -> None:
     job.info = {"command": job.command, "launched": job.started, "ended": time.time(),
                 "wall_seconds": round(time.time() - job.started, 1), "exit_code": code,
                 "signalled_after_s": round(job.signalled - job.started, 1) if job.signalled else None,
-                "peak_rss_mib": round(usage.ru_maxrss / 1024, 1), "budget_s": job.budget_s, "core": job.core}
+                "peak_rss_mib": round(usage.ru_maxrss / 1024, 1), "budget_s": job.budget_s, "core": job.core,
+                "cpu_seconds": round(usage.ru_utime + usage.ru_stime, 1), "load_average": os.getloadavg(),
+                "cpu_timeline": job.cpu}
     if job.record is not None:
         job.record.write_text(json.dumps(job.info, indent=1) + "\n")
     # A budget stop exits 143 (aitrain: "stopped by SIGTERM") or 0 (TRL).
@@ -158,6 +178,9 @@ def run_jobs(jobs: list[Job], parallel: int, pin: bool) -> None:
         time.sleep(0.5)
         for job in list(running):
             now = time.time()
+            used = cpu_seconds(job.process.pid)
+            if used is not None and (not job.cpu or now - job.started - job.cpu[-1][0] >= CPU_EVERY_S):
+                job.cpu.append((round(now - job.started, 1), used))
             if job.budget_s is not None and job.signalled is None and now - job.started >= job.budget_s:
                 job.process.send_signal(signal.SIGTERM)
                 job.signalled = now
@@ -217,15 +240,16 @@ def runs(args) -> list[Path]:
 def evaluate(args) -> None:
     """Every model not yet evaluated: the start (step 0) and each checkpoint of each run."""
     jobs = []
+    options = (*EVAL, "--episodes", str(args.eval_tasks))
     target = args.runs_dir / "start-eval.jsonl"
     if not target.exists():
-        jobs.append(Job("eval start", aitrain("eval", "--model", str(start_dir(args)), *EVAL, "--output", str(target)),
+        jobs.append(Job("eval start", aitrain("eval", "--model", str(start_dir(args)), *options, "--output", str(target)),
                         args.runs_dir / "start-eval.log"))
     for run in runs(args):
         for step, checkpoint in checkpoints(run):
             target = run / "eval" / f"step-{step}.jsonl"
             if not target.exists():
-                command = aitrain("eval", "--model", str(checkpoint.resolve()), *EVAL, "--output", str(target))
+                command = aitrain("eval", "--model", str(checkpoint.resolve()), *options, "--output", str(target))
                 jobs.append(Job(f"eval {run.name} step {step}", command, run / "eval" / f"step-{step}.log"))
     run_jobs(jobs, args.parallel, args.pin)
 
@@ -241,6 +265,8 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("phase", choices=("sft", "train", "eval", "report", "all"))
     parser.add_argument("--model", default="smollm2", help="sft's base model ('tiny' for the smoke run)")
     parser.add_argument("--sft-from", type=Path, default=None, help="reuse this `aitrain sft` output")
+    parser.add_argument("--start", default=None, help="train/eval from this model instead of <runs-dir>/start "
+                                                      "(e.g. smollm2, to time a step)")
     parser.add_argument("--demos", type=int, default=SFT_DEMOS)
     parser.add_argument("--sft-steps", type=int, default=SFT_STEPS)
     parser.add_argument("--trainers", nargs="+", choices=TRAINERS, default=list(TRAINERS))
@@ -249,6 +275,7 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--max-steps", type=int, default=RECIPE["max_steps"],
                         help="stop after this many steps instead of at the budget (timing a step)")
     parser.add_argument("--save-every", type=int, default=5, help="checkpoint every N steps")
+    parser.add_argument("--eval-tasks", type=int, default=EVAL_TASKS, help="held-back tasks per model (x2 samples)")
     parser.add_argument("--parallel", type=int, default=2, help="processes at once, one core each")
     parser.add_argument("--pin", action="store_true", help="bind the k-th concurrent process to core k")
     parser.add_argument("--runs-dir", type=Path, default=REPO / "runs" / "head_to_head")

@@ -46,6 +46,16 @@ def checkpoints(run: Path) -> list[tuple[int, Path]]:
     return sorted(found)
 
 
+def cpu_at(timeline: list, seconds: float) -> float | None:
+    """CPU seconds a run had used `seconds` after its start, interpolated from run.json's cpu_timeline."""
+    if not timeline:
+        return None
+    before = [p for p in timeline if p[0] <= seconds] or timeline[:1]
+    after = [p for p in timeline if p[0] >= seconds] or timeline[-1:]
+    (t0, c0), (t1, c1) = before[-1], after[0]
+    return c0 if t1 == t0 else c0 + (c1 - c0) * (seconds - t0) / (t1 - t0)
+
+
 def read_run(run: Path, start_success: float | None) -> dict:
     """One run's numbers (see the module docstring); `curve` is [(minutes, step, success or None)]."""
     info = json.loads((run / "run.json").read_text())
@@ -60,11 +70,21 @@ def read_run(run: Path, start_success: float | None) -> dict:
         step_times = [h["step_time"] for h in history if "step_time" in h] or step_times
     steps, minutes = curve[-1][1], curve[-1][0]
     episodes = steps * RECIPE["batch_size"]
+    # CPU per step: what the process used from the start of training (the last checkpoint less the steps'
+    # own seconds) to the last checkpoint, per step; the CPU used before is loading.
+    trained_s = sum(step_times[:steps]) if len(step_times) >= steps else None
+    timeline = info.get("cpu_timeline") or []
+    load_cpu = step_cpu = None
+    if steps and trained_s is not None and timeline:
+        end, begin = cpu_at(timeline, minutes * 60), cpu_at(timeline, minutes * 60 - trained_s)
+        load_cpu, step_cpu = begin, (end - begin) / steps
     return {"name": run.name, "trainer": trainer, "seed": int(seed), "curve": curve, "steps": steps,
             "episodes": episodes, "minutes": minutes, "per_hour": episodes / (minutes / 60) if minutes else 0.0,
             "final": curve[-1][2] if steps else None, "peak_mib": info["peak_rss_mib"],
             "budget_min": (info["budget_s"] or 0) / 60, "wall_min": info["wall_seconds"] / 60,
-            "step_s": statistics.median(step_times) if step_times else None, "command": info["command"]}
+            "step_s": statistics.median(step_times) if step_times else None, "command": info["command"],
+            "step_cpu_s": step_cpu, "load_cpu_s": load_cpu, "cpu_s": info.get("cpu_seconds"),
+            "load_average": info.get("load_average")}
 
 
 def cell(value: float | None, fmt: str = ".3f") -> str:
@@ -136,12 +156,17 @@ def results_block(runs_dir: Path, figure_path: Path | None) -> str:
            f"{cell(start)}. Written by `python benchmarks/head_to_head.py report`.", ""]
     if not rows:
         return "\n".join(out + ["No runs yet."])
-    out += ["| run | budget | trained | steps | episodes | episodes/hour | step (median) | peak memory | "
-            "held-back success: start -> final |", "| --- " * 9 + "|"]
+    out += ["| run | budget | trained | steps | episodes | episodes/hour | step: wall (median) | step: CPU | "
+            "loading: CPU | peak memory | held-back success: start -> final |", "| --- " * 11 + "|"]
     for r in rows:
         out.append(f"| {r['name']} | {r['budget_min']:.1f} min | {r['minutes']:.1f} min | {r['steps']} | {r['episodes']} | "
-                   f"{r['per_hour']:.0f} | {cell(r['step_s'], '.1f')} s | {r['peak_mib'] / 1024:.2f} GiB | "
-                   f"{cell(start)} -> {cell(r['final'])} |")
+                   f"{r['per_hour']:.0f} | {cell(r['step_s'], '.1f')} s | {cell(r['step_cpu_s'], '.1f')} s | "
+                   f"{cell(r['load_cpu_s'], '.0f')} s | {r['peak_mib'] / 1024:.2f} GiB | {cell(start)} -> {cell(r['final'])} |")
+    loads = [r["load_average"][0] for r in rows if r.get("load_average")]
+    if loads:
+        out += ["", f"Step wall time is TRL's `step_time` (both trainers log it: aitrain's trainer is TRL's); step CPU is "
+                    f"the process's CPU seconds over its training steps, what a step takes on a core of its own. Load "
+                    f"average when the runs ended: {', '.join(f'{v:.1f}' for v in loads)} (2 cores)."]
     out += summary_lines(rows)
     out += ["", "Held-back success at each checkpoint (step, minutes since the start of the process):", ""]
     for r in rows:

@@ -117,13 +117,17 @@ def grpo_args(output_dir: Path, seed: int, save_steps: int, max_steps: int | Non
 
 
 class StopOnSignal:
-    """SIGTERM -> finish the step, save a checkpoint, stop (the budget; see the module docstring)."""
+    """SIGTERM -> finish the step, save a checkpoint, stop (the budget; see the module docstring). A
+    second SIGTERM stops at once, as with aitrain's SignalStop."""
 
     def __init__(self):
         self.received = False
         signal.signal(signal.SIGTERM, self._handle)
 
     def _handle(self, signum, frame):
+        if self.received:
+            signal.signal(signal.SIGTERM, signal.SIG_DFL)
+            signal.raise_signal(signal.SIGTERM)
         self.received = True
 
     def callback(self):
