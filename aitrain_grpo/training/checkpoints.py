@@ -25,6 +25,7 @@ and merging checkpoints of runs with different batch shapes (refused with a mess
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import json
 import re
@@ -273,6 +274,25 @@ def resumable_sampler(sampler):
     if type(sampler) is RepeatSampler:
         sampler.__class__ = ResumableRepeatSampler
     return sampler
+
+
+@contextlib.contextmanager
+def plain_cpu_device(args):
+    """While loading a checkpoint's optimizer: `args.device` as plain `cpu`. Several CPU processes
+    (accelerate's MULTI_CPU) each get `cpu:<rank>`, which HF Trainer passes to `torch.load` as
+    `map_location` when the world is larger than one, and torch restores no storage to `cpu:0`
+    ("don't know how to restore data location"): a resumed multi-process CPU run died there. `cpu`
+    and `cpu:N` are the same memory, so nothing else changes. The device is transformers' cached
+    `_setup_devices` (TrainingArguments.device reads it); it is put back afterwards."""
+    device = args.__dict__.get("_setup_devices")
+    if not isinstance(device, torch.device) or device.type != "cpu" or device.index is None:
+        yield
+        return
+    args.__dict__["_setup_devices"] = torch.device("cpu")
+    try:
+        yield
+    finally:
+        args.__dict__["_setup_devices"] = device
 
 
 def save_checkpoint_atomically(trainer, trial, save, *, run_dir: str) -> None:

@@ -23,6 +23,8 @@ What each override does lives in the module of its concern; the hooks only call 
   run's (checkpoints.py).
 - `_get_output_dir`, `_save_checkpoint`: checkpoints written into a staging folder and renamed into
   place when whole, with the run's own state (checkpoints.py).
+- `_load_optimizer_and_scheduler`: on resume, several CPU processes load the optimizer state onto
+  `cpu`, not `cpu:<rank>`, which torch cannot restore to (checkpoints.py).
 
 And one private module function, replaced in its module (`PINNED_FUNCTIONS`, `replace_trl_functions`):
 - `trl.trainer.utils._use_triton`: answers True for a CPU, so TRL's fused LM head scores only the
@@ -34,7 +36,7 @@ Left out: public methods and callbacks (`train`, `log`; TrainerCallback events),
 from __future__ import annotations
 
 from aitrain_grpo.training.async_rollout import masked_share_metrics
-from aitrain_grpo.training.checkpoints import resumable_sampler, save_checkpoint_atomically
+from aitrain_grpo.training.checkpoints import plain_cpu_device, resumable_sampler, save_checkpoint_atomically
 from aitrain_grpo.training.groups import without_masked_rows
 from aitrain_grpo.training.lm_head import scoring_labelled_positions
 from aitrain_grpo.training.micro_batches import trim_padding
@@ -54,6 +56,7 @@ PINNED = {
     "_get_train_sampler": ("self", "dataset"),
     "_get_output_dir": ("self", "trial"),
     "_save_checkpoint": ("self", "model", "trial"),
+    "_load_optimizer_and_scheduler": ("self", "checkpoint"),
 }
 
 # Module function -> the parameter names it was read with (trl 1.16.0), replaced by replace_trl_functions.
@@ -117,6 +120,10 @@ class TRLHooks:
         if self._staging_dir is not None:
             return str(self._staging_dir)
         return super()._get_output_dir(trial)
+
+    def _load_optimizer_and_scheduler(self, checkpoint):
+        with plain_cpu_device(self.args):
+            return super()._load_optimizer_and_scheduler(checkpoint)
 
     def _save_checkpoint(self, model, trial):
         save_checkpoint_atomically(self, trial, lambda: super(TRLHooks, self)._save_checkpoint(model, trial),
