@@ -20,8 +20,9 @@ import torch
 
 from helpers import FIXTURES_DIR, refused_port
 
-# Under pytest-xdist, the longest modules first (tests/helpers/module_order.py).
-pytest_plugins = ["helpers.module_order"]
+# Under pytest-xdist, the longest modules first (tests/helpers/module_order.py); the tests that need a package
+# README's install lacks marked `extras`, and none left unmarked (tests/helpers/extras.py).
+pytest_plugins = ["helpers.module_order", "helpers.extras"]
 
 torch.set_num_threads(1)
 

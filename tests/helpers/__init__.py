@@ -1,14 +1,17 @@
 """Helpers the test modules share (import them with `from helpers import ...`; conftest.py keeps only
-fixtures, and no test module imports from another): the repository root and the fixture environments'
+fixtures, and no test module imports from another): the repository root, the files git tracks in it
+(`tracked_files`, `copy_tracked`: a fresh clone's, never those a user made), the fixture environments'
 folder, running the `aitrain` CLI as a user would (in a subprocess, in-process with `in_process_cli`,
 under `accelerate launch`), a command's options as `--help` shows them, reading env check's table
 (`policy_row`), a one-line error's message, and ports that two test runs on one machine cannot both
 take (`free_port`, `refused_port`, `retry_on_port_clash`). Topic helpers are submodules: `helpers.vllm`
 (real vLLM servers), `helpers.rollouts` (scripted rollouts to compare), `helpers.browser` (report.html
-in Chromium)."""
+in Chromium). Plugins, registered by conftest.py: `helpers.module_order` (the order `-n` runs modules in),
+`helpers.extras` (the tests that need a package README's install lacks)."""
 
 from __future__ import annotations
 
+import functools
 import os
 import socket
 import subprocess
@@ -20,6 +23,34 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parents[2]
 # Environment packages written for the tests; they import as `envs_fixtures.<name>` from tests/.
 FIXTURES_DIR = REPO / "tests" / "envs_fixtures"
+
+
+@functools.lru_cache(maxsize=None)
+def tracked_files(folder: str) -> tuple[Path, ...]:
+    """The files under `folder` (relative to the repository root) that git tracks, relative to the root:
+    what a fresh clone has, without what a user made in theirs by following README (`aitrain init my_task`
+    writes envs/my_task.py and tests/test_my_task.py, runs write outputs/). Outside a git checkout (or where
+    git lists nothing there) there is no telling, and every file under `folder` but caches is taken."""
+    try:
+        listed = subprocess.run(["git", "-C", str(REPO), "ls-files", "-z", "--", folder], capture_output=True,
+                                text=True, check=True, timeout=60).stdout
+    except (OSError, subprocess.SubprocessError):
+        listed = ""
+    files = [Path(name) for name in listed.split("\0") if name and (REPO / name).is_file()]
+    if not files:
+        files = [path.relative_to(REPO) for path in sorted((REPO / folder).rglob("*"))
+                 if path.is_file() and "__pycache__" not in path.parts]
+    return tuple(files)
+
+
+def copy_tracked(folder: str, destination: str | Path) -> None:
+    """Copy the tracked files under `folder` into `destination`, at the same relative paths."""
+    import shutil
+
+    for name in tracked_files(folder):
+        target = Path(destination) / name
+        target.parent.mkdir(parents=True, exist_ok=True)
+        shutil.copy2(REPO / name, target)
 
 
 def run_cli(*args: str, cwd: str | Path | None = None, timeout: float = 600) -> subprocess.CompletedProcess:
@@ -48,9 +79,10 @@ def in_process_cli(monkeypatch, folder: str | Path):
 
 
 def require(module: str, install: str = ""):
-    """Import `module` for a test module that needs it: skipped where it is not installed, but a failure
-    under CI, which installs every package the suite tests (.ci/run), so that a broken install cannot
-    pass as a skip."""
+    """Import `module` for a test module that needs it, or skip the module saying it could not be
+    imported. A skip for a missing package is checked (tests/helpers/extras.py): the module must be marked
+    extras, and in CI's second pass, which installs the extras, it fails instead, so that a broken install
+    cannot pass as a skip."""
     import importlib
 
     import pytest
@@ -58,10 +90,8 @@ def require(module: str, install: str = ""):
     try:
         return importlib.import_module(module)
     except ImportError as exc:
-        message = f"could not import {module!r} ({exc}){'; install: ' + install if install else ''}"
-        if os.environ.get("CI"):
-            pytest.fail(f"{message} (CI installs it: .ci/run)", pytrace=False)
-        pytest.skip(message, allow_module_level=True)
+        pytest.skip(f"could not import {module!r} ({exc}){'; install: ' + install if install else ''}",
+                    allow_module_level=True)
 
 
 def accelerate_launch(*args: str, timeout: float = 600) -> subprocess.CompletedProcess:
