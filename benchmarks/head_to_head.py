@@ -20,7 +20,8 @@ OMP_NUM_THREADS=1 (one core; `--pin` also binds the k-th concurrent run to core 
 - `trl`: benchmarks/head_to_head_trl.py, `GRPOTrainer(environment_factory=StationsTRL)` (read its
   docstring for the template and options TRL is given).
 The budget: `--budget` minutes after the process starts (model loading included, the same for both),
-the harness sends SIGTERM; each trainer finishes the step in flight, saves a checkpoint and stops
+the harness sends SIGTERM (or, on a budget shorter than loading, as soon as the run prints that training
+began); each trainer finishes the step in flight, saves a checkpoint and stops
 (aitrain's SignalStop, the TRL runner's StopOnSignal): a run overshoots its budget by less than one
 step, and the report gives each run's real minutes. Checkpoints every `--save-every` steps. Recorded in
 <run>/run.json: the command, start and end times, exit code and the process's peak resident memory
@@ -63,6 +64,9 @@ EVAL = ("--rl-env-module", "envs.stations", "--rl-env-class", "StationEnv", "--r
         "--rl-num-generations", "2", "--rl-temperature", "0.7", "--seed", "0", *TURN_OPTIONS)
 EVAL_TASKS = 32  # the 16 held-back cities x 2 questions, x 2 samples: beyond_sft's evaluation
 SFT_DEMOS, SFT_STEPS = 64, 24  # beyond_sft's stations workload
+# Both trainers print this line when training begins (aitrain's progress display, the TRL runner's
+# callback): a SIGTERM before it would find aitrain's SignalStop not yet installed and kill the run.
+TRAINING_STARTED = "\ntraining: "
 CPU_EVERY_S = 2.0  # how often a run's CPU time is sampled (run.json's cpu_timeline)
 KILL_AFTER_S = 1800  # after SIGTERM, a run still going this long is killed (a step of SmolLM2 takes minutes)
 
@@ -181,7 +185,8 @@ def run_jobs(jobs: list[Job], parallel: int, pin: bool) -> None:
             used = cpu_seconds(job.process.pid)
             if used is not None and (not job.cpu or now - job.started - job.cpu[-1][0] >= CPU_EVERY_S):
                 job.cpu.append((round(now - job.started, 1), used))
-            if job.budget_s is not None and job.signalled is None and now - job.started >= job.budget_s:
+            if (job.budget_s is not None and job.signalled is None and now - job.started >= job.budget_s
+                    and TRAINING_STARTED in job.log.read_text(errors="replace")):
                 job.process.send_signal(signal.SIGTERM)
                 job.signalled = now
                 print(f"budget: SIGTERM to {job.name} after {now - job.started:.0f} s", flush=True)

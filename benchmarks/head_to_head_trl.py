@@ -136,6 +136,9 @@ class StopOnSignal:
         stopper = self
 
         class Stop(TrainerCallback):
+            def on_train_begin(self, args, state, control, **kwargs):  # the line aitrain prints too
+                print(f"training: {state.max_steps} steps, output in {args.output_dir}", flush=True)
+
             def on_step_end(self, args, state, control, **kwargs):
                 if stopper.received:
                     control.should_save = True

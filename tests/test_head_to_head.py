@@ -3,9 +3,10 @@
 What would make its comparison unfair or its numbers wrong fails here: the score read differently from
 TRL's messages than from aitrain's, TRL shown other tokens than aitrain renders (SmolLM2's prompt with
 its tools, the tool-reply tokens TRL splices in), TRL given another recipe than the aitrain command. The
-end-to-end test runs every phase on the tiny model (sft, both trainers to a 1-minute budget side by side,
-eval, report) and checks what the report needs: a budget stop with a checkpoint, peak memory, held-back
-episodes per checkpoint, the results block and its figure; about 2-3 minutes on two busy cores.
+end-to-end test runs every phase on the tiny model (sft, both trainers to a budget side by side,
+eval, report) and checks what the report needs: a budget stop with a checkpoint, peak memory and CPU
+time, held-back episodes per checkpoint, the results block and its figure; about 2 minutes on two
+cores (5.5 with a 1-minute budget under a load average of 11).
 """
 
 from __future__ import annotations
@@ -136,11 +137,13 @@ def test_the_harness_runs_every_phase_on_the_tiny_model(tmp_path):
     runs, md = tmp_path / "runs", tmp_path / "HEAD_TO_HEAD.md"
     common = ["--runs-dir", str(runs), "--md", str(md)]
     head_to_head.main(["sft", "--model", "tiny", "--demos", "8", "--sft-steps", "2", *common])
-    head_to_head.main(["train", "--budget", "1", "--seeds", "1", "--save-every", "100", "--parallel", "2", *common])
+    # A budget shorter than loading: SIGTERM goes as soon as training has begun, so each run does a step or two.
+    head_to_head.main(["train", "--budget", "0.05", "--seeds", "1", "--save-every", "100", "--parallel", "2", *common])
     for trainer in ("aitrain", "trl"):
         run = runs / f"{trainer}-seed1"
         info = json.loads((run / "run.json").read_text())
-        assert info["signalled_after_s"] >= 60 and info["peak_rss_mib"] > 100
+        assert info["signalled_after_s"] >= 3 and info["peak_rss_mib"] > 100 and info["cpu_seconds"] > 1
+        assert "\ntraining: " in (run / "train.log").read_text()
         assert info["exit_code"] == (143 if trainer == "aitrain" else 0)
         assert list((run / "train").glob("checkpoint-*")), f"{trainer}: the budget stop saved no checkpoint"
     head_to_head.main(["eval", "--eval-tasks", "4", *common])
@@ -149,6 +152,6 @@ def test_the_harness_runs_every_phase_on_the_tiny_model(tmp_path):
     assert len((runs / "start-eval.jsonl").read_text().splitlines()) == 8  # 4 tasks x 2 samples
     head_to_head.main(["report", *common])
     block = md.read_text().split(BEGIN)[1].split(END)[0]
-    assert "| aitrain-seed1 | 1.0 min |" in block and "| trl-seed1 | 1.0 min |" in block
+    assert "| aitrain-seed1 | 0.1 min |" in block and "| trl-seed1 | 0.1 min |" in block
     assert "Episodes trained per hour, aitrain / TRL:" in block and "aitrain_grpo grpo" in block
     assert (tmp_path / "head_to_head.png").stat().st_size > 1000
