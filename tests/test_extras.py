@@ -44,6 +44,14 @@ def test_skipped_for_another_reason():
 def test_takes_a_fixture_that_needs_a_package(vllm_server):
     pass
 """,
+    "test_module_marked.py": """
+import pytest
+pytestmark = [pytest.mark.slow, pytest.mark.extras("no_such_package_here")]
+pytest.importorskip("no_such_package_here")
+
+def test_never_collected():
+    pass
+""",
     "test_module_missing.py": """
 import pytest
 pytest.importorskip("no_such_package_here")
@@ -67,9 +75,10 @@ def outcomes(tmp_path, *args: str) -> dict[str, str]:
     found = {}
     for case in ElementTree.parse(report).getroot().iter("testcase"):
         kinds = [child.tag for child in case if child.tag in ("failure", "error", "skipped")]
-        found[case.get("name")] = {"failure": "failed"}.get(kinds[0], kinds[0]) if kinds else "passed"
+        name = case.get("name") if case.get("classname") in ("", "test_a") else f"{case.get('classname')}.{case.get('name')}"
+        found[name] = {"failure": "failed"}.get(kinds[0], kinds[0]) if kinds else "passed"
         if kinds:
-            found[case.get("name") + ":message"] = next(iter(case)).get("message", "")
+            found[name + ":message"] = next(iter(case)).get("message", "")
     return found
 
 
@@ -81,14 +90,17 @@ def test_a_skip_for_a_missing_package_fails_unless_marked_extras(tmp_path):
     assert run["test_marked_missing"] == "skipped" and run["test_skipped_for_another_reason"] == "skipped"
     assert run["test_takes_a_fixture_that_needs_a_package"] == "skipped", run  # marked by its fixture
     # A whole module skipped so, not marked: one failed test in its place, and the rest of the run goes on.
-    assert run["skipped_for_a_missing_package"] == "failed", run
-    assert "not marked extras" in run["skipped_for_a_missing_package:message"]
+    assert run["test_module_missing.skipped_for_a_missing_package"] == "failed", run
+    assert "not marked extras" in run["test_module_missing.skipped_for_a_missing_package:message"]
+    assert run["test_module_marked"] == "skipped", run  # marked by its pytestmark, read from its source
 
 
 def test_the_second_pass_runs_the_marked_tests_and_a_skip_there_fails(tmp_path):
     run = outcomes(tmp_path, "-m", "extras", "--extras-installed", "vllm no_such_package_here")
     tests = {name: outcome for name, outcome in run.items() if ":" not in name}
-    assert set(tests) == {"test_marked_missing", "test_takes_a_fixture_that_needs_a_package"}, run
+    assert set(tests) == {"test_marked_missing", "test_takes_a_fixture_that_needs_a_package",
+                          "test_module_marked.skipped_for_a_missing_package"}, run
+    assert tests["test_module_marked.skipped_for_a_missing_package"] == "failed", run
     assert tests["test_marked_missing"] == "failed", run  # installed, says --extras-installed: a broken install
     assert "which --extras-installed says is installed" in run["test_marked_missing:message"]
     assert tests["test_takes_a_fixture_that_needs_a_package"] == "error", run  # its fixture's setup fails

