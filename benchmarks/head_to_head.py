@@ -164,8 +164,9 @@ def _finish(job: Job, status: int, usage) -> None:
         job.record.write_text(json.dumps(job.info, indent=1) + "\n")
     # A budget stop exits 143 (aitrain: "stopped by SIGTERM") or 0 (TRL).
     job.info["ok"] = code == 0 or (job.signalled is not None and code == 128 + signal.SIGTERM)
-    print(f"{'finished' if job.info['ok'] else 'FAILED'} {job.name}: exit {code}, {job.info['wall_seconds']:.0f} s, "
-          f"peak {job.info['peak_rss_mib']:.0f} MiB" + ("" if job.info["ok"] else f"; see {job.log}"), flush=True)
+    print(f"{'finished' if job.info['ok'] else 'FAILED'} {job.name}: exit {code}, {job.info['wall_seconds']:.0f} s "
+          f"({job.info['cpu_seconds']:.0f} s CPU), peak {job.info['peak_rss_mib']:.0f} MiB"
+          + ("" if job.info["ok"] else f"; see {job.log}"), flush=True)
 
 
 def run_jobs(jobs: list[Job], parallel: int, pin: bool) -> None:
@@ -248,8 +249,8 @@ def evaluate(args) -> None:
     options = (*EVAL, "--episodes", str(args.eval_tasks))
     target = args.runs_dir / "start-eval.jsonl"
     if not target.exists():
-        jobs.append(Job("eval start", aitrain("eval", "--model", str(start_dir(args)), *options, "--output", str(target)),
-                        args.runs_dir / "start-eval.log"))
+        command = aitrain("eval", "--model", str(start_dir(args)), *options, "--output", str(target))
+        jobs.append(Job("eval start", command, args.runs_dir / "start-eval.log"))
     for run in runs(args):
         for step, checkpoint in checkpoints(run):
             target = run / "eval" / f"step-{step}.jsonl"

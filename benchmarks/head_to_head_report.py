@@ -81,7 +81,7 @@ def read_run(run: Path, start_success: float | None) -> dict:
     return {"name": run.name, "trainer": trainer, "seed": int(seed), "curve": curve, "steps": steps,
             "episodes": episodes, "minutes": minutes, "per_hour": episodes / (minutes / 60) if minutes else 0.0,
             "final": curve[-1][2] if steps else None, "peak_mib": info["peak_rss_mib"],
-            "budget_min": (info["budget_s"] or 0) / 60, "wall_min": info["wall_seconds"] / 60,
+            "budget_min": info["budget_s"] / 60 if info["budget_s"] else None, "wall_min": info["wall_seconds"] / 60,
             "step_s": statistics.median(step_times) if step_times else None, "command": info["command"],
             "step_cpu_s": step_cpu, "load_cpu_s": load_cpu, "cpu_s": info.get("cpu_seconds"),
             "load_average": info.get("load_average")}
@@ -108,11 +108,11 @@ def summary_lines(rows: list[dict]) -> list[str]:
                    f"{cell(mean(r['per_hour'] for r in group), '.0f')} | {cell(mean(r['steps'] for r in group), '.1f')} | "
                    f"{cell(mean(r['peak_mib'] for r in group) / 1024, '.2f')} GiB |")
     ratio = (mean(r["per_hour"] for r in by["aitrain"]) or 0) / (mean(r["per_hour"] for r in by["trl"]) or float("nan"))
+    final = {(r["trainer"], r["seed"]): r["final"] for r in rows}
     seeds = sorted({r["seed"] for r in rows})
-    pairs = [(s, next((r for r in by["aitrain"] if r["seed"] == s), None), next((r for r in by["trl"] if r["seed"] == s), None))
-             for s in seeds]
-    ahead = [s for s, a, t in pairs if a and t and a["final"] is not None and t["final"] is not None and a["final"] > t["final"]]
-    behind = [s for s, a, t in pairs if a and t and a["final"] is not None and t["final"] is not None and a["final"] < t["final"]]
+    both = [s for s in seeds if final.get(("aitrain", s)) is not None and final.get(("trl", s)) is not None]
+    ahead = [s for s in both if final[("aitrain", s)] > final[("trl", s)]]
+    behind = [s for s in both if final[("aitrain", s)] < final[("trl", s)]]
     out += ["", f"Episodes trained per hour, aitrain / TRL: **{ratio:.2f}x** (goal: 1.5x). Held-back success at the "
                 f"budget: aitrain ahead on seed(s) {', '.join(map(str, ahead)) or 'none'}, TRL ahead on seed(s) "
                 f"{', '.join(map(str, behind)) or 'none'}, of {len(seeds)} (goal: aitrain ahead on every seed)."]
@@ -127,6 +127,8 @@ def figure(rows: list[dict], path: Path) -> bool:
         matplotlib.use("Agg")
         import matplotlib.pyplot as plt
     except ImportError:
+        return False
+    if not any(s is not None for r in rows for _, _, s in r["curve"]):
         return False
     fig, ax = plt.subplots(figsize=(7, 4.2))
     for r in rows:
@@ -159,14 +161,16 @@ def results_block(runs_dir: Path, figure_path: Path | None) -> str:
     out += ["| run | budget | trained | steps | episodes | episodes/hour | step: wall (median) | step: CPU | "
             "loading: CPU | peak memory | held-back success: start -> final |", "| --- " * 11 + "|"]
     for r in rows:
-        out.append(f"| {r['name']} | {r['budget_min']:.1f} min | {r['minutes']:.1f} min | {r['steps']} | {r['episodes']} | "
-                   f"{r['per_hour']:.0f} | {cell(r['step_s'], '.1f')} s | {cell(r['step_cpu_s'], '.1f')} s | "
-                   f"{cell(r['load_cpu_s'], '.0f')} s | {r['peak_mib'] / 1024:.2f} GiB | {cell(start)} -> {cell(r['final'])} |")
+        budget = f"{r['budget_min']:.1f} min" if r["budget_min"] else "--max-steps"
+        out.append(f"| {r['name']} | {budget} | {r['minutes']:.1f} min | {r['steps']} | "
+                   f"{r['episodes']} | {r['per_hour']:.0f} | {cell(r['step_s'], '.1f')} s | "
+                   f"{cell(r['step_cpu_s'], '.1f')} s | {cell(r['load_cpu_s'], '.0f')} s | "
+                   f"{r['peak_mib'] / 1024:.2f} GiB | {cell(start)} -> {cell(r['final'])} |")
     loads = [r["load_average"][0] for r in rows if r.get("load_average")]
     if loads:
-        out += ["", f"Step wall time is TRL's `step_time` (both trainers log it: aitrain's trainer is TRL's); step CPU is "
-                    f"the process's CPU seconds over its training steps, what a step takes on a core of its own. Load "
-                    f"average when the runs ended: {', '.join(f'{v:.1f}' for v in loads)} (2 cores)."]
+        out += ["", "Step wall time is TRL's `step_time` (both trainers log it: aitrain's trainer is TRL's); step CPU "
+                    "is the process's CPU seconds over its training steps, what a step takes on a core of its own. "
+                    f"Load average when the runs ended: {', '.join(f'{v:.1f}' for v in loads)} (2 cores)."]
     out += summary_lines(rows)
     out += ["", "Held-back success at each checkpoint (step, minutes since the start of the process):", ""]
     for r in rows:

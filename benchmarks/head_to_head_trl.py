@@ -94,7 +94,8 @@ def trl_chat_template(tokenizer, tools: list[dict]) -> str:
     renderer = ChatRenderer(tokenizer, tools)
     if renderer.tools_route.startswith("tools reach the model through its chat template"):
         return tokenizer.chat_template
-    if "<|im_start|>" not in tokenizer.chat_template or "tool results are sent as tool messages" not in renderer.tools_route:
+    chatml = "<|im_start|>" in tokenizer.chat_template
+    if not chatml or "tool results are sent as tool messages" not in renderer.tools_route:
         raise SystemExit(f"no TRL template for this model: aitrain's route is {renderer.tools_route!r}; only ChatML "
                          f"templates that render tool messages are written here")
     return described_tools_template()
@@ -178,9 +179,9 @@ def build_trainer(start: str, output_dir: Path, seed: int, save_steps: int, max_
     model = AutoModelForCausalLM.from_pretrained(start, dtype="float32")
     lora = LoraConfig(r=recipe["lora_r"], lora_alpha=recipe["lora_alpha"], lora_dropout=recipe["lora_dropout"],
                       target_modules="all-linear", task_type="CAUSAL_LM")
-    return GRPOTrainer(model=model, args=grpo_args(output_dir, seed, save_steps, max_steps, recipe), processing_class=tokenizer,
-                       train_dataset=Dataset.from_list(rows("train")), environment_factory=StationsTRL,
-                       reward_funcs=[station_reward], peft_config=lora,
+    return GRPOTrainer(model=model, args=grpo_args(output_dir, seed, save_steps, max_steps, recipe),
+                       processing_class=tokenizer, train_dataset=Dataset.from_list(rows("train")),
+                       environment_factory=StationsTRL, reward_funcs=[station_reward], peft_config=lora,
                        callbacks=[original_tokenizer_in_checkpoints(start)])
 
 
