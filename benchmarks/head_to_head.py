@@ -6,7 +6,8 @@ wall-clock budget. Results in benchmarks/HEAD_TO_HEAD.md.
     python benchmarks/head_to_head.py train --budget 40 --seeds 1 2 3 --parallel 2  # both trainers
     python benchmarks/head_to_head.py eval --parallel 2                           # every checkpoint
     python benchmarks/head_to_head.py report                                      # HEAD_TO_HEAD.md
-    python benchmarks/head_to_head.py all --model tiny --budget 1 --seeds 1       # the smoke run
+    python benchmarks/head_to_head.py all --model tiny --budget 1 --seeds 1 --runs-dir /tmp/h2h \
+        --md /tmp/h2h/HEAD_TO_HEAD.md                                             # the smoke run
 
 `sft` makes the start: `aitrain sft` on envs.stations (beyond_sft's stations workload: 64 oracle
 demonstrations, 24 steps; `--sft-from DIR` reuses an SFT output such as runs/beyond_sft/stations-sft),
@@ -62,13 +63,13 @@ TURN_OPTIONS = ("--rl-max-new-tokens", str(RECIPE["max_new_tokens"]),
                 "--rl-max-completion-length", str(RECIPE["max_completion_length"]))
 EVAL = ("--rl-env-module", "envs.stations", "--rl-env-class", "StationEnv", "--rl-env-config", '{"split": "held_out"}',
         "--rl-num-generations", "2", "--rl-temperature", "0.7", "--seed", "0", *TURN_OPTIONS)
-EVAL_TASKS = 32  # the 16 held-back cities x 2 questions, x 2 samples: beyond_sft's evaluation
+EVAL_TASKS = 32  # the first 32 held-back rows (each of the 16 cities twice), x 2 samples: beyond_sft's evaluation
 SFT_DEMOS, SFT_STEPS = 64, 24  # beyond_sft's stations workload
 # Both trainers print this line when training begins (aitrain's progress display, the TRL runner's
 # callback): a SIGTERM before it would find aitrain's SignalStop not yet installed and kill the run.
 TRAINING_STARTED = "\ntraining: "
 CPU_EVERY_S = 2.0  # how often a run's CPU time is sampled (run.json's cpu_timeline)
-KILL_AFTER_S = 1800  # after SIGTERM, a run still going this long is killed (a step of SmolLM2 takes minutes)
+KILL_AFTER_S = 7200  # after SIGTERM, a run still going this long is killed (a SmolLM2 step took 20 min at load 8)
 
 
 def aitrain(*args: str) -> list[str]:

