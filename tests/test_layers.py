@@ -1,7 +1,9 @@
 """The layering docs/architecture.md promises, read from the source: each folder of `aitrain_grpo/` is a
 layer, a module imports only from its own layer and those below (the one exception: `engine/` reads
-constants from `config.py`), and module-level imports form no cycle. Imports inside functions count for
-the layering too: a lazy import is still a dependency."""
+constants from `config.py`), and imports form no cycle. Imports inside functions count for both: a lazy
+import is still a dependency, and a lazy import that closes a circle only hides it. Imports under
+`if TYPE_CHECKING:` count for the layering but not for cycles: they never run, and a module may name the
+type of an object a module above it hands in."""
 
 from __future__ import annotations
 
@@ -28,18 +30,30 @@ def layer(module: str) -> str:
     return module.split(".")[1] if "." in module else ""
 
 
-def imports(tree: ast.Module, *, top_level_only: bool) -> set[str]:
-    """The `aitrain_grpo` modules a module imports."""
-    return {t for t in imported_names(tree, top_level_only=top_level_only) if t == "aitrain_grpo" or t.startswith("aitrain_grpo.")}
+def imports(tree: ast.Module, *, run_time_only: bool = False) -> set[str]:
+    """The `aitrain_grpo` modules a module imports, lazily or not (`run_time_only`: less those under
+    `if TYPE_CHECKING:`)."""
+    return {t for t in imported_names(tree, run_time_only=run_time_only) if t == "aitrain_grpo" or t.startswith("aitrain_grpo.")}
 
 
-def imported_names(tree: ast.Module, *, top_level_only: bool) -> set[str]:
-    """Every absolute import of a module (`import a.b`, `from a.b import c` give "a.b")."""
-    nodes = [n for n in tree.body if isinstance(n, (ast.Import, ast.ImportFrom))]
-    nodes += [n for block in tree.body if isinstance(block, (ast.If, ast.Try)) for n in block.body
-              if isinstance(n, (ast.Import, ast.ImportFrom))]
-    if not top_level_only:
-        nodes = [n for n in ast.walk(tree) if isinstance(n, (ast.Import, ast.ImportFrom))]
+def _type_checking_only(node: ast.AST) -> bool:
+    test = node.test if isinstance(node, ast.If) else None
+    return isinstance(test, ast.Name) and test.id == "TYPE_CHECKING" or \
+        isinstance(test, ast.Attribute) and test.attr == "TYPE_CHECKING"
+
+
+def imported_names(tree: ast.Module, *, run_time_only: bool = False) -> set[str]:
+    """Every absolute import of a module, at any depth (`import a.b`, `from a.b import c` give "a.b")."""
+    nodes: list[ast.AST] = []
+    pending: list[ast.AST] = [tree]
+    while pending:
+        node = pending.pop()
+        if isinstance(node, (ast.Import, ast.ImportFrom)):
+            nodes.append(node)
+        elif run_time_only and _type_checking_only(node):
+            pending += node.orelse  # only the body is skipped
+        else:
+            pending += ast.iter_child_nodes(node)
     names = set()
     for node in nodes:
         targets = [node.module] if isinstance(node, ast.ImportFrom) and node.level == 0 else \
@@ -51,12 +65,12 @@ def imported_names(tree: ast.Module, *, top_level_only: bool) -> set[str]:
 def test_no_module_imports_a_layer_above_its_own():
     trees = modules()
     assert {layer(m) for m in trees} <= set(RANK), "a new folder: give it a rank here and a row in docs/architecture.md"
-    upward = sorted((m, t) for m, tree in trees.items() for t in imports(tree, top_level_only=False)
+    upward = sorted((m, t) for m, tree in trees.items() for t in imports(tree)
                     if RANK[layer(t)] > RANK[layer(m)] and (layer(m), layer(t)) not in ALLOWED_UPWARD)
     assert not upward, f"imports from a higher layer (docs/architecture.md): {upward}"
 
 
-def test_module_level_imports_form_no_cycle():
+def test_imports_form_no_cycle():
     trees = modules()
 
     def resolve(target: str) -> str | None:  # `from aitrain_grpo.env.base import X` -> the module env.base
@@ -64,7 +78,7 @@ def test_module_level_imports_form_no_cycle():
             target = target.rsplit(".", 1)[0] if "." in target else ""
         return target or None
 
-    graph = {m: {resolve(t) for t in imports(tree, top_level_only=True)} - {None, m} for m, tree in trees.items()}
+    graph = {m: {resolve(t) for t in imports(tree, run_time_only=True)} - {None, m} for m, tree in trees.items()}
     state: dict[str, int] = {}  # 1: on the current path, 2: done
 
     def visit(module: str, path: list[str]) -> None:
@@ -88,6 +102,6 @@ def test_no_test_module_imports_from_another():
     test_modules = {path.stem for path in tests_dir.rglob("test_*.py")}
     offenders = []
     for path in tests_dir.rglob("*.py"):
-        found = imported_names(ast.parse(path.read_text()), top_level_only=False)
+        found = imported_names(ast.parse(path.read_text()))
         offenders += [f"{path.relative_to(REPO)} imports {name}" for name in sorted(found) if name.split(".")[0] in test_modules]
     assert not offenders, offenders

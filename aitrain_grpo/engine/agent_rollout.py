@@ -21,16 +21,18 @@ from __future__ import annotations
 
 import inspect
 import json
-from typing import Callable
+from typing import TYPE_CHECKING, Callable
 
 from aitrain_grpo.engine.agent_endpoint import LOCAL_HOST, AgentEndpoint
 from aitrain_grpo.engine.agent_session import AgentLimits, AgentSession, Policy, Sampler
 from aitrain_grpo.engine.backends.base import GenerationBackendError
 from aitrain_grpo.engine.chat import ChatRenderer
-from aitrain_grpo.engine.runner import EpisodeRunner
 from aitrain_grpo.env.agent import AGENT_SCORE_KEY, split_result
 from aitrain_grpo.env.base import Episode
 from aitrain_grpo.errors import ConfigError
+
+if TYPE_CHECKING:  # the runner hands itself in: this module is below it (runner.play_text plays agents here)
+    from aitrain_grpo.engine.runner import EpisodeRunner
 
 # Seconds a client waits for one reply: a CPU turn of a full batch can take minutes.
 CLIENT_TIMEOUT_S = 3600.0

@@ -21,6 +21,7 @@ from concurrent.futures import ThreadPoolExecutor
 from typing import Any, Awaitable, Callable, Iterable
 
 from aitrain_grpo.config import DEFAULT_CUT_TURN, DEFAULT_TOOL_PARSER
+from aitrain_grpo.engine.agent_rollout import play_agent_text
 from aitrain_grpo.engine.policy_turns import text_policy_turn
 from aitrain_grpo.engine.tool_parsers import read_tool_calls, tool_names_of
 from aitrain_grpo.env.agent import is_agent_environment
@@ -227,8 +228,6 @@ def play_text(runner: EpisodeRunner, rows: list[dict[str, Any]], policy: Callabl
     that raises ends its episode like an environment fault, named `runner.policy_name`. An agent
     environment's episodes are its own code's requests, each answered by `policy` (agent_rollout.py)."""
     if is_agent_environment(runner.env):
-        from aitrain_grpo.engine.agent_rollout import play_agent_text  # it builds on this module
-
         return play_agent_text(runner, rows, policy)
     episodes = [runner.new_episode(row) for row in rows]
     for ep in episodes:  # an environment that asks for the policy's turns (a self-play opponent) gets `policy`'s
