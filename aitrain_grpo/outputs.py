@@ -11,14 +11,22 @@ asked to replace and this package recognises as its own:
 
 Refusals are `ConfigError`s: one line naming the path and the fix, exit 2, nothing touched.
 
+What is written goes into place whole: `written_atomically` / `publish` write next to the target, then
+rename, so a reader (a browser on report.html, a vLLM server loading weights, a resume looking for
+checkpoints) never sees half a file or folder. They live here, below every layer, because runlog/,
+training/ (checkpoints, weight sync) and the commands all write that way. Nothing is fsync'd: the case
+handled is a killed process, not a power cut.
+
 Left out: the training output folder (`grpo`/`sft` --output-dir), whose rules involve checkpoints and
 resuming (training/checkpoints.py), and the model cache, which only ever gains new folders.
 """
 
 from __future__ import annotations
 
+import contextlib
+import shutil
 from pathlib import Path
-from typing import Iterable
+from typing import Iterable, Iterator
 
 from aitrain_grpo.errors import ConfigError
 
@@ -95,3 +103,33 @@ def check_folder_output(path: str | Path, *, flag: str, overwrite: bool, reads: 
                 raise ConfigError(f"{flag} {path} holds files this tool did not write (no {' / '.join(OURS_MARKERS[:3])}"
                                   f"), so even {overwrite_flag} does not replace it; pass a new folder")
     return target
+
+
+# ---------------------------------------------------------------------------------- write, then rename
+
+
+def publish(temporary: Path, final: Path) -> None:
+    """Move a finished file or folder into place. Within one file system the rename is atomic: `final`
+    is either the old version or the whole new one. A file replaces a file; a folder replaces only a
+    folder of the same name that this package wrote before (a checkpoint or weight version saved
+    again); a file never replaces a folder (refused: the caller's path check should have caught it)."""
+    if final.is_dir() and not final.is_symlink():
+        if not temporary.is_dir():
+            raise ConfigError(f"{final} is a folder; it is not replaced by a file (pass a file path)")
+        shutil.rmtree(final)
+    temporary.replace(final)
+
+
+@contextlib.contextmanager
+def written_atomically(final: Path, *, folder: bool = False) -> Iterator[Path]:
+    """Yield a hidden temporary path next to `final` (an empty folder with `folder=True`) to write
+    into; once the block finishes, it becomes `final`. A block that raises leaves `final` untouched."""
+    temporary = final.parent / f".{final.name}.partial"
+    if temporary.is_dir():
+        shutil.rmtree(temporary)
+    else:
+        temporary.unlink(missing_ok=True)
+    if folder:
+        temporary.mkdir(parents=True)
+    yield temporary
+    publish(temporary, final)

@@ -16,7 +16,7 @@ import pytest
 from typer.testing import CliRunner
 
 from aitrain_grpo.commands.cli import app
-from aitrain_grpo.runlog.records import publish
+from aitrain_grpo.outputs import publish
 
 
 def snapshot(root: Path) -> dict[str, tuple[int, int]]:

@@ -7,26 +7,22 @@
 - `append_jsonl`, `write_jsonl`, `read_jsonl`, `drop_records_after`: JSONL files written a line per
   record (appended, or whole and atomically), read back skipping a torn last line, and cut back to a
   step when a run resumes.
-- `written_atomically` / `publish`: write-then-rename, so a reader (a browser on report.html, a vLLM
-  server loading weights, a resume looking for checkpoints) never sees half a file or folder.
 
-Left out: when each file is written (runlog/files.py) and what the page does with them (report.py).
-Nothing is fsync'd: the case handled is a killed process, not a power cut.
+Left out: when each file is written (runlog/files.py) and what the page does with them (report.py), and
+write-then-rename itself (`written_atomically`, `publish`: outputs.py, below every layer that writes).
 """
 
 from __future__ import annotations
 
-import contextlib
 import json
 import math
-import shutil
 from dataclasses import asdict
 from pathlib import Path
-from typing import Any, Iterator
+from typing import Any
 
 from aitrain_grpo.engine.stats import EpisodeSummary
 from aitrain_grpo.env.base import Episode
-from aitrain_grpo.errors import ConfigError
+from aitrain_grpo.outputs import written_atomically
 from aitrain_grpo.runlog.redaction import redact_strings
 
 ROW_TEXT_LIMIT = 200  # longer string columns of a dataset row are left out of records
@@ -104,33 +100,3 @@ def drop_records_after(path: Path, step: int) -> None:
         path.unlink()
         return
     write_jsonl(path, [r for r in read_jsonl(path) if isinstance(r.get("step"), int) and r["step"] <= step])
-
-
-# ---------------------------------------------------------------------------------- write, then rename
-
-
-def publish(temporary: Path, final: Path) -> None:
-    """Move a finished file or folder into place. Within one file system the rename is atomic: `final`
-    is either the old version or the whole new one. A file replaces a file; a folder replaces only a
-    folder of the same name that this package wrote before (a checkpoint or weight version saved
-    again); a file never replaces a folder (refused: the caller's path check should have caught it)."""
-    if final.is_dir() and not final.is_symlink():
-        if not temporary.is_dir():
-            raise ConfigError(f"{final} is a folder; it is not replaced by a file (pass a file path)")
-        shutil.rmtree(final)
-    temporary.replace(final)
-
-
-@contextlib.contextmanager
-def written_atomically(final: Path, *, folder: bool = False) -> Iterator[Path]:
-    """Yield a hidden temporary path next to `final` (an empty folder with `folder=True`) to write
-    into; once the block finishes, it becomes `final`. A block that raises leaves `final` untouched."""
-    temporary = final.parent / f".{final.name}.partial"
-    if temporary.is_dir():
-        shutil.rmtree(temporary)
-    else:
-        temporary.unlink(missing_ok=True)
-    if folder:
-        temporary.mkdir(parents=True)
-    yield temporary
-    publish(temporary, final)

@@ -23,7 +23,8 @@ import time
 from pathlib import Path
 from typing import Any
 
-from aitrain_grpo.runlog.records import json_safe, read_jsonl, written_atomically
+from aitrain_grpo.outputs import written_atomically
+from aitrain_grpo.runlog.records import json_safe, read_jsonl
 
 TEMPLATE = Path(__file__).with_name("report_template.html")
 DATA_MARK = "__AITRAIN_REPORT_DATA__"

@@ -39,7 +39,7 @@ from trl.trainer.utils import RepeatSampler
 from aitrain_grpo.config import RunConfig
 from aitrain_grpo.errors import ConfigError
 from aitrain_grpo.outputs import special_folder, is_ours
-from aitrain_grpo.runlog.records import publish
+from aitrain_grpo.outputs import publish
 
 RUN_STATE_FILE = "aitrain_state.json"
 PARTIAL_PREFIX = ".partial-"
