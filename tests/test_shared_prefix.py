@@ -14,7 +14,7 @@ import torch
 
 from aitrain_grpo import RunConfig
 from aitrain_grpo.training.micro_batches import keep_prompts_together
-from aitrain_grpo.training.shared_prefix import SharedPrefix, saved_share
+from aitrain_grpo.training.shared_prefix import SharedPrefix, saved_share, shared_logps
 from aitrain_grpo.training.trainer import build_trainer
 from envs.letters import LetterEnv
 
@@ -157,6 +157,15 @@ def test_auto_shares_only_where_it_leaves_out_enough_tokens(lora_trainer):
     assert saved_share(ids, prompt_len=80, distinct=4) == 0  # no prompt repeats: nothing saved
 
 
+def test_auto_leaves_devices_it_was_not_measured_on_to_the_plain_path(lora_trainer, caplog):
+    lora_trainer._shared_prefix = SharedPrefix("auto")
+    ids = torch.zeros(2, 5, dtype=torch.long, device="meta")  # not a CPU tensor
+    with caplog.at_level(logging.WARNING, logger="aitrain_grpo.training.shared_prefix"):
+        got = shared_logps(lora_trainer, lora_trainer.model, ids, ids, 2, None, False, False, {},
+                           lambda i, m, b: "plain")
+    assert got == "plain" and "auto shares on cpu only" in caplog.text
+
+
 def test_gradient_checkpointing_takes_the_plain_path_with_a_note(tiny_model_dir, tmp_path, caplog):
     trainer = make_trainer(tiny_model_dir, tmp_path, peft=False)
     trainer.model.gradient_checkpointing_enable()
@@ -202,7 +211,9 @@ def test_a_training_step_is_the_same_with_sharing_on(tiny_model_dir, tmp_path):
         trainer.train()
         (logs[mode],) = [h for h in trainer.state.log_history if "loss" in h]
         if mode == "on":
-            assert trainer._shared_prefix.shared_chunks >= 4  # the reference pass and every micro-batch
+            # Every pass shared: the reference pass's 4 chunks of 2 (groups in order) and the loss's 4
+            # micro-batches, each two episodes of one prompt once kept together.
+            assert (trainer._shared_prefix.shared_chunks, trainer._shared_prefix.plain_chunks) == (8, 0)
     assert logs["on"]["grad_norm"] > 0
     for key in ("loss", "grad_norm", "reward"):  # per-micro-batch means (kl, entropy) depend on the split
         assert logs["on"][key] == pytest.approx(logs["off"][key], rel=1e-4, abs=1e-6), key

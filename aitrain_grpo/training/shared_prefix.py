@@ -19,7 +19,10 @@ reference log-prob passes alike. Here, per chunk of rows TRL would forward toget
 Exact, not approximate: positions are the plain path's (the model counts them on from the cache's length,
 as it counts columns in the whole left-padded row), the attention mask is the whole row's, and a
 continuation token attends to exactly the keys it attends to in the plain path; only float summation
-order differs (tests/test_shared_prefix.py compares log-probs, entropies, loss and gradients).
+order differs (tests/test_shared_prefix.py compares log-probs, entropies, loss and gradients). With
+dropout (`--lora-dropout`, 0.05 by default) a prompt's dropout mask is drawn once for its group rather
+than once per episode: each episode's loss is still an ordinary dropout sample, but the group's are
+correlated (the tests compare at dropout 0, where both paths are deterministic).
 
 Where it runs: text-only rows, one process (an unwrapped model or a PEFT LoRA model: a DDP, FSDP or
 DeepSpeed wrapper would see two forwards per backward), no MoE auxiliary loss, no prompt-learning or
@@ -29,9 +32,12 @@ the no-grad old/reference passes still share). Anything else takes TRL's path, w
 reason. A model that ignores the cache is caught after its first try (the cache did not grow) and
 falls back for the rest of the run.
 
-Where it pays: `auto` shares a chunk only when the tokens it leaves out are at least `AUTO_MIN_SAVED`
-of the plain path's; `on` whenever two rows of a chunk share a prompt. The saving needs a group's
-episodes in one micro-batch; micro_batches.py's `keep_prompts_together` puts them there.
+Where it pays: `auto` shares a chunk only on a CPU and when the tokens it leaves out are at least
+`AUTO_MIN_SAVED` of the plain path's; `on` whenever two rows of a chunk share a prompt, on any device.
+Measured (benchmarks/SHARED_PREFIX.md): on a CPU the passes cost what their tokens cost, and sharing
+saves what it leaves out; on an H100 a model as small as SmolLM2 is bound by kernel launches, and
+sharing's second forward call doubles them. The saving needs a group's episodes in one micro-batch;
+micro_batches.py's `keep_prompts_together` puts them there (and says what that does to each loss type).
 
 Left out: a packed single forward with a tree attention mask (portable only to attention kernels that
 take arbitrary 4D masks, and quadratic in all members' tokens at once), prompts that share only a
@@ -54,6 +60,9 @@ MODES = SHARED_PREFIX_MODES
 # `auto` shares a chunk when it leaves out at least this share of the plain path's tokens
 # (benchmarks/SHARED_PREFIX.md: below it the second forward call costs about what it saves).
 AUTO_MIN_SAVED = 0.15
+# ... and only on these devices. On an H100, SmolLM2's passes are bound by kernel launches, not by
+# tokens, and the second forward call made them 2x slower (benchmarks/SHARED_PREFIX.md).
+AUTO_DEVICES = ("cpu",)
 
 
 class SharedPrefix:
@@ -96,6 +105,8 @@ def shared_logps(trainer: Any, model: Any, input_ids: torch.Tensor, attention_ma
     state = state_of(trainer)
     if state.active:
         reason = unsupported(trainer, model, extras, compute_aux_loss)
+        if not reason and state.mode == "auto" and input_ids.device.type not in AUTO_DEVICES:
+            reason = f"auto shares on {', '.join(AUTO_DEVICES)} only, where it was measured to pay (--shared-prefix-loss on to share on {input_ids.device.type})"
         if reason:
             state.note(reason)
         else:
