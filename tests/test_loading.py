@@ -204,6 +204,67 @@ def test_subclass_that_keeps_the_base_placeholder_names_the_method(cls, missing)
     assert f"class {cls} in 'envs_fixtures.no_score' does not implement {missing};" in message
 
 
+AGENT_CODE = """
+    from aitrain_grpo import Environment
+
+    class Agent:
+        def build_dataset(self, tokenizer):
+            return [{"prompt": "hi"}]
+
+        async def rollout(self, client, row):
+            return 1.0
+
+    class AgentOnEnvironment(Environment):
+        async def rollout(self, client, row):
+            return 1.0
+    """
+
+
+@pytest.mark.parametrize("cls", ["Agent", "AgentOnEnvironment"])
+def test_agent_code_outside_agent_environment_is_told_to_subclass_it(tmp_path, monkeypatch, cls):
+    write_package(tmp_path, "proj_envs", {"agent.py": AGENT_CODE})
+    monkeypatch.chdir(tmp_path)
+    message = load_error("proj_envs.agent", cls)
+    assert f"class {cls} in 'proj_envs.agent' has rollout but is not an AgentEnvironment" in message
+    assert "subclass aitrain_grpo.AgentEnvironment" in message
+
+
+def test_as_environment_wraps_aitraining_instances_only():
+    from aitrain_grpo.env.loading import as_environment, describe_interface
+
+    class AITrainingStyle:
+        def build_dataset(self, tokenizer):
+            return [{"prompt": "hi"}]
+
+        def score_episode(self, model, tokenizer, completion, case_idx):
+            return 1.0
+
+    ours = load_environment("envs_fixtures.good", "GoodEnv", {"num_tasks": 2})
+    assert as_environment(ours) is ours
+    wrapped = as_environment(AITrainingStyle())
+    assert isinstance(wrapped, Environment) and type(wrapped).__name__ == "AITrainingStyle"
+    assert as_environment(wrapped) is wrapped
+    assert describe_interface(wrapped).startswith("AITraining interface")
+    assert describe_interface(ours).startswith("aitrain-grpo interface")
+
+
+def test_has_solve_is_an_override_or_a_duck_typed_method():
+    from aitrain_grpo.env.base import has_solve
+
+    class Plain(Environment):
+        pass
+
+    class Oracle(Environment):
+        def solve(self, episode):
+            return "x"
+
+    class Duck:
+        def solve(self, episode):
+            return "x"
+
+    assert [has_solve(e) for e in (Plain(), Oracle(), Duck(), object())] == [False, True, True, False]
+
+
 def test_abstract_class_names_unimplemented_methods():
     message = load_error("envs_fixtures.duck", "AbstractEnv")
     assert "is abstract (unimplemented: grade)" in message

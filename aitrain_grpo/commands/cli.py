@@ -50,8 +50,7 @@ from aitrain_grpo.commands.vllm_serve import (
 from aitrain_grpo.config import RunConfig
 from aitrain_grpo.env_spec import environment_of
 from aitrain_grpo.engine.backends.choice import require_vllm
-from aitrain_grpo.env.adapters.aitraining import describe_interface
-from aitrain_grpo.env.loading import load_environment
+from aitrain_grpo.env.loading import describe_interface, load_environment
 from aitrain_grpo.errors import EXIT_USAGE, UserError, one_line
 from aitrain_grpo.outputs import check_file_output
 from aitrain_grpo.runlog.report import write_report

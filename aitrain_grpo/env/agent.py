@@ -57,7 +57,7 @@ class AgentEnvironment(Environment):
     `max_turns` caps the chat-completion requests of one episode: a request past the cap is answered
     with an empty reply whose `finish_reason` is "length", which ends a usual agent loop."""
 
-    # How `aitrain grpo` and `env check` name this kind of environment (adapters/aitraining.describe_interface).
+    # How `aitrain grpo` and `env check` name this kind of environment (env/loading.describe_interface).
     interface = ("agent environment: rollout(client, row) plays each episode, its chat-completion requests "
                  "answered by the model through the run's OpenAI-compatible endpoint")
 

@@ -117,8 +117,8 @@ class Environment:
 
     Required: `build_dataset(tokenizer)` and `score_episode(episode)`.
     Optional: `reset(episode)`, `step(episode, completion)` (without it an episode is one model turn),
-    `solve(episode)` (an expert's next message, used by checks), and `tools` (JSON schemas rendered into
-    the prompt). `reset`, `step` and `score_episode` may be `async def`.
+    `solve(episode)` (an expert's next message: env check's oracle, sft's demonstrations), and `tools`
+    (JSON schemas rendered into the prompt). `reset`, `step` and `score_episode` may be `async def`.
     """
 
     #: Upper bound on model turns per episode; the run config may lower it.
@@ -150,6 +150,12 @@ class Environment:
         """Score the finished episode from 0.0 to 1.0."""
         raise NotImplementedError(f"{type(self).__name__} must implement score_episode(self, episode)")
 
+    def solve(self, episode: Episode) -> str:
+        """Optional: an expert's next message in `episode` (its conversation so far in `episode.messages`).
+        `aitrain env check` plays it as the oracle, which should score 1.0; `aitrain sft` learns from its
+        episodes. Not overriding it means no oracle (`has_solve`): both say so instead of calling this."""
+        raise NotImplementedError(f"{type(self).__name__} has no solve(episode) -> str")
+
     @property
     def tools(self) -> list[dict[str, Any]]:
         """JSON schemas of the tools offered to the model (rendered through the chat template)."""
@@ -171,6 +177,13 @@ def tools_vary_by_row(env: Any) -> bool:
     """Whether `env` overrides `tools_for_row`, so renderers and tool names are chosen per episode."""
     method = getattr(type(env), "tools_for_row", None)
     return method is not None and method is not Environment.tools_for_row
+
+
+def has_solve(env: Any) -> bool:
+    """Whether `env` has an oracle: a `solve` of its own (an override, a duck-typed class's method, or one an
+    instance sets, as a mixture does when each of its environments has one); the base class's says none."""
+    solve = getattr(env, "solve", None)
+    return callable(solve) and getattr(solve, "__func__", solve) is not Environment.solve
 
 
 def needs_policy(env: Any) -> bool:

@@ -7,6 +7,8 @@ and for a `ToolEnvironment` builds its tool schemas (so a tool the schema cannot
 reported here, not mid-run). Which interface a class is written to is read from `score_episode`'s
 signature: ours, `score_episode(self, episode)`, or AITraining's, `score_episode(self, model, tokenizer,
 completion, case_idx)`, whose instances are wrapped into a one-turn `Environment` (env/adapters/aitraining.py).
+`as_environment(obj)` is that wrapping for an instance built elsewhere (handed to `train` from Python), and
+`describe_interface(env)` says which interface was recognised: nothing outside env/ imports an adapter.
 
 Every failure is an `EnvLoadError` whose message is one line: what went wrong, where (module, file:line,
 row index), and how to fix it. The CLI prints it as `error: <message>` and exits 2, so nothing here
@@ -31,7 +33,8 @@ from collections.abc import Iterable, Mapping
 from pathlib import Path
 from typing import Any
 
-from aitrain_grpo.env.adapters.aitraining import AITRAINING_SIGNATURE, adapt, scores_with_policy
+from aitrain_grpo.env.adapters.aitraining import (AITRAINING_SIGNATURE, OUR_SIGNATURE, AITrainingEnvironment, adapt,
+                                                  scores_with_policy)
 from aitrain_grpo.env.agent import AgentEnvironment
 from aitrain_grpo.env.base import Environment
 from aitrain_grpo.env.tools import ToolEnvironment
@@ -228,12 +231,22 @@ def _find_class(mod, class_name: str) -> type:
     return obj
 
 
+def _refuse_agent_code_outside_agent_environment(cls: type, label: str, missing: list[str]) -> None:
+    """A class with agent code (`rollout`) that lacks a required method was meant as an `AgentEnvironment`:
+    say so, rather than ask for the `score_episode` that base class supplies."""
+    if missing and callable(getattr(cls, "rollout", None)) and not issubclass(cls, AgentEnvironment):
+        raise EnvLoadError(f"{label} has rollout but is not an AgentEnvironment (it has no {', '.join(missing)}); "
+                           f"subclass aitrain_grpo.AgentEnvironment, which scores each episode with what "
+                           f"async def rollout(self, client, row) returns, and implement build_dataset(self, tokenizer)")
+
+
 def _check_is_environment(cls: type, module: str) -> bool:
     """Raise `EnvLoadError` unless `cls` is an environment; return whether it is AITraining-style."""
     label = f"class {cls.__name__} in {module!r}"
     if issubclass(cls, Environment):
         # A subclass inherits the base's raising placeholders; it must replace them.
         missing = [m for m in REQUIRED_METHODS if getattr(cls, m) is getattr(Environment, m)]
+        _refuse_agent_code_outside_agent_environment(cls, label, missing)
         if missing:
             signatures = " and ".join(f"{m}(self, {'tokenizer' if m == 'build_dataset' else 'episode'})"
                                       for m in missing)
@@ -242,6 +255,7 @@ def _check_is_environment(cls: type, module: str) -> bool:
     else:
         # Duck typing is fine: a class with both methods works without inheriting from Environment.
         missing = [m for m in REQUIRED_METHODS if not callable(getattr(cls, m, None))]
+        _refuse_agent_code_outside_agent_environment(cls, label, missing)
         if missing:
             raise EnvLoadError(f"{label} is not an environment: it has no {', '.join(missing)}; subclass "
                                f"aitrain_grpo.Environment and implement build_dataset(self, tokenizer) and "
@@ -300,7 +314,7 @@ def load_environment(module: str, class_name: str, config: str | Mapping | None 
     if isinstance(env, ToolEnvironment):
         env.tool_specs  # builds (and caches) the schemas: a bad tool definition is an EnvLoadError now
     if aitraining_style:
-        env = adapt(env)  # reads get_tools() now: a bad schema is an EnvLoadError here, not mid-run
+        env = as_environment(env)  # reads get_tools() now: a bad schema is an EnvLoadError here, not mid-run
     try:  # where the instance came from, so a run handed it from Python records how to build it again
         env.loaded_from = {"rl_env_module": module, "rl_env_class": class_name, "rl_env_config": kwargs or None}
     except (AttributeError, TypeError):  # a class with __slots__ or a frozen one: its own class still names it
@@ -308,4 +322,26 @@ def load_environment(module: str, class_name: str, config: str | Mapping | None 
     return env
 
 
-__all__ = ["EnvLoadError", "load_environment", "parse_config_json"]
+def as_environment(obj: Any) -> Environment:
+    """`obj` as the engine plays it: an instance written to AITraining's interface wrapped into a one-turn
+    `Environment` (its tool schemas read and checked now: `EnvLoadError`), anything else as it is (ours,
+    an adapter, a duck-typed class with our methods). `load_environment` applies it to what it builds;
+    a caller handing in an instance it built itself applies it too. Raises `EnvLoadError` for a
+    `score_episode` that is neither interface's."""
+    return adapt(obj) if scores_with_policy(type(obj)) else obj
+
+
+def describe_interface(env: Environment) -> str:
+    """Which interface the environment was recognised by, for `aitrain grpo` and `aitrain env check`."""
+    if isinstance(env, AITrainingEnvironment):
+        return (f"AITraining interface ({AITRAINING_SIGNATURE.replace('self, ', '')}): one model turn per "
+                f"episode, scored with the policy model in eval mode under torch.no_grad()")
+    adapted = getattr(type(env), "interface", None)  # an ecosystem adapter names what it wraps
+    if isinstance(adapted, str):
+        return f"{adapted} ({type(env).__name__})"
+    turns = "multi-turn (step)" if callable(getattr(env, "step", None)) and getattr(type(env), "step", None) \
+        is not Environment.step else "single-turn"
+    return f"aitrain-grpo interface ({OUR_SIGNATURE.replace('self, ', '')}), {turns}"
+
+
+__all__ = ["EnvLoadError", "as_environment", "describe_interface", "load_environment", "parse_config_json"]

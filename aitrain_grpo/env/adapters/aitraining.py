@@ -200,16 +200,3 @@ def adapt(user: Any) -> AITrainingEnvironment:
         _ADAPTERS[cls] = type(cls.__name__, (AITrainingEnvironment,),
                               {"__module__": cls.__module__, "__qualname__": cls.__qualname__})
     return _ADAPTERS[cls](user)
-
-
-def describe_interface(env: Environment) -> str:
-    """Which interface the environment was recognised by, for `aitrain grpo` and `aitrain env check`."""
-    if isinstance(env, AITrainingEnvironment):
-        return (f"AITraining interface ({AITRAINING_SIGNATURE.replace('self, ', '')}): one model turn per "
-                f"episode, scored with the policy model in eval mode under torch.no_grad()")
-    adapted = getattr(type(env), "interface", None)  # an ecosystem adapter names what it wraps
-    if isinstance(adapted, str):
-        return f"{adapted} ({type(env).__name__})"
-    turns = "multi-turn (step)" if callable(getattr(env, "step", None)) and getattr(type(env), "step", None) \
-        is not Environment.step else "single-turn"
-    return f"aitrain-grpo interface ({OUR_SIGNATURE.replace('self, ', '')}), {turns}"

@@ -24,7 +24,7 @@ from __future__ import annotations
 import random
 from typing import Any
 
-from aitrain_grpo.env.base import Environment, Episode, EnvReply, needs_policy, prompt_messages, tools_for_row
+from aitrain_grpo.env.base import Environment, Episode, EnvReply, has_solve, needs_policy, prompt_messages, tools_for_row
 from aitrain_grpo.env.dataset import build_rows
 from aitrain_grpo.errors import EnvLoadError
 
@@ -60,7 +60,7 @@ class MixtureEnv(Environment):
         self.max_turns = max(int(getattr(env, "max_turns", 10) or 10) for env in self.members.values())
         self.needs_policy = any(needs_policy(env) for env in self.members.values())
         self._rows: dict[str, list[dict[str, Any]]] = {}
-        if all(callable(getattr(env, "solve", None)) for env in self.members.values()):
+        if all(has_solve(env) for env in self.members.values()):
             self.solve = self._solve  # an oracle only where every environment has one (sft, env check)
 
     # ------------------------------------------------------------------------------- the dataset
