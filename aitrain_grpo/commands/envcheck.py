@@ -1,278 +1,25 @@
-"""`aitrain env check`: try an environment out before spending GPU hours on it.
+"""`aitrain env check`: the command's options checked, the check run (evaluation/envcheck.py), the report
+printed with rich: the dataset, the prompt as the model sees it, the tools and how the model called them,
+then a table of the policies' scores, the notes and the warnings.
 
-It builds the dataset and shows what the model will see (rows, columns, a prompt rendered through the
-model's chat template with its token count, the longest prompt, the tool schemas), then plays episodes
-under three policies and compares their scores:
-- `oracle`: the environment's optional `solve(episode) -> str` (an expert's next message); it should
-  score 1.0, or the scoring (or `solve`) is wrong;
-- `empty`: every model turn is an empty message; it should score (near) 0;
-- `model`: the model itself, sampled through the same `RolloutEngine` as training.
-
-Broken contracts (an exception or a timeout in `reset`/`step`/`score_episode`/`solve`, a score
-outside [0, 1], a dataset without prompts) are problems: the command exits 1. Things that make
-training pointless or inexact are warnings: scores that never vary, an oracle below 1.0, an empty
-reply that scores well, a chat template that rewrites earlier turns.
-
-An agent environment (env/agent.py) is checked the same way, its requests answered by each policy through
-the run's endpoint; what differs (the prompt and tools come from its requests) is in envcheck_agent.py.
-
-Left out: training, and judging whether the tasks are hard enough (that is what `aitrain eval` and
-the first training steps show).
+Left out: everything the check does (evaluation/envcheck.py, and evaluation/envcheck_agent.py for agent
+environments); the exit status is the CLI's (commands/cli.py: 1 when the report has problems).
 """
 
 from __future__ import annotations
 
 import json
-import random
-import time
-from dataclasses import dataclass, field
 from typing import Any
 
 from rich.markup import escape
 from rich.table import Table
 
-from aitrain_grpo.commands import envcheck_agent
 from aitrain_grpo.commands.options import check_positive
 from aitrain_grpo.config import DEFAULT_TOOL_PARSER, check_episode_options
 from aitrain_grpo.engine.backends.base import SamplingParams
-from aitrain_grpo.engine.chat import ChatRenderer
-from aitrain_grpo.engine.rollout import RolloutEngine
-from aitrain_grpo.engine.runner import EpisodeRunner, oracle_policy, play_text
-from aitrain_grpo.engine.stats import EpisodeStats, episode_scores, episode_stats
 from aitrain_grpo.engine.tool_parsers import read_tool_calls, tool_names_of
-from aitrain_grpo.env.adapters.aitraining import describe_interface
-from aitrain_grpo.env.agent import is_agent_environment
-from aitrain_grpo.env.base import Environment, Episode, needs_policy, prompt_messages, tools_for_row
-from aitrain_grpo.env.dataset import build_rows
-from aitrain_grpo.env.loading import load_environment
-from aitrain_grpo.errors import ConfigError, EnvLoadError, TemplateError
-from aitrain_grpo.models.loading import load_for_generation, load_tokenizer, resolve_source
-
-POLICIES = ("oracle", "empty", "model")
-PROMPTS_MEASURED = 2000  # rows rendered to find the longest prompt
-
-
-@dataclass
-class PolicyResult:
-    """The episodes one policy played and how long the environment took to answer each turn."""
-
-    name: str
-    episodes: list[Episode]
-    step_seconds: list[float]
-    wall_seconds: float
-    generate_seconds_per_turn: float | None = None
-    agent_counts: dict[str, int] = field(default_factory=dict)  # an agent environment's requests (model only)
-
-    @property
-    def scores(self) -> list[float]:
-        return episode_scores(self.episodes)
-
-    @property
-    def stats(self) -> EpisodeStats:
-        return episode_stats(self.episodes)
-
-    @property
-    def mean(self) -> float:
-        return self.stats.score_mean
-
-    @property
-    def errors(self) -> list[str]:
-        return [ep.error for ep in self.episodes if ep.error]
-
-
-@dataclass
-class EnvCheckReport:
-    env_name: str
-    interface: str = ""  # which environment interface the class was recognised by
-    tool_parser: str = DEFAULT_TOOL_PARSER  # how the episodes' tool calls were read (--rl-tool-parser)
-    rows: int = 0
-    columns: list[str] = field(default_factory=list)
-    sample_prompt: str = ""
-    sample_tokens: int = 0
-    longest_tokens: int = 0
-    longest_row: int = 0
-    rows_measured: int = 0
-    prompt_source: str = ""  # what the sample prompt is, when not row 0's prompt (an agent's first request)
-    scorer: str = "score_episode"  # what scores an episode, for the oracle's warning
-    tools: list[dict[str, Any]] = field(default_factory=list)
-    policies: list[PolicyResult] = field(default_factory=list)
-    problems: list[str] = field(default_factory=list)   # a broken contract: exit 1
-    warnings: list[str] = field(default_factory=list)
-    notes: list[str] = field(default_factory=list)
-
-    @property
-    def ok(self) -> bool:
-        return not self.problems
-
-
-def pick_rows(rows: list[dict[str, Any]], count: int, seed: int) -> list[dict[str, Any]]:
-    """`count` rows: a seeded sample without repeats when there are enough, else every row in turn."""
-    if len(rows) >= count:
-        picked = sorted(random.Random(seed).sample(range(len(rows)), count))
-    else:
-        picked = [i % len(rows) for i in range(count)]
-    return [dict(rows[i]) for i in picked]
-
-
-def play_text_policy(env: Environment, name: str, rows: list[dict[str, Any]], policy, *, max_turns, timeout,
-                     policy_name: str = "policy", tool_parser: str = DEFAULT_TOOL_PARSER) -> PolicyResult:
-    started = time.perf_counter()
-    runner = EpisodeRunner(env, max_turns=max_turns, timeout=timeout, policy_name=policy_name, tool_parser=tool_parser)
-    try:
-        episodes = play_text(runner, rows, policy)
-    finally:
-        runner.close()
-    return PolicyResult(name, episodes, runner.step_seconds, time.perf_counter() - started)
-
-
-def play_model(env: Environment, rows, model, tokenizer, *, max_new_tokens: int, max_turns, timeout,
-               sampling: SamplingParams, max_completion_length: int = 4096,
-               tool_parser: str = DEFAULT_TOOL_PARSER) -> PolicyResult:
-    # Imported here: the hf backend pulls in torch (seconds), and `env check`'s option errors come first.
-    from aitrain_grpo.engine.backends.hf import HFBackend
-
-    engine = RolloutEngine(env, tokenizer, HFBackend.for_model(model, tokenizer), max_new_tokens=max_new_tokens,
-                           max_turns=max_turns, max_completion_length=max_completion_length, sampling=sampling,
-                           env_timeout=timeout, tool_parser=tool_parser)
-    started = time.perf_counter()
-    try:
-        batch = engine.run(rows)
-    finally:
-        engine.close()
-    per_turn = batch.generate_seconds / batch.generate_calls if batch.generate_calls else None
-    return PolicyResult("model", batch.episodes, engine.runner.step_seconds, time.perf_counter() - started, per_turn,
-                        batch.agent_counts)
-
-
-def read_rows(env: Environment, tokenizer, report: EnvCheckReport) -> list[dict[str, Any]] | None:
-    """The dataset's rows, their count and columns into `report`; None when building it failed."""
-    try:
-        rows = build_rows(env, tokenizer)
-    except EnvLoadError as exc:
-        report.problems.append(str(exc))
-        return None
-    report.rows = len(rows)
-    report.columns = list(dict.fromkeys(k for row in rows[:100] for k in row))
-    return rows
-
-
-def inspect_dataset(env: Environment, tokenizer, report: EnvCheckReport) -> list[dict[str, Any]] | None:
-    """Rows, columns, prompt token counts and tools into `report`; the rows, or None on a problem."""
-    rows = read_rows(env, tokenizer, report)
-    if rows is None:
-        return None
-    try:
-        report.tools = list(env.tools)
-    except Exception as exc:
-        report.problems.append(f"{report.env_name}.tools raised {type(exc).__name__}: {exc}")
-        return None
-    try:
-        renderer = ChatRenderer(tokenizer, tools=tools_for_row(env, rows[0]))  # a mixture's first row's own
-        report.sample_prompt = renderer.render(prompt_messages(rows[0]["prompt"]), add_generation_prompt=True)
-        report.sample_tokens = len(renderer.encode(report.sample_prompt))
-        report.rows_measured = min(len(rows), PROMPTS_MEASURED)
-        lengths = [len(renderer.prompt_ids(prompt_messages(r["prompt"]))) for r in rows[:report.rows_measured]]
-        report.longest_tokens = max(lengths)
-        report.longest_row = lengths.index(report.longest_tokens)
-        rewrite = renderer.check_append_only(prompt_messages(rows[0]["prompt"]))
-        report.notes += [renderer.tools_route] if renderer.tools_route else []
-    except TemplateError as exc:
-        report.problems.append(f"the model's chat template cannot be used: {exc}")
-        return None
-    if rewrite:
-        report.warnings.append(
-            f"{rewrite}. The token-in/token-out rules cannot hold exactly with this template: episode tokens "
-            f"will differ from the rendered conversation; use a model whose template only appends turns"
-        )
-    return rows
-
-
-def judge(report: EnvCheckReport) -> None:
-    """Turn the played episodes into problems and warnings."""
-    by_name = {p.name: p for p in report.policies}
-    for result in report.policies:
-        if result.errors:
-            report.problems.append(
-                f"{len(result.errors)} of {len(result.episodes)} episodes under the {result.name} policy failed; "
-                f"the first: {result.errors[0]}"
-            )
-    if report.problems:  # scores of failed episodes say nothing about the scoring
-        return
-    all_scores = [s for p in report.policies for s in p.scores]
-    if len(report.policies) > 1 and len(all_scores) > 1 and len(set(all_scores)) == 1:  # one policy: nothing to compare
-        report.warnings.append(
-            f"every episode scored {all_scores[0]:g} under every policy: there is no learning signal. GRPO learns "
-            f"from score differences within a group; make score_episode depend on what the model does, with "
-            f"partial credit"
-        )
-    elif "model" in by_name and len(set(by_name["model"].scores)) == 1 and len(by_name["model"].scores) > 1:
-        report.warnings.append(
-            f"all {len(by_name['model'].scores)} model episodes scored {by_name['model'].scores[0]:g}: groups of "
-            f"equal scores teach nothing. Give partial credit for progress, use easier tasks, or start from a "
-            f"stronger model"
-        )
-    oracle = by_name.get("oracle")
-    if oracle is not None:
-        below = [(i, s) for i, s in enumerate(oracle.scores) if s < 1.0]
-        if below:
-            truncated = sum(1 for ep in oracle.episodes if ep.truncated)
-            cap = f"; {truncated} hit the turn cap (max_turns)" if truncated else ""
-            report.warnings.append(
-                f"the oracle (solve) scored below 1.0 in {len(below)} of {len(oracle.scores)} episodes (mean "
-                f"{oracle.mean:.3f}, e.g. {below[0][1]:g}){cap}: either solve or {report.scorer} is wrong"
-            )
-    empty = by_name.get("empty")
-    if empty is not None and empty.mean >= 0.5:
-        report.warnings.append(
-            f"an empty reply scores {empty.mean:.3f} on average: the score rewards doing nothing, so the "
-            f"model may learn to say nothing"
-        )
-
-
-def check_environment(
-    env: Environment,
-    tokenizer,
-    *,
-    model=None,
-    episodes: int = 16,
-    policies: tuple[str, ...] = POLICIES,
-    seed: int = 0,
-    max_new_tokens: int = 128,
-    max_turns: int | None = None,
-    sampling: SamplingParams = SamplingParams(),
-    timeout: float = 60.0,
-    tool_parser: str = DEFAULT_TOOL_PARSER,
-) -> EnvCheckReport:
-    """Everything `aitrain env check` reports. `model` is needed for the `model` policy only."""
-    agent = is_agent_environment(env)
-    report = EnvCheckReport(env_name=type(env).__name__, tool_parser=tool_parser, interface=describe_interface(env))
-    if agent:
-        report.scorer = f"the score {report.env_name}.rollout returns"
-    # An agent's prompt and tools come from its requests: envcheck_agent reads them after playing.
-    rows = (read_rows if agent else inspect_dataset)(env, tokenizer, report)
-    if rows is None:
-        return report
-    rows = pick_rows(rows, episodes, seed)
-    for name in policies:
-        if name == "oracle":
-            if not callable(getattr(env, "solve", None)):
-                report.notes.append(f"{report.env_name} has no solve(episode) -> str, so no oracle was played; add "
-                                    f"one to check that a perfect episode scores 1.0")
-                continue
-            result = play_text_policy(env, "oracle", rows, oracle_policy(env), max_turns=max_turns, timeout=timeout,
-                                      policy_name="solve", tool_parser=tool_parser)
-        elif name == "empty":
-            result = play_text_policy(env, "empty", rows, lambda episode: "", max_turns=max_turns, timeout=timeout,
-                                      tool_parser=tool_parser)
-        else:
-            result = play_model(env, rows, model, tokenizer, max_new_tokens=max_new_tokens, max_turns=max_turns,
-                                timeout=timeout, sampling=sampling, tool_parser=tool_parser)
-        report.policies.append(result)
-    if agent:
-        envcheck_agent.describe_requests(report, tokenizer, rows[0])
-    judge(report)
-    return report
-
+from aitrain_grpo.errors import ConfigError
+from aitrain_grpo.evaluation.envcheck import POLICIES, EnvCheckReport, env_check
 
 # ------------------------------------------------------------------------------------------- display
 
@@ -369,8 +116,8 @@ def run_env_check(
     console,
     tool_parser: str = DEFAULT_TOOL_PARSER,
 ) -> EnvCheckReport:
-    """What the CLI command does: validate the options, load, check, print. Option and loading
-    mistakes raise ConfigError/EnvLoadError (exit 2); a broken contract is in the report's problems."""
+    """What the CLI command does: validate the options, check (`env_check`: load and play), print. Option and
+    loading mistakes raise ConfigError/EnvLoadError (exit 2); a broken contract is in the report's problems."""
     chosen = tuple(p.strip() for p in policies.split(",") if p.strip())
     unknown = [p for p in chosen if p not in POLICIES]
     if unknown or not chosen:
@@ -378,22 +125,8 @@ def run_env_check(
     check_positive(episodes=episodes)
     check_episode_options({"rl_max_new_tokens": max_new_tokens, "rl_max_turns": max_turns,
                            "rl_temperature": temperature, "rl_env_timeout": timeout})
-    env = load_environment(module, class_name, env_config)
-    source = resolve_source(model_name)
-    model = None
-    # A score_episode that takes the policy model (needs_policy: AITraining's interface) scores every
-    # policy's episodes with the --model model (loaded even when only text policies play).
-    if "model" in chosen or needs_policy(env):
-        model, tokenizer = load_for_generation(source)
-        if needs_policy(env):
-            env.use_policy(model, tokenizer)
-    else:
-        tokenizer = load_tokenizer(source)
-    report = check_environment(
-        env, tokenizer, model=model, episodes=episodes, policies=chosen, seed=seed, max_new_tokens=max_new_tokens,
-        max_turns=max_turns, sampling=SamplingParams(temperature, 0, 1.0), timeout=timeout, tool_parser=tool_parser,
-    )
-    if needs_policy(env):
-        report.notes.append(f"score_episode was given {model_name} as its model under every policy")
+    report = env_check(module=module, class_name=class_name, env_config=env_config, model_name=model_name,
+                       policies=chosen, sampling=SamplingParams(temperature, 0, 1.0), episodes=episodes, seed=seed,
+                       max_new_tokens=max_new_tokens, max_turns=max_turns, timeout=timeout, tool_parser=tool_parser)
     show_report(report, console, module=module, model_name=model_name)
     return report
