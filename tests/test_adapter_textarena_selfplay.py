@@ -69,10 +69,8 @@ def test_self_play_trains_only_the_chosen_seats_sampled_tokens(schedule, backend
     engine = RolloutEngine(env, tokenizer, backend, max_new_tokens=8, schedule=schedule,
                            sampling=SamplingParams(temperature=1.0))
     torch.manual_seed(0)
-    try:
+    with engine:
         batch = engine.run(env.build_dataset(tokenizer) * 2)  # groups of two, as TRL hands them
-    finally:
-        engine.close()
     drawn: dict[tuple, list[list[int]]] = {}  # prompt -> the samples drawn for it (a group shares its first)
     for prompt, sample in backend.calls:
         drawn.setdefault(tuple(prompt), []).append(sample.token_ids)

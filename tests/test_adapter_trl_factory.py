@@ -3,8 +3,8 @@ with the row's columns and its string appended to the prompt, the public methods
 schemas TRL itself makes (compared with a real `GRPOTrainer`), the model's calls run on the episode's
 instance, and `get_reward()` (or a TRL reward function reading `environments`) as the score, clamped.
 
-The environment classes below are written the way TRL's docs write them: plain classes, no import from
-aitrain_grpo. Scripted model turns play most cases in-process (seconds); one 2-step GRPO run of the tiny
+The environment classes below are written the way TRL's docs write them (the first is examples/trl_guess.py's):
+plain classes, no import from aitrain_grpo. Scripted model turns play most cases in-process (seconds); one 2-step GRPO run of the tiny
 model trains through the adapter (about 20 s)."""
 
 from __future__ import annotations
@@ -17,44 +17,22 @@ from aitrain_grpo.engine.runner import play
 from aitrain_grpo.env.adapters.trl_factory import TRLFactoryEnv, adapt_trl_factory
 from aitrain_grpo.env.dataset import build_rows
 from aitrain_grpo.errors import EnvLoadError
+from examples.trl_guess import GuessNumberEnv
 from helpers import REPO
 
 
-class NumberGuessEnv:
-    """Guess a secret number with two tools, as TRL's docs write an environment_factory class."""
+class NumberGuessEnv(GuessNumberEnv):
+    """examples/trl_guess.py's environment, as TRL's docs write an environment_factory class, with a second
+    tool, and an `__init__` that sets the state before `reset` (TRL builds the instance first)."""
 
     def __init__(self):
         self.secret = None
         self.guesses = 0
         self.solved = False
 
-    def reset(self, **kwargs) -> str | None:
-        self.secret = kwargs["secret"]
-        self.guesses = 0
-        self.solved = False
-        return f" The number is between 1 and {kwargs['high']}."
-
-    def guess(self, number: int) -> str:
-        """Guess the secret number.
-
-        Args:
-            number: The number to guess.
-
-        Returns:
-            Whether the guess is too low, too high or right.
-        """
-        self.guesses += 1
-        if number == self.secret:
-            self.solved = True
-            return "Right!"
-        return "Too low." if number < self.secret else "Too high."
-
     def is_even(self) -> bool:
         """Tell whether the secret number is even."""
         return self.secret % 2 == 0
-
-    def get_reward(self) -> float:
-        return 1.0 / self.guesses if self.solved else 0.0
 
 
 class BonusEnv(NumberGuessEnv):

@@ -106,10 +106,8 @@ def test_the_tiny_model_plays_each_environment_through_the_engine(name, tiny_mod
     env = env_of(name)
     engine = RolloutEngine(env, tokenizer, HFBackend.for_model(model, tokenizer), max_new_tokens=8,
                            max_completion_length=128)
-    try:
+    with engine:
         batch = engine.run(env.build_dataset(tokenizer)[:2])
-    finally:
-        engine.close()
     assert len(batch.traces) == 2
     for i, episode in enumerate(batch.episodes):
         assert episode.error is None, episode.error

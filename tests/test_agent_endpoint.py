@@ -22,6 +22,7 @@ from aitrain_grpo.engine.backends.hf import HFBackend  # noqa: E402
 from aitrain_grpo.engine.chat import ChatRenderer  # noqa: E402
 from aitrain_grpo.engine.rollout import RolloutEngine  # noqa: E402
 from aitrain_grpo.engine.runner import oracle_policy, play  # noqa: E402
+from helpers.rollouts import model_spans  # noqa: E402
 from envs_fixtures.agents import (BlockingAgent, ChattyAgent, LateAgent, RaisingAgent,  # noqa: E402
                                   StreamingWeatherAgent, SummarisingAgent, WeatherAgent, TEMPERATURES)
 
@@ -46,17 +47,6 @@ def engine_for(env, model, tokenizer, *, max_new_tokens=12, max_completion_lengt
     return engine, backend
 
 
-def model_spans(trace) -> list[list[int]]:
-    spans, current = [], []
-    for token, mask in zip(trace.completion_ids, trace.env_mask):
-        if mask:
-            current.append(token)
-        elif current:
-            spans.append(current)
-            current = []
-    return spans + ([current] if current else [])
-
-
 def test_trained_tokens_are_the_sampled_tokens_and_env_tokens_are_the_template(tiny_model_and_tokenizer):
     model, tokenizer = tiny_model_and_tokenizer
     env = ChattyAgent(episodes=8, turns=3, max_tokens=16)
@@ -64,10 +54,8 @@ def test_trained_tokens_are_the_sampled_tokens_and_env_tokens_are_the_template(t
     # (5-9 of 24 measured), which is what re-tokenising would change.
     engine, backend = engine_for(env, model, tokenizer, record=True, max_new_tokens=16,
                                  sampling=SamplingParams(temperature=1.5, top_k=0))
-    try:
+    with engine:
         batch = engine.run(env.build_dataset(tokenizer))
-    finally:
-        engine.close()
     assert batch.agent_counts["requests"] == 24 and batch.agent_counts["history_rewrites"] == 0
     sampled = {tuple(s.token_ids) for s in backend.samples}
     renderer = ChatRenderer(tokenizer)
@@ -96,10 +84,8 @@ def test_concurrent_episodes_each_get_their_own_requests(tiny_model_and_tokenize
     model, tokenizer = tiny_model_and_tokenizer
     env = WeatherAgent(episodes=16)
     engine, _ = engine_for(env, model, tokenizer)
-    try:
+    with engine:
         batch = engine.run(env.build_dataset(tokenizer))
-    finally:
-        engine.close()
     assert batch.agent_counts["requests"] >= 16
     for episode in batch.episodes:
         assert episode.error is None
@@ -111,10 +97,8 @@ def test_a_rewritten_history_splits_the_episode_and_the_last_segment_trains(tiny
     model, tokenizer = tiny_model_and_tokenizer
     env = SummarisingAgent()
     engine, _ = engine_for(env, model, tokenizer)
-    try:
+    with engine:
         batch = engine.run(env.build_dataset(tokenizer))
-    finally:
-        engine.close()
     assert batch.agent_counts["history_rewrites"] == 4  # one per episode
     assert batch.agent_counts["untrained_tokens"] > 0
     for trace in batch.traces:
@@ -127,10 +111,8 @@ def test_a_raising_agent_scores_zero_with_its_error(tiny_model_and_tokenizer):
     model, tokenizer = tiny_model_and_tokenizer
     env = RaisingAgent()
     engine, _ = engine_for(env, model, tokenizer)
-    try:
+    with engine:
         batch = engine.run(env.build_dataset(tokenizer))
-    finally:
-        engine.close()
     for episode in batch.episodes:
         assert episode.score == 0.0 and episode.stop_reason == "error"
         assert episode.error.startswith("RaisingAgent.rollout raised KeyError")
@@ -140,10 +122,8 @@ def test_late_requests_and_other_model_names_get_openai_errors(tiny_model_and_to
     model, tokenizer = tiny_model_and_tokenizer
     env = LateAgent()
     engine, _ = engine_for(env, model, tokenizer)
-    try:
+    with engine:
         batch = engine.run(env.build_dataset(tokenizer))
-    finally:
-        engine.close()
     assert batch.scores == [1.0, 0.0]
     assert isinstance(env.left["refused"], openai.ConflictError)  # 409: the episode was scored
     assert "scored" in str(env.left["refused"])
@@ -157,10 +137,8 @@ def test_budgets_clip_requests_and_end_the_loop(tiny_model_and_tokenizer):
     env = ChattyAgent(episodes=2, turns=4, max_tokens=1000)
     env.max_turns = 2
     engine, _ = engine_for(env, model, tokenizer, max_new_tokens=6)
-    try:
+    with engine:
         batch = engine.run(env.build_dataset(tokenizer))
-    finally:
-        engine.close()
     assert batch.agent_counts["clipped_requests"] == 4  # the two answered requests of each episode
     for episode in batch.episodes:
         replies = env.replies[episode.row["id"]]
@@ -175,10 +153,8 @@ def test_stop_strings_cut_the_reply_and_its_trained_tokens(tiny_model_and_tokeni
     model, tokenizer = tiny_model_and_tokenizer
     env = ChattyAgent(episodes=4, turns=1, max_tokens=12, stop=[" the"])
     engine, _ = engine_for(env, model, tokenizer)
-    try:
+    with engine:
         batch = engine.run(env.build_dataset(tokenizer))
-    finally:
-        engine.close()
     stopped = 0
     for episode, trace in zip(batch.episodes, batch.traces):
         (reply,) = env.replies[episode.row["id"]]
@@ -194,10 +170,8 @@ def test_sync_agent_code_runs_on_a_blocking_client(tiny_model_and_tokenizer):
     model, tokenizer = tiny_model_and_tokenizer
     env = BlockingAgent()
     engine, _ = engine_for(env, model, tokenizer)
-    try:
+    with engine:
         batch = engine.run(env.build_dataset(tokenizer))
-    finally:
-        engine.close()
     assert batch.scores == [1.0, 1.0]
     assert all(sum(trace.env_mask) > 0 for trace in batch.traces)
 
@@ -225,10 +199,8 @@ def test_streamed_requests_get_the_same_replies_and_train_the_same_tokens(tiny_m
     traces = []
     for env in (WeatherAgent(episodes=4), StreamingWeatherAgent(episodes=4)):
         engine, _ = engine_for(env, model, tokenizer, sampling=SamplingParams(temperature=0.0))
-        try:
+        with engine:
             batch = engine.run(env.build_dataset(tokenizer))
-        finally:
-            engine.close()
         assert [episode.error for episode in batch.episodes] == [None] * 4
         traces.append([(t.prompt_ids, t.completion_ids, t.env_mask) for t in batch.traces])
     assert traces[0] == traces[1]

@@ -28,6 +28,7 @@ from aitrain_grpo.engine.backends.base import GenerationBackend, Sample  # noqa:
 from aitrain_grpo.engine.backends.hf import HFBackend  # noqa: E402
 from aitrain_grpo.engine.rollout import RolloutEngine  # noqa: E402
 from aitrain_grpo.engine.runner import oracle_policy, play  # noqa: E402
+from helpers.rollouts import model_spans  # noqa: E402
 from envs_fixtures.agent_frameworks import FRAMEWORKS, TEMPERATURES, answer_from, tool_call_text  # noqa: E402
 from envs_fixtures.agents import WeatherAgent  # noqa: E402
 
@@ -42,22 +43,8 @@ def framework_env(name: str, episodes: int):
 
 def run_engine(env, tokenizer, backend, *, max_new_tokens: int):
     engine = RolloutEngine(env, tokenizer, backend, max_new_tokens=max_new_tokens, max_completion_length=384)
-    try:
+    with engine:
         return engine.run(env.build_dataset(tokenizer))
-    finally:
-        engine.close()
-
-
-def model_spans(trace) -> list[list[int]]:
-    """The runs of model tokens in a trace (env_mask 1), in order."""
-    spans, current = [], []
-    for token, mask in zip(trace.completion_ids, trace.env_mask):
-        if mask:
-            current.append(token)
-        elif current:
-            spans.append(current)
-            current = []
-    return spans + ([current] if current else [])
 
 
 class ExpertBackend(GenerationBackend):

@@ -95,10 +95,8 @@ def test_episode_tokens_match_the_rewritten_conversation(tiny_model_and_tokenize
     renderer = engine.renderer
     assert "user messages in <tool_response>" in renderer.tools_route
     torch.manual_seed(0)
-    try:
+    with engine:
         batch = engine.run(env.build_dataset(None) * 8)
-    finally:
-        engine.close()
     played = [(ep, tr) for ep, tr in zip(batch.episodes, batch.traces) if ep.turns >= 2]
     assert played, "expected episodes that reach the tool results"
     for episode, trace in played:

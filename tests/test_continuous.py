@@ -104,15 +104,13 @@ def test_a_backend_failure_stops_a_continuous_rollout_and_the_engine_stays_usabl
     env = StaggeredEnv()
     engine = RolloutEngine(env, tokenizer, DiesOnThirdCall.for_model(model, tokenizer), schedule="continuous",
                            max_new_tokens=NEW_TOKENS, sampling=GREEDY, max_concurrent_episodes=5)
-    try:
+    with engine:
         with pytest.raises(GenerationBackendError, match="gone"):
             engine.run(env.build_dataset(tokenizer))
         # No episode of the failed rollout is left to wake up during the next one.
         assert not asyncio.all_tasks(engine.runner.loop)
         again = engine.run(env.build_dataset(tokenizer))
         assert {ep.stop_reason for ep in again.episodes} == {"env"}
-    finally:
-        engine.close()
 
 
 def test_lockstep_waves_respect_the_slot_bound(tiny_model_and_tokenizer):
@@ -137,11 +135,9 @@ def test_a_continuous_rollout_against_a_dead_server_names_the_server_after_its_r
     client = VLLMServerClient(url, retries=2, backoff=0.01)
     env = StaggeredEnv()
     engine = RolloutEngine(env, tokenizer, VLLMServerBackend(client, "tiny", [tokenizer.eos_token_id]), max_concurrent_episodes=1)
-    try:
+    with engine:
         with pytest.raises(GenerationServerError, match=f"vLLM server at {url}: /v1/completions failed"):
             engine.run(env.build_dataset(tokenizer)[:1])
-    finally:
-        engine.close()
 
 
 def test_the_rollout_schedule_flag_reaches_the_engine_and_a_bad_value_is_one_line(tmp_path):
@@ -154,10 +150,8 @@ def test_the_rollout_schedule_flag_reaches_the_engine_and_a_bad_value_is_one_lin
                        rl_rollout_schedule="continuous")
     trainer = build_trainer(config, env=LetterEnv(num_tasks=8))
     engine = trainer.rollout._start(trainer)
-    try:
+    with engine:
         assert engine.schedule == "continuous"  # the hf backend alone would have been lockstep
-    finally:
-        engine.close()
 
     result = run_cli("grpo", "--rl-env-module", "envs.letters", "--rl-env-class", "LetterEnv", "--rl-rollout-schedule", "sideways",
                      "--output-dir", str(tmp_path / "bad"))

@@ -40,10 +40,8 @@ def play(model_and_tokenizer, cut_turn: str):
     torch.manual_seed(0)
     engine = RolloutEngine(SeenTurnsEnv(), tokenizer, HFBackend.for_model(model, tokenizer), max_new_tokens=NEW_TOKENS,
                            sampling=SamplingParams(1.0, 0, 1.0), cut_turn=cut_turn)
-    try:
+    with engine:
         return engine.run(SeenTurnsEnv().build_dataset(tokenizer) * 8)
-    finally:
-        engine.close()
 
 
 def cut_turns(trace, stop_ids) -> int:

@@ -107,12 +107,10 @@ def play(env, tokenizer, model, episodes: list[dict], env_timeout: float = 60.0)
     backend = TurnEndingHF.for_model(model, tokenizer)
     engine = RolloutEngine(env, tokenizer, backend, max_new_tokens=NEW_TOKENS, env_timeout=env_timeout,
                            sampling=SamplingParams(temperature=1.0, top_k=0, top_p=1.0))
-    try:
+    with engine:
         batch = engine.run(episodes)
         batch.backend = backend
         return batch
-    finally:
-        engine.close()
 
 
 @pytest.fixture(scope="module")

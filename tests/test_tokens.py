@@ -136,10 +136,8 @@ class EndlessEnv(Environment):
 def test_completion_budget_truncates_and_is_never_exceeded(tiny_model_and_tokenizer):
     torch.manual_seed(1)
     engine = make_engine(tiny_model_and_tokenizer, EndlessEnv(), max_new_tokens=16, max_completion_length=60)
-    try:
+    with engine:
         batch = engine.run([{"prompt": "Talk to me."}] * 8)
-    finally:
-        engine.close()
     for episode, trace in zip(batch.episodes, batch.traces):
         assert episode.truncated and episode.done
         assert len(trace.completion_ids) <= 60
@@ -149,10 +147,8 @@ def test_completion_budget_truncates_and_is_never_exceeded(tiny_model_and_tokeni
 def test_turn_token_limit_ends_the_episode_as_truncated(tiny_model_and_tokenizer):
     torch.manual_seed(2)
     engine = make_engine(tiny_model_and_tokenizer, EndlessEnv(), max_new_tokens=2, max_completion_length=512)
-    try:
+    with engine:
         batch = engine.run([{"prompt": "Talk to me."}] * 8)
-    finally:
-        engine.close()
     cut = [ep for ep, tr in zip(batch.episodes, batch.traces) if tr.completion_ids[-1] != engine.tokenizer.eos_token_id]
     assert cut, "with 2 tokens per turn some turns must hit the limit"
     assert all(ep.truncated for ep in cut)
@@ -163,18 +159,14 @@ def test_one_generate_call_per_turn_for_the_whole_batch(tiny_model_and_tokenizer
     torch.manual_seed(3)
     engine = make_engine(tiny_model_and_tokenizer, EndlessEnv(), max_new_tokens=8, max_completion_length=4096)
     engine.runner.max_turns = 3
-    try:
+    with engine:
         batch = engine.run([{"prompt": "Talk to me."}] * 16)
-    finally:
-        engine.close()
     assert batch.generate_calls == max(ep.turns for ep in batch.episodes) <= 3
 
 
 def test_greedy_sampling_is_deterministic(tiny_model_and_tokenizer):
     engine = make_engine(tiny_model_and_tokenizer, EndlessEnv(), max_new_tokens=8, sampling=SamplingParams(temperature=0))
-    try:
+    with engine:
         first = engine.run([{"prompt": "Talk to me."}] * 2)
         second = engine.run([{"prompt": "Talk to me."}] * 2)
-    finally:
-        engine.close()
     assert first.traces[0].completion_ids == first.traces[1].completion_ids == second.traces[0].completion_ids

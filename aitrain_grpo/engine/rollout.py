@@ -185,6 +185,12 @@ class RolloutEngine:
             self.agents.close()
         self.runner.close()
 
+    def __enter__(self) -> RolloutEngine:  # `with RolloutEngine(...) as engine:` closes it however the block ends
+        return self
+
+    def __exit__(self, *exc_info) -> None:
+        self.close()
+
     def run(self, rows: list[dict[str, Any]]) -> RolloutBatch:
         # A backend may carry state from one turn of this rollout to the next (the hf backend: its
         # key-value cache), which holds only while the weights stay as they are, i.e. for one rollout.

@@ -76,6 +76,12 @@ class EpisodeRunner:
         self.executor.shutdown(wait=False, cancel_futures=True)
         self.loop.close()
 
+    def __enter__(self) -> EpisodeRunner:  # `with EpisodeRunner(...) as runner:` closes it however the block ends
+        return self
+
+    def __exit__(self, *exc_info) -> None:
+        self.close()
+
     # -------------------------------------------------------------------------------- plumbing
 
     def run(self, awaitable: Awaitable) -> Any:
@@ -276,8 +282,5 @@ def play(
     tool_parser: str = DEFAULT_TOOL_PARSER,
 ) -> list[Episode]:
     """`play_text` on a runner of its own, closed afterwards."""
-    runner = EpisodeRunner(env, max_turns=max_turns, timeout=timeout, policy_name=policy_name, tool_parser=tool_parser)
-    try:
+    with EpisodeRunner(env, max_turns=max_turns, timeout=timeout, policy_name=policy_name, tool_parser=tool_parser) as runner:
         return play_text(runner, rows, policy)
-    finally:
-        runner.close()

@@ -111,11 +111,8 @@ def pick_rows(rows: list[dict[str, Any]], count: int, seed: int) -> list[dict[st
 def play_text_policy(env: Environment, name: str, rows: list[dict[str, Any]], policy, *, max_turns, timeout,
                      policy_name: str = "policy", tool_parser: str = DEFAULT_TOOL_PARSER) -> PolicyResult:
     started = time.perf_counter()
-    runner = EpisodeRunner(env, max_turns=max_turns, timeout=timeout, policy_name=policy_name, tool_parser=tool_parser)
-    try:
+    with EpisodeRunner(env, max_turns=max_turns, timeout=timeout, policy_name=policy_name, tool_parser=tool_parser) as runner:
         episodes = play_text(runner, rows, policy)
-    finally:
-        runner.close()
     return PolicyResult(name, episodes, runner.step_seconds, time.perf_counter() - started)
 
 
@@ -129,10 +126,8 @@ def play_model(env: Environment, rows, model, tokenizer, *, max_new_tokens: int,
                            max_turns=max_turns, max_completion_length=max_completion_length, sampling=sampling,
                            env_timeout=timeout, tool_parser=tool_parser)
     started = time.perf_counter()
-    try:
+    with engine:
         batch = engine.run(rows)
-    finally:
-        engine.close()
     per_turn = batch.generate_seconds / batch.generate_calls if batch.generate_calls else None
     return PolicyResult("model", batch.episodes, engine.runner.step_seconds, time.perf_counter() - started, per_turn,
                         batch.agent_counts)

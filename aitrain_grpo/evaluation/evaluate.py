@@ -154,15 +154,13 @@ def evaluate(
     tasks = [index for index in range(len(rows)) for _ in range(samples)]
     result = EvalResult(label=label, episodes=[], tasks=tasks, samples=samples, schedule=engine.schedule)
     started = time.perf_counter()
-    try:
+    with engine:
         for start in range(0, len(tasks), batch_size):
             chunk = tasks[start:start + batch_size]
             batch = engine.run([dict(rows[i]) for i in chunk])
             result.episodes.extend(batch.episodes)
             result.generated_tokens += sum(sum(trace.env_mask) for trace in batch.traces)
             result.generate_seconds += batch.generate_seconds
-    finally:
-        engine.close()
     result.wall_seconds = time.perf_counter() - started
     return result
 

@@ -1,6 +1,7 @@
 """Scripted rollouts to compare: `StaggeredEnv`, whose tasks play 1-4 turns with replies that come back
 out of order, `play` to run it under either schedule on a backend, `assert_same_rollouts` for two
-schedules' results, and `OracleBackend`, which replays an SFT dataset's assistant turns token for token."""
+schedules' results, `OracleBackend`, which replays an SFT dataset's assistant turns token for token, and
+`model_spans`, a trace's runs of sampled tokens."""
 
 from __future__ import annotations
 
@@ -14,6 +15,18 @@ from aitrain_grpo.engine.rollout import RolloutBatch, RolloutEngine
 
 GREEDY = SamplingParams(temperature=0.0)
 NEW_TOKENS = 8
+
+def model_spans(trace) -> list[list[int]]:
+    """The runs of model tokens in a trace (env_mask 1), in order."""
+    spans, current = [], []
+    for token, mask in zip(trace.completion_ids, trace.env_mask):
+        if mask:
+            current.append(token)
+        elif current:
+            spans.append(current)
+            current = []
+    return spans + ([current] if current else [])
+
 
 def staggered_rows(groups: int = 6, group_size: int = 2) -> list[dict]:
     """`groups` prompts, each repeated `group_size` times as TRL hands them; task i plays 1 + i % 4 turns."""
@@ -59,10 +72,8 @@ def play(model, tokenizer, schedule: str, *, env: Environment | None = None, bac
     backend = backend or TurnEndingHF.for_model(model, tokenizer)
     options = {"max_new_tokens": NEW_TOKENS, "sampling": GREEDY, **engine_options}
     engine = RolloutEngine(env, tokenizer, backend, schedule=schedule, max_concurrent_episodes=slots, **options)
-    try:
+    with engine:
         return engine.run(env.build_dataset(tokenizer))
-    finally:
-        engine.close()
 
 
 def assert_same_rollouts(lockstep: RolloutBatch, continuous: RolloutBatch, logprob_tolerance: float) -> None:
