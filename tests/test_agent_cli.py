@@ -85,7 +85,7 @@ def test_sft_tokens_are_what_the_endpoint_builds(tiny_model_dir, monkeypatch):
     """The SFT sequence of an agent's demonstration is token for token the sequence training builds when the
     model writes the oracle's replies to the same requests (prompt with the request's tools, replies as
     sampled, tool results as the template's suffix), and its loss mask is the engine's env_mask."""
-    from aitrain_grpo.commands.sft import play_demonstrations
+    from aitrain_grpo.sft.oracle import play_demonstrations
     from aitrain_grpo.engine.rollout import RolloutEngine
     from aitrain_grpo.env.dataset import build_rows
     from aitrain_grpo.env.loading import load_environment
@@ -102,10 +102,8 @@ def test_sft_tokens_are_what_the_endpoint_builds(tiny_model_dir, monkeypatch):
     dataset = demo_dataset(tokenizer, demos)
     engine = RolloutEngine(env, tokenizer, OracleBackend(dataset, tokenizer.eos_token_id), max_new_tokens=512,
                            max_completion_length=4096)
-    try:
+    with engine:
         batch = engine.run([dict(rows[d.row]) for d in demos])
-    finally:
-        engine.close()
     for demo, ids, mask, episode, trace in zip(demos, dataset["input_ids"], dataset["assistant_masks"],
                                                batch.episodes, batch.traces):
         assert episode.error is None and episode.score == 1.0

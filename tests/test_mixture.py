@@ -40,10 +40,8 @@ def test_each_episode_gets_its_own_environments_row_and_tools(tiny_model_and_tok
     rows = env.build_dataset(tokenizer)
     picked = [next(r for r in rows if r["aitrain_env"] == name) for name in ("WeatherEnv", "StationEnv")]
     engine = RolloutEngine(env, tokenizer, HFBackend.for_model(model, tokenizer), max_new_tokens=8, max_turns=1)
-    try:
+    with engine:
         batch = engine.run(picked)
-    finally:
-        engine.close()
     weather, stations = (tokenizer.decode(trace.prompt_ids) for trace in batch.traces)
     assert "get_temperature" in weather and "find_station" not in weather
     assert "find_station" in stations and "get_temperature" not in stations
@@ -54,7 +52,7 @@ def test_each_episode_gets_its_own_environments_row_and_tools(tiny_model_and_tok
 
 
 def test_the_oracle_of_a_mixture_is_each_environments_own():
-    from aitrain_grpo.commands.sft import play_demonstrations
+    from aitrain_grpo.sft.oracle import play_demonstrations
     from aitrain_grpo.env.dataset import build_rows
 
     env = mixture()

@@ -99,7 +99,7 @@ def test_grpo_trains_a_new_adapter_on_the_merged_sft_model(sft_run, tiny_model_d
 
 
 def hotel_demos(count: int = 6):
-    from aitrain_grpo.commands.sft import play_demonstrations
+    from aitrain_grpo.sft.oracle import play_demonstrations
     from aitrain_grpo.env.dataset import build_rows
     from envs.hotel import HotelEnv
 
@@ -124,10 +124,8 @@ def test_sft_tokens_are_what_the_rollout_engine_builds(model, request):
     dataset = demo_dataset(tokenizer, demos)
     engine = RolloutEngine(env, tokenizer, OracleBackend(dataset, tokenizer.eos_token_id), max_new_tokens=512,
                            max_completion_length=4096)
-    try:
+    with engine:
         batch = engine.run([dict(env.build_dataset(None)[d.row]) for d in demos])
-    finally:
-        engine.close()
     for demo, ids, mask, episode, trace in zip(demos, dataset["input_ids"], dataset["assistant_masks"],
                                                batch.episodes, batch.traces):
         assert episode.score == 1.0 and episode.messages == demo.messages

@@ -14,7 +14,7 @@ reply: its prompt is the messages before the first assistant turn, and its tools
 sent (`episode.state["agent_tools"]`), the tools the model saw when the endpoint rendered that request
 (`demonstration` builds both kinds).
 
-Left out: playing the oracle (commands/sft.py, through runner.play), sampled turns cut off by a token
+Left out: playing the oracle (sft/oracle.py, through runner.play), sampled turns cut off by a token
 limit (a demonstration's turns always end), and templates that rewrite earlier turns (the suffix
 raises `TemplateError`, as `env check` reports).
 """

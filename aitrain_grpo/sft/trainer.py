@@ -2,7 +2,7 @@
 
 Many agent tasks give GRPO nothing to learn from a cold model: every episode scores 0, and GRPO learns
 only from score differences within a group. An environment with `solve` can show the format first.
-`aitrain sft` (commands/sft.py) plays the oracle; this module turns the demonstrations it kept into
+`aitrain sft` (sft/oracle.py) plays the oracle; this module turns the demonstrations it kept into
 training sequences and runs `SFTTrainer` on them (LoRA by default), saving an output folder that
 `grpo --model` and `eval --model` take like any training run (adapter, tokenizer, run_config.json).
 
@@ -12,7 +12,7 @@ dataset (`input_ids` + `assistant_masks`) and builds its labels from the mask: T
 `assistant_only_loss` needs `{% generation %}` markers in the chat template, which the tiny model's
 and SmolLM2's templates lack.
 
-Left out: playing the oracle and choosing demonstrations (commands/sft.py), packing, resuming an
+Left out: playing the oracle and choosing demonstrations (sft/oracle.py), packing, resuming an
 interrupted run, evaluation splits, and demonstrations from anything other than `solve`.
 """
 

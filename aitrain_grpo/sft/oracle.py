@@ -1,0 +1,92 @@
+"""The library behind `aitrain sft`: play an environment's oracle, keep its good episodes, fine-tune on them.
+
+Many agent tasks give RL no signal from a cold model: every episode scores 0 (`env check` warns about
+it), and GRPO learns only from score differences. An environment with `solve(episode) -> str` can teach
+the format first. `warm_start` plays the oracle on the first `episodes` rows of the dataset through the
+same `EpisodeRunner` as `env check` (engine/runner.py), keeps the episodes that scored at least
+`min_score`, writes them to `demos.jsonl` (one whole conversation a line, tool messages included, with
+its score, row and the tool schemas; an agent environment's are its requests', each answered by
+`solve`, engine/demos.py), and fine-tunes the model on them (sft/trainer.py). The output folder is a
+training run like `grpo`'s (adapter, tokenizer, run_config.json, run_summary.json), so `aitrain grpo
+--model DIR` trains on top of it and `aitrain eval --model DIR` measures it.
+
+Left out: the command's options and what it prints after training (commands/sft.py), the training itself
+(sft/trainer.py), demonstrations from anything but `solve` (a file of your own conversations, a stronger
+model), and resuming an interrupted run.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any, Callable
+
+from aitrain_grpo.config import RunConfig
+from aitrain_grpo.engine.demos import Demonstration, demonstration, has_turns
+from aitrain_grpo.engine.runner import oracle_policy, play
+from aitrain_grpo.env.base import has_solve
+from aitrain_grpo.env.dataset import build_rows
+from aitrain_grpo.env.loading import load_environment
+from aitrain_grpo.errors import ConfigError, UserError
+from aitrain_grpo.models.loading import load_tokenizer, resolve_source
+from aitrain_grpo.runlog.records import write_jsonl
+
+DEMOS_FILE = "demos.jsonl"
+
+
+def play_demonstrations(env, rows: list[dict[str, Any]], episodes: int, *, max_turns: int | None,
+                        timeout: float) -> tuple[list[Demonstration], list[str]]:
+    """The oracle's episodes on the first `episodes` rows (cycled), as `Demonstration`s, and the errors
+    of those that failed (an exception in solve, step or score_episode: scored 0)."""
+    indices = [i % len(rows) for i in range(episodes)]
+    played = play(env, [dict(rows[i]) for i in indices], oracle_policy(env), max_turns=max_turns, timeout=timeout,
+                  policy_name="solve")
+    demos = [demonstration(env, ep, rows[i], i) for i, ep in zip(indices, played)]
+    return demos, [ep.error for ep in played if ep.error]
+
+
+def keep_good(played: list[Demonstration], errors: list[str], min_score: float, env_name: str) -> list[Demonstration]:
+    """The demonstrations scoring at least `min_score`; none is a one-line error naming the cause."""
+    kept = [demo for demo in played if demo.score >= min_score and has_turns(demo)]
+    if kept:
+        return kept
+    if any(demo.score >= min_score for demo in played):
+        raise UserError(f"the oracle episodes of {env_name} that scored at least {min_score:g} have no reply to learn "
+                        f"from: the agent sent no request; make rollout ask the model (client.chat.completions)")
+    if errors:
+        raise UserError(f"all {len(played)} oracle episodes failed or scored below {min_score:g} ({len(errors)} "
+                        f"failed; the first: {errors[0]}); fix solve, check it with `aitrain env check`")
+    best = max(demo.score for demo in played)
+    raise UserError(f"none of the {len(played)} oracle episodes of {env_name} scored at least --min-score "
+                    f"{min_score:g} (best: {best:g}); fix solve or score_episode (`aitrain env check` shows "
+                    f"both), or lower --min-score")
+
+
+def warm_start(config: RunConfig, episodes: int, min_score: float, show: Callable[[str], None]) -> dict[str, Any]:
+    """Play, keep, write demos.jsonl and fine-tune (see the module doc); each line worth printing goes to
+    `show`. Returns the run summary (sft/trainer.train_sft's) with the config the run had (`config`:
+    its output folder may be the next free numbered one). Bad environments raise `UserError`."""
+    from aitrain_grpo.training.checkpoints import check_output_dir_for_run, with_fresh_default_output_dir  # torch
+
+    config, note = with_fresh_default_output_dir(config)
+    if note:
+        show(note)
+    check_output_dir_for_run(config)
+    env = load_environment(*config.environment())
+    env_name = type(env).__name__
+    if not has_solve(env):
+        raise ConfigError(f"{env_name} has no solve(episode) -> str, so there is no oracle to learn from; add "
+                          f"one that returns an expert's next message (see HotelEnv.solve in envs/hotel.py)")
+    tokenizer = load_tokenizer(resolve_source(config.model))
+    rows = build_rows(env, tokenizer)
+    played, errors = play_demonstrations(env, rows, episodes, max_turns=config.rl_max_turns, timeout=config.rl_env_timeout)
+    demos = keep_good(played, errors, min_score, env_name)
+    output_dir = Path(config.resolved_output_dir())
+    output_dir.mkdir(parents=True, exist_ok=True)
+    write_jsonl(output_dir / DEMOS_FILE, [demo.record() for demo in demos])
+    mean = sum(demo.score for demo in played) / len(played)
+    show(f"oracle: {len(played)} episodes of {env_name} (mean score {mean:.3f}); kept {len(demos)} scoring "
+         f">= {min_score:g}, written to {output_dir / DEMOS_FILE}")
+    from aitrain_grpo.sft.trainer import train_sft  # TRL imports vLLM, which prints: only now
+
+    summary = train_sft(config, demos, output_dir, show=show)
+    return {**summary, "config": config}
