@@ -296,3 +296,50 @@ def test_the_public_names_import_and_user_errors_are_one_kind():
         aitrain_grpo.load_environment("envs.hotel", "HotelEnvv")
     assert issubclass(aitrain_grpo.ConfigError, aitrain_grpo.UserError)
     assert issubclass(aitrain_grpo.TrainingStopped, Exception)
+
+
+class PerRowTools(ToolEnvironment):
+    """Offers each row its own tool (as a mixture does) and counts how often it is asked which."""
+
+    asked = 0
+
+    def build_dataset(self, tokenizer):
+        return [{"prompt": "Write.", "tool": name} for name in ("write", "echo")]
+
+    def tools_for_row(self, row):
+        PerRowTools.asked += 1
+        return [spec for spec in self.tools if spec["function"]["name"] == row["tool"]]
+
+    @tool
+    def write(self, text: str) -> str:
+        """Write text.
+
+        Args:
+            text: What to write.
+        """
+        return text
+
+    @tool
+    def echo(self, text: str) -> str:
+        """Echo text.
+
+        Args:
+            text: What to echo.
+        """
+        return text
+
+    def score_episode(self, episode):
+        return 1.0
+
+
+def test_an_episodes_tools_are_fixed_when_it_starts_and_its_bookkeeping_is_apart_from_the_author():
+    env, PerRowTools.asked = PerRowTools(), 0
+    calls = '<tool_call>{"name": "write", "arguments": {"text": "a"}}</tool_call>'
+    episodes = play(env, env.build_dataset(None), scripted(calls, calls, "Done."))
+    assert PerRowTools.asked == 2  # once per episode, not once per turn
+    assert [[t["function"]["name"] for t in ep.log.tools] for ep in episodes] == [["write"], ["echo"]]
+    # The engine's records live in `episode.log`, readable under their old names.
+    assert [(ep.num_tool_calls, ep.num_tool_errors) for ep in episodes] == [(2, 0), (2, 0)]
+    assert all(ep.log.num_tool_calls == ep.num_tool_calls and ep.stop_reason == ep.log.stop_reason == "env"
+               for ep in episodes)
+    assert "log" not in repr(episodes[0]) and "stop_reason" not in repr(episodes[0])

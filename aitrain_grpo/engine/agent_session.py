@@ -226,9 +226,7 @@ class AgentSession:
         episode.messages.append({"role": "assistant", "content": text})
         episode.turns += 1
         episode.tool_calls, episode.tool_call_errors = parsed.calls, parsed.problems
-        episode.tool_call_forms.append(parsed.form)
-        episode.num_tool_calls += len(parsed.calls) + len(parsed.problems)
-        episode.num_tool_errors += len(parsed.problems)
+        episode.log.turn_read(parsed, unreadable_are_errors=True)  # no step answers them: they are errors now
         content: str | None = text
         if parsed.calls:
             content = _HERMES_BLOCK.sub("\n", text).strip() if parsed.form == "hermes" else ""

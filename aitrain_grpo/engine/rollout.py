@@ -167,10 +167,11 @@ class RolloutEngine:
         self.max_concurrent_episodes = max(1, max_concurrent_episodes)
 
     def renderer_for(self, episode: Episode) -> ChatRenderer:
-        """The renderer of `episode`'s tools: the environment's, or its row's where they vary by row."""
+        """The renderer of `episode`'s tools: the environment's, or its row's where they vary by row (fixed
+        when the episode started, `episode.log.tools`)."""
         if not self._tools_vary:
             return self.renderer
-        tools = tools_for_row(self.env, episode.row)
+        tools = episode.log.tools if episode.log.tools is not None else tools_for_row(self.env, episode.row)
         key = json.dumps(tools, sort_keys=True, default=str)
         if key not in self._renderers:
             self._renderers[key] = ChatRenderer(self.tokenizer, tools=tools, template_kwargs=self.template_kwargs)

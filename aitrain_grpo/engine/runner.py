@@ -57,7 +57,8 @@ class EpisodeRunner:
         self.timeout = timeout
         # How tool calls are read from a turn (engine/tool_parsers.py), and the names `auto` accepts.
         self.tool_parser = tool_parser
-        self.tool_names = tool_names_of(env.tools)
+        self.tools = list(env.tools)
+        self.tool_names = tool_names_of(self.tools)
         self._tools_vary = tools_vary_by_row(env)  # a mixture: each row's own environment's tools
         self.loop = asyncio.new_event_loop()
         # The default executor has min(32, cores + 4) threads: six on these machines, which would
@@ -120,7 +121,14 @@ class EpisodeRunner:
     # -------------------------------------------------------------------------------- episodes
 
     def new_episode(self, row: dict[str, Any]) -> Episode:
-        return Episode(row=row, messages=prompt_messages(row["prompt"]), max_turns=self.max_turns)
+        """A fresh episode of `row`, its tools fixed now (`episode.log.tools`, the names calls are read against)."""
+        episode = Episode(row=row, messages=prompt_messages(row["prompt"]), max_turns=self.max_turns)
+        if self._tools_vary:
+            episode.log.tools = tools_for_row(self.env, row)
+            episode.log.tool_names = tool_names_of(episode.log.tools)
+        else:
+            episode.log.tools, episode.log.tool_names = self.tools, self.tool_names
+        return episode
 
     async def reset(self, episode: Episode) -> None:
         if type(self.env).reset is Environment.reset:
@@ -144,11 +152,10 @@ class EpisodeRunner:
                 episode.stop_reason = "turn_tokens"
                 return None
             episode.truncated_turns += 1
-        names = tool_names_of(tools_for_row(self.env, episode.row)) if self._tools_vary else self.tool_names
+        names = self.tool_names if episode.log.tool_names is None else episode.log.tool_names
         parsed = read_tool_calls(completion, self.tool_parser, names)
         episode.tool_calls, episode.tool_call_errors = parsed.calls, parsed.problems
-        episode.tool_call_forms.append(parsed.form)
-        episode.num_tool_calls += len(episode.tool_calls) + len(episode.tool_call_errors)
+        episode.log.turn_read(parsed)  # a ToolEnvironment's step counts the unreadable ones as errors
         started = time.perf_counter()
         try:
             reply = await self._call("step", self.env.step, episode, completion)

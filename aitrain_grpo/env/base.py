@@ -50,11 +50,56 @@ STOP_REASONS = ("env", "max_turns", "turn_tokens", "completion_budget", "error")
 
 
 @dataclass
+class EpisodeLog:
+    """What whoever plays an episode records about it while playing, beside what its author writes on
+    `Episode`: why it ended, the form each turn's tool calls were read in, the tool-call counters, the
+    turns cut off by their token limit that it went on after, the tools it was offered (fixed when it
+    starts), and the policy an environment may ask for turns. `Episode` keeps the old names
+    (`episode.stop_reason`, `episode.num_tool_errors`, `episode.policy_turn`, ...) as properties over it,
+    so authors and callers read them as before; the counters change only through `turn_read` and
+    `tool_failed`, the one place tool calls and errors are counted."""
+
+    # Why the episode ended: one of STOP_REASONS (None while it runs).
+    stop_reason: str | None = None
+    # Per model turn, the form its tool calls were read in ("hermes", "json", ...; None for prose).
+    tool_call_forms: list[str | None] = field(default_factory=list)
+    num_tool_calls: int = 0
+    num_tool_errors: int = 0
+    # Model turns cut off by the per-turn token limit that the episode went on after (--rl-cut-turn continue).
+    truncated_turns: int = 0
+    # The tools the episode offers and the names its tool calls are read against, fixed when it starts
+    # (a mixture's row's own); None for an episode built outside a runner.
+    tools: list[dict[str, Any]] | None = None
+    tool_names: Any = None
+    # `await episode.policy_turn(messages)`: see `Episode.policy_turn`.
+    policy_turn: PolicyTurn | None = field(default=None, repr=False, compare=False)
+
+    def turn_read(self, parsed: Any, *, unreadable_are_errors: bool = False) -> None:
+        """Count one model turn's tool calls as read (engine/tool_parsers.ParsedTurn: `calls`, `problems`,
+        `form`): a call that could not be read counts as a call, and as an error where nothing else will
+        answer it (an agent's request; a `ToolEnvironment` counts it when it replies)."""
+        self.tool_call_forms.append(parsed.form)
+        self.num_tool_calls += len(parsed.calls) + len(parsed.problems)
+        if unreadable_are_errors:
+            self.num_tool_errors += len(parsed.problems)
+
+    def tool_failed(self) -> None:
+        """One tool call that failed: unreadable, refused (unknown tool, bad arguments) or raising."""
+        self.num_tool_errors += 1
+
+
+def _logged(name: str, doc: str) -> property:
+    return property(lambda self: getattr(self.log, name), lambda self, value: setattr(self.log, name, value), doc=doc)
+
+
+@dataclass
 class Episode:
     """One conversation between the model and an environment, from prompt to score.
 
     `messages` is the conversation exactly as the model saw it: the prompt messages, then each
-    assistant turn's raw text (tool calls included, as written) and each environment reply.
+    assistant turn's raw text (tool calls included, as written) and each environment reply. What the
+    author writes is here (`state`, `metrics`, `reward_turn`, `max_turns` in `reset`); what the engine
+    records while playing is `log` (an `EpisodeLog`), its fields readable here under their own names.
     """
 
     row: dict[str, Any]
@@ -65,27 +110,26 @@ class Episode:
     truncated: bool = False
     error: str | None = None
     metrics: dict[str, float] = field(default_factory=dict)
+    # The latest turn's tool calls, as read for `step`, and the problems found reading them (bad JSON, ...).
     tool_calls: list[ToolCall] = field(default_factory=list)
-    # Problems found while parsing the last turn's tool calls (bad JSON, missing name, ...).
     tool_call_errors: list[str] = field(default_factory=list)
-    # Per model turn, the form its tool calls were read in ("hermes", "json", ...; None for prose).
-    tool_call_forms: list[str | None] = field(default_factory=list)
     score: float | None = None
     # The turn cap in force for this episode (the environment's, or lower if the run config says so).
     max_turns: int | None = None
-    num_tool_calls: int = 0
-    num_tool_errors: int = 0
-    # Why the episode ended, set by the engine: one of STOP_REASONS (None while it runs).
-    stop_reason: str | None = None
-    # Model turns cut off by the per-turn token limit that the episode went on after (--rl-cut-turn continue).
-    truncated_turns: int = 0
     # Per model turn, the reward the environment gave it (`reward_turn`); empty when it gave none.
     turn_rewards: list[float] = field(default_factory=list)
-    # Set before `reset` by whoever plays the episode: `await episode.policy_turn(messages)` is the reply of the
-    # policy being played to another conversation (a self-play opponent's seat): the run's model, backend and
-    # sampling in training and eval, the text policy under env check's oracle/empty and sft. Those turns are
-    # not part of this episode's trained sequence (engine/policy_turns.py).
-    policy_turn: PolicyTurn | None = field(default=None, repr=False, compare=False)
+    log: EpisodeLog = field(default_factory=EpisodeLog, repr=False)
+
+    stop_reason = _logged("stop_reason", "Why the episode ended, set by the engine: one of STOP_REASONS.")
+    tool_call_forms = _logged("tool_call_forms", "Per model turn, the form its tool calls were read in.")
+    num_tool_calls = _logged("num_tool_calls", "Tool calls the model wrote, unreadable ones included.")
+    num_tool_errors = _logged("num_tool_errors", "Tool calls that failed (see EpisodeLog.tool_failed).")
+    truncated_turns = _logged("truncated_turns", "Turns cut off by their token limit that the episode went on after.")
+    policy_turn = _logged("policy_turn", """Set before `reset` by whoever plays the episode: `await
+    episode.policy_turn(messages)` is the reply of the policy being played to another conversation (a self-play
+    opponent's seat): the run's model, backend and sampling in training and eval, the text policy under env
+    check's oracle/empty and sft. Those turns are not part of this episode's trained sequence
+    (engine/policy_turns.py).""")
 
     def reward_turn(self, value: float, turn: int | None = None) -> None:
         """Reward one model turn, beside the episode's score: the latest turn by default (so `step`, which

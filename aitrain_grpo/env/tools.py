@@ -199,16 +199,16 @@ def validate_arguments(spec: ToolSpec, arguments: Any) -> str | None:
 
 def refused_call(specs: dict[str, Any], episode: Episode, call: ToolCall) -> Message | None:
     """The `Error: ...` tool message for a call of a tool not in `specs` or with arguments its schema
-    refuses, counted in `episode.num_tool_errors`; None when the call may run."""
+    refuses, counted in `episode.num_tool_errors` (`EpisodeLog.tool_failed`); None when the call may run."""
     name = call.get("name")
     spec = specs.get(name) if isinstance(name, str) else None
     if spec is None:
-        episode.num_tool_errors += 1
+        episode.log.tool_failed()
         known = ", ".join(specs) or "none"
         return {"role": "tool", "name": str(name), "content": f"Error: unknown tool {name!r}; tools: {known}"}
     problem = validate_arguments(spec, call.get("arguments"))
     if problem:
-        episode.num_tool_errors += 1
+        episode.log.tool_failed()
         return {"role": "tool", "name": name, "content": f"Error: {problem}"}
     return None
 
@@ -270,7 +270,7 @@ class ToolEnvironment(Environment):
             return await reply if inspect.isawaitable(reply) else reply
         replies: list[Message] = []
         for problem in episode.tool_call_errors:
-            episode.num_tool_errors += 1
+            episode.log.tool_failed()
             replies.append({"role": "tool", "name": "error", "content": f"Error: {problem}"})
         # One call after another, in the order the model wrote them: tools often change state
         # (a booking), and the model reads the results in that order. Episodes still run concurrently.
@@ -293,7 +293,7 @@ class ToolEnvironment(Environment):
             else:  # in a worker thread, so a slow tool does not hold up the other episodes
                 result = await asyncio.to_thread(spec.function, **kwargs)
         except Exception as exc:  # a tool's failure is information for the model, not a crash
-            episode.num_tool_errors += 1
+            episode.log.tool_failed()
             return {"role": "tool", "name": spec.name, "content": f"Error: {type(exc).__name__}: {exc}"}
         content = result if isinstance(result, str) else json.dumps(result, default=str)
         return {"role": "tool", "name": spec.name, "content": content}

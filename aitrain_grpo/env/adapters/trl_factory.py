@@ -210,7 +210,7 @@ class TRLFactoryEnv(ToolEnvironment):
             else:  # in a worker thread, so a slow tool does not hold up the other episodes
                 result = await asyncio.to_thread(method, **call["arguments"])
         except Exception as exc:  # a tool's failure is information for the model, not a crash
-            episode.num_tool_errors += 1
+            episode.log.tool_failed()
             return {"role": "tool", "name": name, "content": f"Error: {type(exc).__name__}: {exc}"}
         return {"role": "tool", "name": name, "content": str(result)}
 
