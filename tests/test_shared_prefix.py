@@ -47,17 +47,18 @@ def full_trainer(tiny_model_dir, tmp_path_factory):
     return make_trainer(tiny_model_dir, tmp_path_factory.mktemp("full"), peft=False)
 
 
-def episode_batch(seed: int = 0) -> dict[str, torch.Tensor]:
+def episode_batch(seed: int = 0, longer: int = 0, unused: int = 0) -> dict[str, torch.Tensor]:
     """Three prompts of 9, 14 and 5 tokens (left-padded to 14) in groups of 4, 3 and 1, shuffled;
-    completions of 2-11 tokens (right-padded to 11) with two environment tokens masked from the loss."""
+    completions of 2-11 tokens (right-padded to 11), each `longer` more, with two environment tokens
+    masked from the loss; then `unused` padding columns no row uses (as a chunk of a longer batch has)."""
     g = torch.Generator().manual_seed(seed)
     prompts = [torch.randint(5, 1000, (n,), generator=g) for n in (9, 14, 5)]
     members = [0] * 4 + [1] * 3 + [2]
-    width, length = 14, 11
+    width, length = 14, 11 + longer + unused
     prompt_ids = torch.stack([torch.cat([torch.zeros(width - len(prompts[m]), dtype=torch.long), prompts[m]])
                               for m in members])
     prompt_mask = torch.stack([(torch.arange(width) >= width - len(prompts[m])).long() for m in members])
-    sizes = torch.tensor([11, 7, 2, 9, 11, 4, 6, 10])
+    sizes = torch.tensor([11, 7, 2, 9, 11, 4, 6, 10]) + longer
     completion_mask = (torch.arange(length)[None, :] < sizes[:, None]).long()
     completion_ids = torch.randint(5, 1000, (8, length), generator=g).masked_fill(completion_mask == 0, 0)
     tool_mask = torch.ones_like(completion_mask)
@@ -96,9 +97,9 @@ def loss_and_grads(trainer, mode: str | SharedPrefix, batch):
     return loss.detach(), grads, trainer._shared_prefix
 
 
-@pytest.mark.parametrize("chunk", [None, 4, 3])
-def test_log_probs_and_entropies_equal_the_plain_path(lora_trainer, chunk):
-    batch = episode_batch()
+@pytest.mark.parametrize("chunk, unused", [(None, 0), (4, 0), (3, 0), (None, 3)])
+def test_log_probs_and_entropies_equal_the_plain_path(lora_trainer, chunk, unused):
+    batch = episode_batch(unused=unused)
     plain_logps, plain_entropy, _ = logps(lora_trainer, "off", batch, chunk)
     shared_logps, shared_entropy, state = logps(lora_trainer, "on", batch, chunk)
     assert state.shared_chunks > 0
@@ -145,13 +146,13 @@ def test_an_off_by_one_position_would_be_caught(lora_trainer):
 
 
 def test_auto_shares_only_where_it_leaves_out_enough_tokens(lora_trainer):
-    batch = episode_batch()
-    # 30 more completion columns: a pair of one prompt's episodes now saves 12% of the tokens, a trio 22%.
-    for key in ("completion_ids", "completion_mask", "tool_mask"):
-        batch[key] = torch.cat([batch[key], torch.zeros(8, 30, dtype=batch[key].dtype)], 1)
-    _, _, on = logps(lora_trainer, "on", batch, chunk=2)
-    _, _, auto = logps(lora_trainer, "auto", batch, chunk=2)
-    assert on.shared_chunks > auto.shared_chunks
+    # The whole batch in one chunk: 3 prompts of 14 columns for 8 episodes. With 11 completion columns
+    # sharing leaves out 32% of the tokens; with 51, 12.5%: under AUTO_MIN_SAVED, `auto` leaves it be.
+    for longer, auto_shares in ((0, 1), (40, 0)):
+        batch = episode_batch(longer=longer)
+        _, _, on = logps(lora_trainer, "on", batch)
+        _, _, auto = logps(lora_trainer, "auto", batch)
+        assert (on.shared_chunks, auto.shared_chunks) == (1, auto_shares), longer
     ids = torch.zeros(4, 100, dtype=torch.long)
     assert saved_share(ids, prompt_len=80, distinct=1) == pytest.approx(1 - (79 + 4 * 21) / 400)
     assert saved_share(ids, prompt_len=80, distinct=4) == 0  # no prompt repeats: nothing saved

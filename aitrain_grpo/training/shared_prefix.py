@@ -188,6 +188,12 @@ def per_token_logps(trainer: Any, model: Any, input_ids: torch.Tensor, attention
 def _shared_chunk(trainer: Any, model: Any, ids: torch.Tensor, mask: torch.Tensor, prompt_len: int,
                   compute_entropy: bool) -> tuple[torch.Tensor, torch.Tensor | None] | None:
     state = state_of(trainer)
+    # Completion columns no row uses are left out, as TRL's scoring passes leave them out (scoring_passes.py)
+    # and trim_padding does in the loss pass; their scores are zeros, as the plain path's are.
+    width = ids.size(1)
+    used = mask[:, prompt_len:].any(dim=0).nonzero()
+    end = prompt_len + (int(used[-1]) + 1 if used.numel() else 1)
+    ids, mask = ids[:, :end], mask[:, :end]
     prompts = torch.cat([ids[:, :prompt_len], mask[:, :prompt_len].to(ids.dtype)], dim=1)
     distinct, member_of = torch.unique(prompts, dim=0, return_inverse=True)
     if distinct.size(0) == ids.size(0):
@@ -213,11 +219,15 @@ def _shared_chunk(trainer: Any, model: Any, ids: torch.Tensor, mask: torch.Tenso
     with trainer.accelerator.autocast():
         out = model(input_ids=continuation, attention_mask=mask, past_key_values=cache, labels=labels,
                     fused_lm_head=True)
-    if cache.get_seq_length() != ids.size(1):
+    if cache.get_seq_length() != end:
         state.broken = "the model did not extend the prompt's cache"
         state.note(state.broken)
         return None
-    return out.log_probs, (out.entropy if compute_entropy else None)
+
+    def padded(scores):
+        return torch.nn.functional.pad(scores, (0, width - end))
+
+    return padded(out.log_probs), (padded(out.entropy) if compute_entropy else None)
 
 
 def _cache_problem(cache: Any, length: int) -> str | None:
