@@ -108,27 +108,55 @@ def isolated_imports(monkeypatch):
 
 
 # The fast tier, `pytest -m "not slow and not integration"`, runs no trainer, no model and no CLI
-# process. A test is in the integration tier when marked so, or when it takes a model fixture, or when
-# its own code starts a command, a trainer or a generation backend (read from its source: a helper that
-# hides one should be marked by hand).
+# process. A test is in the integration tier when marked so, or when it takes a model or server fixture
+# (directly or through another fixture), or when a command, a trainer or a generation backend is started
+# by its own code, by a fixture it takes, or by a function of its module it calls (read from their
+# source; a helper deeper than that, in tests/helpers/, should say so in its name or be marked by hand).
 _MODEL_FIXTURES = {"tiny_model_dir", "smollm2_model_dir", "tiny_model_and_tokenizer", "model_dir", "cached_model_dir",
-                   "servers"}
+                   "servers", "vllm_server"}
 _HEAVY_CALLS = ("run_cli(", "train(", "grpo(", "sft(", "run_eval(", "run_env_check(", "Popen(", "subprocess.run(",
                 "RolloutEngine(", "HFBackend", "invoke(", "build_trainer(")
 
 
-def pytest_collection_modifyitems(config, items):
+def _source(function) -> str:
     import inspect
 
-    sources: dict[object, str] = {}
+    try:
+        return inspect.getsource(function)
+    except (OSError, TypeError):
+        return ""
+
+
+def _called_functions(function, source: str) -> list:
+    """The functions of `function`'s own module that its source calls by name (one level deep)."""
+    import ast
+    import textwrap
+
+    try:
+        tree = ast.parse(textwrap.dedent(source))
+    except SyntaxError:
+        return []
+    names = {node.func.id for node in ast.walk(tree) if isinstance(node, ast.Call) and isinstance(node.func, ast.Name)}
+    module = getattr(function, "__module__", None)
+    found = [getattr(function, "__globals__", {}).get(name) for name in sorted(names)]
+    return [f for f in found if callable(f) and getattr(f, "__module__", None) == module and f is not function]
+
+
+def _starts_something(function, cache: dict) -> bool:
+    if function not in cache:
+        source = _source(function)
+        cache[function] = any(c in text for text in [source] + [_source(f) for f in _called_functions(function, source)]
+                              for c in _HEAVY_CALLS)
+    return cache[function]
+
+
+def pytest_collection_modifyitems(config, items):
+    cache: dict[object, bool] = {}
     for item in items:
         if "integration" in item.keywords or "slow" in item.keywords:
             continue
-        function = getattr(item, "function", None)
-        if function not in sources:
-            try:
-                sources[function] = inspect.getsource(function)
-            except (OSError, TypeError):
-                sources[function] = ""
-        if _MODEL_FIXTURES & set(getattr(item, "fixturenames", ())) or any(c in sources[function] for c in _HEAVY_CALLS):
+        fixtures = getattr(item, "_fixtureinfo", None)
+        fixture_functions = [defs[-1].func for defs in (fixtures.name2fixturedefs.values() if fixtures else ()) if defs]
+        if _MODEL_FIXTURES & set(getattr(item, "fixturenames", ())) or \
+                any(_starts_something(f, cache) for f in [getattr(item, "function", None)] + fixture_functions if f):
             item.add_marker(pytest.mark.integration)

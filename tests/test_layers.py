@@ -8,6 +8,7 @@ type of an object a module above it hands in."""
 from __future__ import annotations
 
 import ast
+import functools
 
 from helpers import REPO
 
@@ -18,6 +19,7 @@ RANK = {"errors": 0, "env_spec": 0, "config": 0, "outputs": 0, "env": 1, "models
 ALLOWED_UPWARD = {("engine", "config")}
 
 
+@functools.cache  # parsed once for the module's tests, which only read the trees
 def modules() -> dict[str, ast.Module]:
     found = {}
     for path in PACKAGE.rglob("*.py"):
