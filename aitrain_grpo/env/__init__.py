@@ -1,6 +1,6 @@
 """The environment author's contract: what a user writes, with no notion of tokens or TRL.
 
-`base` holds `Environment` and `Episode`; `tools` the `@tool` decorator, tool schemas and
+`base` holds `Environment` and `Episode` (and `EpisodeLog`, what the engine records about one); `tools` the `@tool` decorator, tool schemas and
 `ToolEnvironment`; `agent` the `AgentEnvironment` whose episodes are agent code on an OpenAI client; `loading` imports a user's class; `dataset` checks the rows it builds.
 
 Left out: playing episodes (engine/), which is where tokens, budgets and timeouts live.

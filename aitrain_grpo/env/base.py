@@ -3,7 +3,9 @@
 A user subclasses `Environment` (free-form replies) or `ToolEnvironment` (env/tools.py: replies are the
 results of the model's tool calls). The rollout engine owns the loop: it samples a model turn, stores
 it in `episode.messages`, parses tool calls into `episode.tool_calls`, calls `step` for the reply, and
-calls `score_episode` once the episode ends. Nothing here knows about tokens, TRL or generation backends.
+calls `score_episode` once the episode ends. What the engine records while it plays (why the episode
+ended, tool-call forms and counts, the episode's tools) is kept apart from what the author writes, in
+`episode.log` (`EpisodeLog`). Nothing here knows about tokens, TRL or generation backends.
 
 Left out: tools (env/tools.py), loading a user's class (env/loading.py), checking the rows it builds
 (env/dataset.py), and running the calls with timeouts and fault handling (engine/runner.py).
