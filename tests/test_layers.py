@@ -109,14 +109,9 @@ def test_no_test_module_imports_from_another():
     assert not offenders, offenders
 
 
-# training/trainer.py wraps an AITraining-style instance handed in from Python with the adapter itself;
-# env.loading.as_environment is that call. Left for the pass that owns training/ (issue 34.1-3) to switch.
-ADAPTER_IMPORTS_PENDING = {"aitrain_grpo.training.trainer"}
-
-
 def test_nothing_outside_env_imports_an_adapter():
     """An environment from another ecosystem is the loader's business (env/loading.py: `load_environment`,
     `as_environment`, `describe_interface`): the layers above see only `Environment`."""
-    offenders = sorted(m for m, tree in modules().items() if layer(m) != "env" and m not in ADAPTER_IMPORTS_PENDING
+    offenders = sorted(m for m, tree in modules().items() if layer(m) != "env"
                        and any(t.startswith("aitrain_grpo.env.adapters") for t in imports(tree)))
     assert not offenders, f"import env.adapters outside env/ (use env.loading): {offenders}"

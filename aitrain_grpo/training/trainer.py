@@ -42,9 +42,8 @@ from trl import GRPOConfig, GRPOTrainer
 from aitrain_grpo.config import RunConfig, reward_func_specs, reward_weights
 from aitrain_grpo.env.base import Environment
 from aitrain_grpo.errors import ConfigError, UserError
-from aitrain_grpo.env.adapters.aitraining import adapt, scores_with_policy
 from aitrain_grpo.env.dataset import build_rows
-from aitrain_grpo.env.loading import load_environment
+from aitrain_grpo.env.loading import as_environment, load_environment
 from aitrain_grpo.models.loading import load_model_and_tokenizer
 from aitrain_grpo.runlog.files import ReportCallback, training_callbacks
 from aitrain_grpo.runlog.redaction import redact
@@ -243,8 +242,8 @@ def build_trainer(config: RunConfig, env: Environment | None = None, *, callback
         print(warning, file=sys.stderr)
     if env is None:
         env = load_environment(*config.environment())
-    elif not isinstance(env, Environment) and scores_with_policy(type(env)):
-        env = adapt(env)  # an AITraining-style instance handed in from Python, as load_environment would
+    else:
+        env = as_environment(env)  # an instance handed in from Python, wrapped as load_environment would
     os.environ.setdefault("TRL_EXPERIMENTAL_SILENCE", "1")
     extra_rewards = load_reward_funcs(config.rl_reward_funcs)  # before the model: a bad one fails fast
 

@@ -40,7 +40,7 @@ import torch
 from aitrain_grpo.engine.backends.server_pool import ServerPool, Weights
 from aitrain_grpo.engine.backends.vllm_server import GenerationServerError
 from aitrain_grpo.errors import ConfigError, one_line
-from aitrain_grpo.runlog.records import written_atomically
+from aitrain_grpo.outputs import written_atomically
 
 
 def choose_sync_method(requested: str, *, peft: bool, cuda: bool) -> str:
