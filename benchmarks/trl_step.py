@@ -90,7 +90,8 @@ def build_trl(model_path: str, output_dir: Path, episodes: int, generations: int
 
     from aitrain_grpo.models.loading import load_model_and_tokenizer
     from aitrain_grpo.training.plan import plan_run
-    from aitrain_grpo.training.trainer import lora_config, grpo_config
+    from aitrain_grpo.training.hf_args import lora_config
+    from aitrain_grpo.training.trainer import grpo_config
 
     config = _run_config(model_path, output_dir, episodes, generations)
     model, tokenizer = load_model_and_tokenizer(model_path)

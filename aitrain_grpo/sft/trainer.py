@@ -36,7 +36,7 @@ from aitrain_grpo.engine.demos import Demonstration, demo_tokens
 from aitrain_grpo.models.loading import load_model_and_tokenizer
 from aitrain_grpo.runlog.redaction import redact
 from aitrain_grpo.training.checkpoints import prepare_output_dir
-from aitrain_grpo.training.trainer import lora_config, save_run, trainer_args
+from aitrain_grpo.training.hf_args import lora_config, save_run, trainer_args
 
 def demo_dataset(tokenizer, demos: list[Demonstration]) -> Dataset:
     """The pre-tokenized dataset SFTTrainer trains on (labels come from `assistant_masks`); each

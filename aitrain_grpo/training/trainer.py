@@ -30,12 +30,10 @@ import re
 import sys
 import time
 import warnings
-from pathlib import Path
 from typing import Any
 
 import torch
 from datasets import Dataset
-from peft import LoraConfig
 from transformers.trainer_callback import PrinterCallback, ProgressCallback
 from trl import GRPOConfig, GRPOTrainer
 
@@ -49,11 +47,12 @@ from aitrain_grpo.runlog.files import ReportCallback, training_callbacks
 from aitrain_grpo.runlog.redaction import redact
 from aitrain_grpo.training import small_dataset
 from aitrain_grpo.training.checkpoints import AtomicCheckpoints, prepare_output_dir
+from aitrain_grpo.training.hf_args import lora_config, save_run, trainer_args
 from aitrain_grpo.training.generation import check_server as check_vllm_server
 from aitrain_grpo.training.generation import grpo_kwargs as generation_grpo_kwargs
 from aitrain_grpo.training.generation import sampling_warning
 from aitrain_grpo.training.memory_check import available_bytes, memory_warning
-from aitrain_grpo.training.micro_batches import micro_batch_size, trl_batch_arguments
+from aitrain_grpo.training.micro_batches import micro_batch_size
 from aitrain_grpo.training.plan import RunPlan, plan_run
 from aitrain_grpo.training.reward_funcs import check_required_arguments, episode_rewards, load_reward_funcs
 from aitrain_grpo.training.rollout_func import TrainingRollout
@@ -111,38 +110,6 @@ class EpisodeGRPOTrainer(TRLHooks, AtomicCheckpoints, GRPOTrainer):
         super().log(logs, start_time)
 
 
-def trainer_args(config: RunConfig, output_dir: Path, config_class: type) -> dict[str, Any]:
-    """The arguments TRL's `GRPOConfig` and `SFTConfig` (`config_class`) take alike from a RunConfig:
-    optimisation, length, seed, logging; and where there is no CUDA, the CPU settings (TRL's defaults
-    assume a GPU: on a CPU they are slower, activation checkpointing, or unsupported, bf16; under a
-    DeepSpeed launch the CPU is named through gloo rather than `use_cpu`, which would keep DeepSpeed's
-    process group from starting)."""
-    args: dict[str, Any] = dict(
-        output_dir=str(output_dir),
-        learning_rate=config.lr,
-        **trl_batch_arguments(config.batch_size, config.micro_batch_size, config.gradient_accumulation_steps,
-                              whole_step=config.rl_zero_std_groups != "keep"),
-        num_train_epochs=config.epochs,
-        max_steps=config.max_steps or -1,
-        seed=config.seed,
-        logging_steps=config.logging_steps,
-        report_to=[] if config.report_to == "none" else [config.report_to],
-        disable_tqdm=True,
-    )
-    if not torch.cuda.is_available():
-        fields = config_class.__dataclass_fields__
-        checkpointing = "activation_checkpointing" if "activation_checkpointing" in fields else "gradient_checkpointing"
-        args.update(bf16=False, **{checkpointing: False})
-        if os.environ.get("ACCELERATE_USE_DEEPSPEED", "false").lower() == "true":
-            # DeepSpeed on a CPU (`accelerate launch` with a DeepSpeed config): accelerate starts DeepSpeed's
-            # own process group only for a state not marked `cpu` (accelerate/state.py, PartialState), and
-            # ZeRO-3's zero.Init (TRL's reference model with --no-peft) fails without it; gloo is named instead.
-            args.update(ddp_backend="gloo", dataloader_pin_memory=False)
-        else:
-            args.update(use_cpu=True)
-    return args
-
-
 def grpo_config(config: RunConfig, plan: RunPlan) -> GRPOConfig:
     """Translate RunConfig into TRL's GRPOConfig, with CPU-friendly settings where there is no CUDA."""
     kwargs: dict[str, Any] = dict(
@@ -168,19 +135,6 @@ def grpo_config(config: RunConfig, plan: RunPlan) -> GRPOConfig:
     if weights is not None:
         kwargs["reward_weights"] = weights  # the environment's score first, as reward_funcs are ordered
     return GRPOConfig(**kwargs)
-
-
-def lora_config(config: RunConfig) -> LoraConfig | None:
-    """The LoRA adapter `grpo` and `sft` train (None with --no-peft)."""
-    if not config.peft:
-        return None
-    targets: Any = config.target_modules
-    if targets != "all-linear":
-        targets = [t.strip() for t in targets.split(",") if t.strip()]
-    return LoraConfig(
-        r=config.lora_r, lora_alpha=config.lora_alpha, lora_dropout=config.lora_dropout,
-        target_modules=targets, task_type="CAUSAL_LM",
-    )
 
 
 def with_environment_origin(config: RunConfig, env: Any) -> RunConfig:
@@ -298,26 +252,6 @@ def train(config: RunConfig, env: Environment | None = None, *, callbacks: list 
         for callback in trainer.callback_handler.callbacks:
             if isinstance(callback, ReportCallback):
                 callback.write()
-    return summary
-
-
-def save_run(trainer, config: RunConfig, output_dir: Path, started: float, **extra: Any) -> dict[str, Any]:
-    """Save the model (or adapter), the tokenizer and `run_summary.json` of a finished `grpo` or `sft`
-    run, so that `--model <output_dir>`, `eval` and `export` read both the same way. Returns the summary."""
-    trainer.save_model(str(output_dir))
-    summary: dict[str, Any] = {
-        "completed": 0 < trainer.state.global_step and trainer.state.global_step >= trainer.state.max_steps,
-        "global_step": trainer.state.global_step,
-        "steps_asked": trainer.state.max_steps,
-        "runtime_seconds": round(time.time() - started, 2),
-        "model": config.model,
-        "adapter": bool(config.peft),
-        "output_dir": str(output_dir),
-        **extra,
-    }
-    if trainer.accelerator.is_main_process:
-        trainer.processing_class.save_pretrained(str(output_dir))
-        (output_dir / "run_summary.json").write_text(json.dumps(summary, indent=2) + "\n")
     return summary
 
 
