@@ -11,6 +11,7 @@ import logging
 
 import pytest
 import torch
+from trl.trainer.utils import use_adapter
 
 from aitrain_grpo import RunConfig
 from aitrain_grpo.training.micro_batches import keep_prompts_together
@@ -24,8 +25,9 @@ ATOL = 1e-5  # float32 log-probs of the same sums in another order differ by ~2e
 
 
 def make_trainer(tiny_model_dir, out, *, peft: bool, mode: str = "off", **options):
+    options.setdefault("lora_dropout", 0.0)  # both paths deterministic, so comparable
     config = RunConfig(model=tiny_model_dir, output_dir=str(out), rl_env_module="envs.letters",
-                       rl_env_class="LetterEnv", peft=peft, lora_dropout=0.0, max_steps=1, batch_size=8,
+                       rl_env_class="LetterEnv", peft=peft, max_steps=1, batch_size=8,
                        rl_num_generations=4, rl_kl_coef=0.1, seed=3, shared_prefix_loss=mode, **options)
     trainer = build_trainer(config, LetterEnv(num_tasks=8))
     if peft:  # LoRA's B starts at zero: give the adapter a say, and A a gradient
@@ -165,6 +167,20 @@ def test_auto_leaves_devices_it_was_not_measured_on_to_the_plain_path(lora_train
         got = shared_logps(lora_trainer, lora_trainer.model, ids, ids, 2, None, False, False, {},
                            lambda i, m, b: "plain")
     assert got == "plain" and "auto shares on cpu only" in caplog.text
+
+
+def test_auto_leaves_passes_with_dropout_to_the_plain_path(tiny_model_dir, tmp_path, caplog):
+    # LoRA dropout would be drawn once per prompt instead of once per episode: not the plain path.
+    trainer = make_trainer(tiny_model_dir, tmp_path, peft=True, lora_dropout=0.05)
+    batch = episode_batch()
+    batch["ref_per_token_logps"] = torch.zeros(8, batch["completion_ids"].size(1))
+    with caplog.at_level(logging.WARNING, logger="aitrain_grpo.training.shared_prefix"):
+        assert loss_and_grads(trainer, "auto", batch)[2].shared_chunks == 0
+        assert "dropout is on" in caplog.text
+        with use_adapter(trainer.model, None):  # the reference pass: the adapter and its dropout are off
+            assert logps(trainer, "auto", batch)[2].shared_chunks == 1
+        assert loss_and_grads(trainer, "on", batch)[2].shared_chunks == 1  # `on` shares, and says so
+        assert "drawn once for its group" in caplog.text
 
 
 def test_gradient_checkpointing_takes_the_plain_path_with_a_note(tiny_model_dir, tmp_path, caplog):

@@ -83,9 +83,12 @@ class SharedPrefix:
         return self.mode != "off" and self.broken is None
 
     def note(self, reason: str) -> None:
-        if reason not in self._noted:
-            self._noted.add(reason)
-            logger.warning("shared-prefix loss: %s; those passes take TRL's plain path", reason)
+        self.note_once(f"{reason}; those passes take TRL's plain path")
+
+    def note_once(self, message: str) -> None:
+        if message not in self._noted:
+            self._noted.add(message)
+            logger.warning("shared-prefix loss: %s", message)
 
 
 def state_of(trainer: Any) -> SharedPrefix:
@@ -102,32 +105,76 @@ def shared_logps(trainer: Any, model: Any, input_ids: torch.Tensor, attention_ma
                  extras: dict[str, Any], plain: Callable[[torch.Tensor, torch.Tensor, int | None], tuple]) -> tuple:
     """What TRL's `_get_per_token_logps_and_entropies` returns, shared where this call allows it;
     `plain(ids, mask, batch_size)` is TRL's own method."""
-    state = state_of(trainer)
-    if state.active:
-        reason = unsupported(trainer, model, extras, compute_aux_loss)
-        if not reason and state.mode == "auto" and input_ids.device.type not in AUTO_DEVICES:
-            reason = f"auto shares on {', '.join(AUTO_DEVICES)} only, where it was measured to pay (--shared-prefix-loss on to share on {input_ids.device.type})"
-        if reason:
-            state.note(reason)
-        else:
-            shared = per_token_logps(trainer, model, input_ids, attention_mask, logits_to_keep, batch_size,
-                                     compute_entropy, lambda ids, mask: plain(ids, mask, None))
-            if shared is not None:
-                return shared
+    if not declined(trainer, model, input_ids.device, extras, compute_aux_loss):
+        shared = per_token_logps(trainer, model, input_ids, attention_mask, logits_to_keep, batch_size,
+                                 compute_entropy, lambda ids, mask: plain(ids, mask, None))
+        if shared is not None:
+            return shared
     return plain(input_ids, attention_mask, batch_size)
 
 
 def group_micro_batches(trainer: Any, inputs: dict[str, Any]) -> dict[str, Any]:
     """After TRL's `_prepare_inputs`: when it has just shuffled a new generation batch into its
-    micro-batches (`_buffered_inputs`), and sharing is on, the batch is re-split with each prompt's
-    episodes next to each other (`keep_prompts_together`), and this step's micro-batch is returned
-    from the new split. Why keeping groups together is safe for every loss type: micro_batches.py."""
+    micro-batches (`_buffered_inputs`), and the loss pass shares, the batch is re-split with each
+    prompt's episodes next to each other (`keep_prompts_together`), and this step's micro-batch is
+    returned from the new split. Where the loss pass does not share, TRL's split stays as it is (the same
+    run as with sharing off). Why keeping groups together is safe for every loss type: micro_batches.py."""
     buffered = getattr(trainer, "_buffered_inputs", None)
-    if (not trainer.model.training or not state_of(trainer).active or not buffered
-            or buffered is vars(trainer).get("_grouped_buffer")):
+    if not trainer.model.training or not buffered or buffered is vars(trainer).get("_grouped_buffer"):
+        return inputs
+    model = getattr(trainer, "model_wrapped", None) or trainer.model
+    if declined(trainer, model, next(trainer.model.parameters()).device):
         return inputs
     trainer._buffered_inputs = trainer._grouped_buffer = keep_prompts_together(buffered)
     return trainer._buffered_inputs[trainer._step % trainer.args.steps_per_generation]
+
+
+def declined(trainer: Any, model: Any, device: torch.device, extras: dict[str, Any] | None = None,
+             compute_aux_loss: bool = False) -> str | None:
+    """Why this pass takes TRL's path (None: it shares), said once per reason. Besides what the
+    model cannot do (`unsupported`), `auto` leaves to TRL's path the devices it was not measured to pay
+    on, and a pass with dropout on: there a prompt's dropout mask would be drawn once for its group
+    instead of once per episode, a valid sample but not the plain path's (`on` shares it, and says so)."""
+    state = state_of(trainer)
+    if not state.active:
+        return "off"
+    reason = unsupported(trainer, model, extras or {}, compute_aux_loss)
+    if not reason and dropout_in_use(_trained(trainer, model)):
+        if state.mode == "auto":
+            reason = ("dropout is on (--lora-dropout): auto leaves passes with dropout to TRL's path "
+                      "(--lora-dropout 0 or --shared-prefix-loss on shares them)")
+        else:
+            state.note_once("dropout is on: each prompt's dropout mask is drawn once for its group, not once per "
+                            "episode (--shared-prefix-loss on)")
+    if not reason and state.mode == "auto" and device.type not in AUTO_DEVICES:
+        reason = (f"auto shares on {', '.join(AUTO_DEVICES)} only, where it was measured to pay "
+                  f"(--shared-prefix-loss on shares on {device.type})")
+    if reason:
+        state.note(reason)
+    return reason
+
+
+def dropout_in_use(model: Any) -> bool:
+    """Whether a forward of `model` now draws dropout: a dropout module with p > 0 in training mode
+    (not one of a LoRA layer whose adapter is disabled, as for TRL's reference pass), or a config's
+    attention dropout while training."""
+    if not model.training:
+        return False
+    if getattr(model.config.get_text_config(), "attention_dropout", 0.0):
+        return True
+    idle: set[int] = set()
+    for module in model.modules():
+        lora_dropout = getattr(module, "lora_dropout", None)
+        if getattr(module, "disable_adapters", False) and isinstance(lora_dropout, torch.nn.Module):
+            idle.update(id(m) for m in lora_dropout.modules())
+    return any(isinstance(m, torch.nn.modules.dropout._DropoutNd) and m.p > 0 and m.training and id(m) not in idle
+               for m in model.modules())
+
+
+def _trained(trainer: Any, model: Any) -> Any:
+    """The causal LM under `model`'s wrappers (accelerate's, PEFT's)."""
+    unwrapped = trainer.accelerator.unwrap_model(model)
+    return unwrapped.get_base_model() if hasattr(unwrapped, "get_base_model") else unwrapped
 
 
 def unsupported(trainer: Any, model: Any, extras: dict[str, Any], compute_aux_loss: bool) -> str | None:
@@ -139,14 +186,12 @@ def unsupported(trainer: Any, model: Any, extras: dict[str, Any], compute_aux_lo
     unwrapped = trainer.accelerator.unwrap_model(model)
     if unwrapped is not model:
         return "the model is wrapped for distributed training"
-    causal = unwrapped
-    if hasattr(unwrapped, "active_peft_config"):
-        peft_config = unwrapped.active_peft_config
-        if peft_config.is_prompt_learning or getattr(peft_config, "alora_invocation_tokens", None):
-            return "a prompt-learning or aLoRA adapter"
-        causal = unwrapped.get_base_model()
-    config = causal.config.get_text_config()
-    if getattr(config, "output_router_logits", False):
+    peft_config = getattr(unwrapped, "active_peft_config", None)
+    if peft_config is not None and (peft_config.is_prompt_learning
+                                    or getattr(peft_config, "alora_invocation_tokens", None)):
+        return "a prompt-learning or aLoRA adapter"
+    causal = _trained(trainer, model)
+    if getattr(causal.config.get_text_config(), "output_router_logits", False):
         return "the model returns router logits"
     if torch.is_grad_enabled() and causal.training and getattr(causal, "is_gradient_checkpointing", False):
         return "gradient checkpointing drops the cache in the loss pass"
