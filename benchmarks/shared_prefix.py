@@ -11,6 +11,9 @@ the loss mask, as in a multi-turn episode). Then, alternating plain and shared `
 - ref: the reference log-prob pass (no gradient, adapter off), in chunks of the micro-batch size over
   the batch in generation order, as TRL runs it.
 
+LoRA dropout is 0 in both paths: with dropout on, `auto` leaves the loss pass to TRL's path and `on`
+draws one dropout mask per prompt (shared_prefix.py), so the two would not do the same work.
+
 Each row gives the median CPU seconds of each (the process's own, `time.process_time`, with one torch
 thread: the work done, whatever else shares the machine's cores) and the ratio plain / shared measured
 in the same run. The
