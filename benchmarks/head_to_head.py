@@ -3,7 +3,7 @@ environment (written once in TRL's `environment_factory` form), the same tokens 
 wall-clock budget. Results in benchmarks/HEAD_TO_HEAD.md.
 
     OMP_NUM_THREADS=1 python benchmarks/head_to_head.py sft                       # the shared start
-    python benchmarks/head_to_head.py train --budget 40 --seeds 1 2 3 --parallel 2  # both trainers
+    python benchmarks/head_to_head.py train --budget 40 --seeds 1 2 3             # both trainers
     python benchmarks/head_to_head.py eval --parallel 2                           # every checkpoint
     python benchmarks/head_to_head.py report                                      # HEAD_TO_HEAD.md
     python benchmarks/head_to_head.py all --model tiny --budget 1 --seeds 1 --runs-dir /tmp/h2h \
@@ -281,7 +281,7 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--budget", type=float, default=40.0, help="minutes of training per run")
     parser.add_argument("--max-steps", type=int, default=RECIPE["max_steps"],
                         help="stop after this many steps instead of at the budget (timing a step)")
-    parser.add_argument("--save-every", type=int, default=5, help="checkpoint every N steps")
+    parser.add_argument("--save-every", type=int, default=3, help="checkpoint every N steps")
     parser.add_argument("--eval-tasks", type=int, default=EVAL_TASKS, help="held-back tasks per model (x2 samples)")
     parser.add_argument("--parallel", type=int, default=2, help="processes at once, one core each")
     parser.add_argument("--pin", action="store_true", help="bind the k-th concurrent process to core k")
