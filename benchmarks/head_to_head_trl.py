@@ -17,9 +17,10 @@ What TRL is given, so that it trains on the tokens aitrain trains on:
   (`max_tool_calling_iterations=3`), LoRA r16/alpha32/dropout 0.05 on all linear layers, and aitrain's
   pass size of 2 episodes (`per_device_train_batch_size=2`, 8 accumulation steps: TRL's documented way
   to bound memory; one generation batch of 16 per optimizer step).
-- TRL's fastest options here: Hugging Face generation (TRL's vLLM colocate mode needs CUDA: see
-  HEAD_TO_HEAD.md), no activation checkpointing and float32 (both slower or unsupported on a CPU),
-  `use_cpu=True`, no completion logging.
+- TRL's fastest options here: Hugging Face generation (its vLLM colocate mode cannot keep the engine's
+  weights current on a CPU, and its transformers continuous batching ran out of memory: HEAD_TO_HEAD.md),
+  no activation checkpointing and float32 (slower or unsupported on a CPU), `use_cpu=True`, no
+  completion logging.
 
 The budget: SIGTERM (benchmarks/head_to_head.py sends it when the run's minutes are up) sets a flag;
 the step in flight finishes, a checkpoint is saved and training stops. aitrain's `SignalStop` does the
