@@ -142,14 +142,17 @@ def profile(args) -> dict[str, Any]:
     rows = compare(step, bare, wall=args.clock == "wall")
     return {"config": {k: v for k, v in fields.items() if k not in ("output_dir", "overwrite")}, "step": step,
             "bare": bare, "rows": rows, "wall": wall, "records": len(records),
-            "unit": "CPU s" if args.clock == "cpu" else "wall s"}
+            "unit": "CPU s" if args.clock == "cpu" else "wall s",
+            "settings": f"generation {'vLLM' if config.use_vllm else 'hf'}, shared-prefix loss "
+                        f"{trainer.run_config.shared_prefix_loss}, micro-batch {trainer.args.per_device_train_batch_size}"}
 
 
 def record(path: Path, label: str, command: str, result: dict[str, Any]) -> None:
     step_ratio = next(s / b for name, s, b in result["rows"] if name == "step")
     text = (f"\n## {label}: {result['config']['model']} on {result['config']['rl_env_module']}, batch "
             f"{result['config']['batch_size']} ({time.strftime('%Y-%m-%d')})\n\n```bash\n{command}\n```\n\n"
-            f"Step {result['records']} of {result['records']} against its bare work: **{step_ratio:.2f}x**.\n\n"
+            f"Step {result['records']} of {result['records']} ({result['settings']}) against its bare work: "
+            f"**{step_ratio:.2f}x**.\n\n"
             f"{table(result['rows'], result['bare'], result['unit'])}\n")
     with path.open("a") as f:
         f.write(text)
@@ -179,6 +182,7 @@ def main(argv: list[str] | None = None) -> None:
     with tempfile.TemporaryDirectory() as workdir:
         args.workdir = workdir
         result = profile(args)
+    print(f"aitrain: {result['settings']}")
     print(table(result["rows"], result["bare"], result["unit"]))
     step_ratio = next(s / b for name, s, b in result["rows"] if name == "step")
     training_ratio = next(s / b for name, s, b in result["rows"] if name.startswith("training"))
