@@ -4,9 +4,9 @@ own length instead of the whole batch's.
 Why: TRL pads a generation batch once, every completion to the batch's longest, and runs the reference
 (and, where it needs them, the old) log-probabilities over it in chunks of `--micro-batch-size` rows
 without trimming them. One long episode makes every chunk as long as it is: on issue 33's tool
-environment (SmolLM2, batch 16) the reference forward took 4.1x the same forward over each chunk's own
-length (benchmarks/STEP_LIMIT.md). The loss pass does not pay this: micro_batches.trim_padding cuts its
-micro-batches before TRL's `_compute_loss`.
+environment (SmolLM2, batch 16) the reference forward took 1.74x the same forward over each chunk's own
+length, 0.98x with this and lm_head.py (CPU time, benchmarks/STEP_LIMIT.md). The loss pass does not pay
+this: micro_batches.trim_padding cuts its micro-batches before TRL's `_compute_loss`.
 
 How: forward hooks (public torch API) on the policy and TRL's reference model. Before a forward that
 TRL's fused LM head serves (`fused_lm_head=True`, labels given, no cache) and that runs without
