@@ -141,7 +141,9 @@ class OpenEnvEnv(Environment):
             try:
                 result = await client.reset(seed=episode.row["openenv_seed"])
             except Exception as exc:
-                if type(exc).__name__.startswith("ConnectionClosed"):  # websockets' class, not imported here
+                # A full server closes the session (websockets' ConnectionClosed, not imported here) or,
+                # depending on when the refusal arrives, answers with its CAPACITY_REACHED error.
+                if type(exc).__name__.startswith("ConnectionClosed") or "CAPACITY_REACHED" in str(exc):
                     raise RuntimeError(
                         f"the OpenEnv server at {self.url} closed the session before reset; most likely it is at "
                         f"its session limit: allow as many sessions as episodes in play (max_concurrent_envs in "
