@@ -29,22 +29,37 @@ ENV = dict(os.environ, OMP_NUM_THREADS="1", VLLM_CPU_KVCACHE_SPACE="1", VLLM_LOG
            PATH=f"{Path(sys.executable).parent}{os.pathsep}{os.environ.get('PATH', '')}")
 
 
-@pytest.fixture(scope="module")
-def servers(tiny_model_dir, tmp_path_factory):
-    """serve.sh with two servers of the tiny model on ports p and p+1; their URLs and log, once both answer."""
-    log = tmp_path_factory.mktemp("servers") / "serve.log"
+def start_servers(model: str, log: Path):
+    """serve.sh with two servers on ports p and p+1, once both answer; None when one exited first (p+1,
+    which free_port did not reserve, may be another process's: the caller tries other ports)."""
     port = free_port()
-    env = dict(ENV, MODEL=tiny_model_dir, SERVERS="2", BASE_PORT=str(port), HOST="127.0.0.1", SERVE_ARGS="--enforce-eager")
+    env = dict(ENV, MODEL=model, SERVERS="2", BASE_PORT=str(port), HOST="127.0.0.1", SERVE_ARGS="--enforce-eager")
     with log.open("wb") as sink:
         process = subprocess.Popen(["bash", str(SCRIPTS / "serve.sh")], cwd=REPO, env=env, stdout=sink,
                                    stderr=subprocess.STDOUT, start_new_session=True)
     urls = [f"http://127.0.0.1:{port + i}" for i in range(2)]
     deadline = time.monotonic() + 400
     while not all(VLLMServerClient(url, retries=0).is_healthy() for url in urls):
-        if process.poll() is not None or time.monotonic() > deadline:
+        if process.poll() is not None:
+            return None
+        if time.monotonic() > deadline:
             os.killpg(process.pid, signal.SIGKILL)
-            pytest.fail(f"serve.sh's servers did not come up:\n{log.read_text()[-3000:]}")
+            pytest.fail(f"serve.sh's servers did not answer within 400 s:\n{log.read_text()[-3000:]}")
         time.sleep(2)
+    return process, urls
+
+
+@pytest.fixture(scope="module")
+def servers(tiny_model_dir, tmp_path_factory):
+    """Two servers of the tiny model started by serve.sh: their URLs and log."""
+    log = tmp_path_factory.mktemp("servers") / "serve.log"
+    for _ in range(3):
+        started = start_servers(tiny_model_dir, log)
+        if started is not None:
+            break
+    else:
+        pytest.fail(f"serve.sh's servers exited three times:\n{log.read_text()[-3000:]}")
+    process, urls = started
     yield {"urls": urls, "log": log}
     os.killpg(process.pid, signal.SIGTERM)
     try:
