@@ -168,7 +168,7 @@ class RunConfig:
     peft: bool = _opt(True, "Train a LoRA adapter (--no-peft: full fine-tuning).")
     lora_r: int = _opt(16, "LoRA rank.", minimum=1)
     lora_alpha: int = _opt(32, "LoRA alpha.", minimum=1)
-    lora_dropout: float = _opt(0.05, "LoRA dropout.")
+    lora_dropout: float = _opt(0.0, "LoRA dropout (off by default, as in peft: with it, --shared-prefix-loss auto leaves the loss pass to TRL's path).")
     target_modules: str = _opt("all-linear", "LoRA target modules: all-linear or a comma-separated list.")
     # logging and saving
     logging_steps: int = _opt(1, "Log metrics every N steps.", minimum=1)

@@ -14,7 +14,7 @@ What TRL is given, so that it trains on the tokens aitrain trains on:
 - The recipe's numbers (`RECIPE`, shared with the aitrain command): 16 episodes a step in groups of 4,
   lr, KL, temperature, top-k/top-p off, 48 new tokens a turn (`generation_kwargs={"max_new_tokens": 48}`,
   since TRL otherwise lets one turn use the whole episode budget), 256 tokens an episode, 4 model turns
-  (`max_tool_calling_iterations=3`), LoRA r16/alpha32/dropout 0.05 on all linear layers, and aitrain's
+  (`max_tool_calling_iterations=3`), LoRA r16/alpha32/dropout 0 (aitrain's default) on all linear layers, and aitrain's
   pass size of 2 episodes (`per_device_train_batch_size=2`, 8 accumulation steps: TRL's documented way
   to bound memory; one generation batch of 16 per optimizer step).
 - TRL's fastest options here: Hugging Face generation (its vLLM colocate mode cannot keep the engine's
@@ -45,7 +45,7 @@ if str(REPO) not in sys.path:
 # with a constant learning rate: max_steps is far beyond any budget, so the linear decay barely moves.
 RECIPE = dict(batch_size=16, num_generations=4, lr=5e-4, kl_coef=0.1, temperature=1.0, top_k=0, top_p=1.0,
               max_new_tokens=48, max_completion_length=256, max_turns=4, max_steps=1000, micro_batch=2,
-              lora_r=16, lora_alpha=32, lora_dropout=0.05)
+              lora_r=16, lora_alpha=32, lora_dropout=0.0)
 
 RESPONSE_TEMPLATE = {  # TRL's qwen3_template without the <think> field: `<tool_call>` JSON blocks, then text
     "defaults": {"role": "assistant"},

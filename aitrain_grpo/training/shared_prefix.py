@@ -20,7 +20,7 @@ Exact, not approximate: positions are the plain path's (the model counts them on
 as it counts columns in the whole left-padded row), the attention mask is the whole row's, and a
 continuation token attends to exactly the keys it attends to in the plain path; only float summation
 order differs (tests/test_shared_prefix.py compares log-probs, entropies, loss and gradients). With
-dropout (`--lora-dropout`, 0.05 by default) a prompt's dropout mask is drawn once for its group rather
+dropout (`--lora-dropout`, 0 by default) a prompt's dropout mask is drawn once for its group rather
 than once per episode: each episode's loss is still an ordinary dropout sample, but the group's are
 correlated (the tests compare at dropout 0, where both paths are deterministic).
 
