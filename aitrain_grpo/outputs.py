@@ -7,7 +7,9 @@ asked to replace and this package recognises as its own:
   being read is refused;
 - a folder output (`tiny-model DIR`, `export --to DIR`) is written only where nothing is, or into an empty
   folder; an existing non-empty folder needs `--overwrite`, and even then only a folder this package
-  wrote (it holds one of `OURS_MARKERS`) is replaced; the current folder and the home folder never are.
+  wrote (it holds one of `OURS_MARKERS`) of the same kind (`folder_kind`: a tiny model replaces a tiny
+  model, an export an export, never a training run with its checkpoints) is replaced, and the command says
+  what it removed; the current folder and the home folder never are.
 
 Refusals are `ConfigError`s: one line naming the path and the fix, exit 2, nothing touched.
 
@@ -32,11 +34,50 @@ from aitrain_grpo.errors import ConfigError
 
 # Files only this package writes at the top of a folder: a run (grpo, sft), an export, a tiny model.
 OURS_MARKERS = ("run_config.json", "run_summary.json", "export_info.json", "aitrain_tiny.json")
+# The lock a live training run holds in its folder (training/run_lock.py). It is no content of the folder:
+# a folder holding only a lock left by a killed run counts as empty.
+LOCK_NAME = ".aitrain.lock"
+_KINDS = {"run": "a training run", "export": "an exported model", "tiny": "a tiny model"}
 
 
 def is_ours(folder: Path) -> bool:
     """Whether `folder` was written by this package (a run, an export or a tiny model)."""
     return folder.is_dir() and any((folder / name).is_file() for name in OURS_MARKERS)
+
+
+def has_entries(folder: Path) -> bool:
+    """Whether `folder` holds anything but a run's lock file."""
+    return any(entry.name != LOCK_NAME for entry in folder.iterdir())
+
+
+def folder_kind(folder: Path) -> str | None:
+    """Which of our outputs `folder` is: 'export' (export_info.json; an export also copies its run's
+    run_config.json, so this comes first), 'run' (run_config.json, run_summary.json or a checkpoint),
+    'tiny' (aitrain_tiny.json), or None. `--overwrite` replaces a folder only with one of the same kind."""
+    if not folder.is_dir():
+        return None
+    if (folder / "export_info.json").is_file():
+        return "export"
+    if (folder / "run_config.json").is_file() or (folder / "run_summary.json").is_file() \
+            or any(folder.glob("checkpoint-*/trainer_state.json")):
+        return "run"
+    if (folder / "aitrain_tiny.json").is_file():
+        return "tiny"
+    return None
+
+
+def describe_kind(kind: str | None) -> str:
+    return _KINDS.get(kind or "", "files of another kind")
+
+
+def replaced_contents(path: str | Path, overwrite: bool) -> str | None:
+    """'a tiny model (9 files)': what `--overwrite` would remove at `path`, read before the command runs so
+    that it can say afterwards what it removed; None when nothing would be."""
+    folder = Path(path).expanduser()
+    if not overwrite or not folder.is_dir() or folder.is_symlink() or not has_entries(folder):
+        return None
+    files = sum(1 for p in folder.rglob("*") if p.is_file() and p.name != LOCK_NAME)
+    return f"{describe_kind(folder_kind(folder))} ({files} file{'s' if files != 1 else ''})"
 
 
 def _resolved(path: Path) -> Path:
@@ -81,10 +122,11 @@ def check_file_output(path: str | Path, *, flag: str, suffixes: tuple[str, ...],
     return target
 
 
-def check_folder_output(path: str | Path, *, flag: str, overwrite: bool, reads: Iterable[str | Path] = (),
-                        overwrite_flag: str = "--overwrite") -> Path:
-    """`path` as a folder this call may create, or replace (`overwrite`, and only one of ours). Refuses a
-    file, the current or home folder, and a folder holding or inside one the command reads."""
+def check_folder_output(path: str | Path, *, flag: str, overwrite: bool, kind: str,
+                        reads: Iterable[str | Path] = (), overwrite_flag: str = "--overwrite") -> Path:
+    """`path` as a folder this call may create, or replace (`overwrite`, and only one of ours of the same
+    `kind`: an export never replaces a training run). Refuses a file, the current or home folder, and a
+    folder holding or inside one the command reads."""
     target = Path(path).expanduser()
     special = special_folder(target)
     if special:
@@ -95,13 +137,16 @@ def check_folder_output(path: str | Path, *, flag: str, overwrite: bool, reads: 
     if target.exists() or target.is_symlink():
         if not target.is_dir():
             raise ConfigError(f"{flag} {path} exists and is a file; pass a folder path that does not exist yet")
-        if any(target.iterdir()):
+        if has_entries(target):
             if not overwrite:
                 raise ConfigError(f"{flag} {path} exists and is not empty; pass a new folder, or {overwrite_flag} "
                                   f"to replace it (only a folder this tool wrote is replaced)")
             if not is_ours(target):
                 raise ConfigError(f"{flag} {path} holds files this tool did not write (no {' / '.join(OURS_MARKERS[:3])}"
                                   f"), so even {overwrite_flag} does not replace it; pass a new folder")
+            if folder_kind(target) != kind:
+                raise ConfigError(f"{flag} {path} holds {describe_kind(folder_kind(target))}, not {describe_kind(kind)}, "
+                                  f"so {overwrite_flag} does not replace it; pass a new folder")
     return target
 
 

@@ -128,6 +128,7 @@ def test_a_taken_default_output_folder_gives_the_next_numbered_one(tmp_path, mon
     from aitrain_grpo import RunConfig
     from aitrain_grpo.errors import ConfigError
     from aitrain_grpo.training.plan import plan_run
+    from aitrain_grpo.training.run_lock import release_all
 
     monkeypatch.chdir(tmp_path)
     finished = tmp_path / "outputs" / "letterenv"
@@ -139,11 +140,12 @@ def test_a_taken_default_output_folder_gives_the_next_numbered_one(tmp_path, mon
     assert plan.output_dir == Path("outputs/letterenv-2") and plan.config.output_dir == "outputs/letterenv-2"
     assert config.output_dir is None  # the caller's config is left alone
     assert "outputs/letterenv holds an earlier run, so this run writes to outputs/letterenv-2" in capsys.readouterr().err
-    (tmp_path / "outputs" / "letterenv-2").mkdir()
+    (tmp_path / "outputs" / "letterenv-2").mkdir(exist_ok=True)  # the plan locked it (training/run_lock.py)
     (tmp_path / "outputs" / "letterenv-2" / "run_config.json").write_text("{}")
     assert plan_run(config).output_dir == Path("outputs/letterenv-3")
     with pytest.raises(ConfigError, match="already holds a finished run"):
         plan_run(RunConfig(rl_env_module="envs.letters", rl_env_class="LetterEnv", output_dir="outputs/letterenv"))
+    release_all()
 
 
 def test_errors_raised_to_python_name_keyword_arguments(tmp_path):

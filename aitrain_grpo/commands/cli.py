@@ -52,10 +52,11 @@ from aitrain_grpo.env_spec import environment_of
 from aitrain_grpo.engine.backends.choice import require_vllm
 from aitrain_grpo.env.loading import describe_interface, load_environment
 from aitrain_grpo.errors import EXIT_USAGE, UserError, one_line
-from aitrain_grpo.outputs import check_file_output
+from aitrain_grpo.outputs import check_file_output, replaced_contents
 from aitrain_grpo.runlog.report import write_report
 from aitrain_grpo.models.tiny import build_tiny_model
 from aitrain_grpo.training.small_dataset import steps_short
+from aitrain_grpo.training.run_lock import release_all
 
 # aitrain_grpo.training's other modules import torch and TRL (seconds, and TRL imports vLLM, which
 # prints): `grpo` imports them once its options are checked, so `--help` and option errors stay fast.
@@ -93,6 +94,7 @@ def reported_errors(debug: bool):
     try:
         yield
     except user_errors() as exc:
+        release_all()  # a refused sft run leaves no lock, nor the folder the lock made
         if debug:
             raise
         fail(str(exc), code=getattr(exc, "exit_code", EXIT_USAGE))
@@ -133,6 +135,7 @@ def grpo(**kwargs) -> None:
 
         summary = train(config, env=env, plan=plan)
     except user_errors() as exc:
+        release_all()  # a refused run leaves no lock, nor the folder the lock made
         if debug:
             raise
         fail(str(exc))
@@ -379,8 +382,11 @@ def tiny_model(
     overwrite: bool = typer.Option(False, "--overwrite", help="Replace OUTPUT_DIR when it holds a tiny model built before."),
 ) -> None:
     """Build the tiny local model (Llama architecture, byte-level BPE, ChatML template with tools)."""
+    replaced = replaced_contents(output_dir, overwrite)
     with reported_errors(False):
         path = build_tiny_model(output_dir, seed=seed, overwrite=overwrite)
+    if replaced:
+        out.print(f"replaced {output_dir}: removed {replaced}", markup=False)
     out.print(f"tiny model written to {path}; train it with: aitrain grpo --model {path} --rl-env-module envs.hotel --rl-env-class HotelEnv")
 
 

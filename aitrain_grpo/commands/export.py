@@ -21,6 +21,7 @@ import typer
 from aitrain_grpo.commands.options import as_in_grpo, command_option
 from aitrain_grpo.errors import ConfigError, UserError, one_line
 from aitrain_grpo.export.merge import DTYPES, ExportResult, check_hub_repo, export_model, push_to_hub
+from aitrain_grpo.outputs import replaced_contents
 
 
 class UploadFailed(UserError):
@@ -44,9 +45,11 @@ def run_export(options: dict[str, Any], console) -> ExportResult:
         raise ConfigError(f"--dtype {options['dtype']} is not supported; use one of {', '.join(DTYPES)}")
     repo = options.get("push_to_hub")
     token = check_hub_repo(repo) if repo else None  # before any model is loaded
+    replaced = replaced_contents(options["to"], options["overwrite"])  # read before it is replaced
     result = export_model(options["run_dir"], options["to"], dtype=options["dtype"], base=options.get("base"),
                           overwrite=options["overwrite"])
-    for line in [*result.notes, *describe_check(result)]:
+    removed = [f"replaced {options['to']}: removed {replaced}"] if replaced else []
+    for line in [*result.notes, *removed, *describe_check(result)]:
         console.print(line, markup=False)
     what = f"merged into {result.base}" if result.base else "full model"
     console.print(f"exported {options['run_dir']} ({what}) to {result.folder} as {result.check.dtype}; use it with "

@@ -57,7 +57,7 @@ def check_destination(to: str, overwrite: bool, protected: list[Path]) -> Path:
     """DIR as a Path, by the rule every output follows (outputs.py): new or empty; with
     `overwrite`, only a folder this tool wrote; never a file, '.', home, or a folder holding or inside
     the run or base being read."""
-    return check_folder_output(to, flag="--to", overwrite=overwrite, reads=protected)
+    return check_folder_output(to, flag="--to", overwrite=overwrite, kind="export", reads=protected)
 
 
 def resolve_run(run_dir: str, base: str | None) -> ModelSource:

@@ -224,7 +224,7 @@ def build_tiny_model(output_dir, *, seed: int = 0, overwrite: bool = False) -> P
     """Builds the tiny tokenizer and model into output_dir and returns it. The folder must be new or
     empty; with `overwrite`, a tiny model built before (it holds `TINY_MARKER`) is replaced, and nothing
     else ever is (outputs.py)."""
-    target = check_folder_output(output_dir, flag="OUTPUT_DIR", overwrite=overwrite).absolute()
+    target = check_folder_output(output_dir, flag="OUTPUT_DIR", overwrite=overwrite, kind="tiny").absolute()
     temp = _temp_dir_beside(target)
     try:
         _build_into(temp, seed)

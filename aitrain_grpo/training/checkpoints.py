@@ -38,7 +38,7 @@ from trl.trainer.utils import RepeatSampler
 
 from aitrain_grpo.config import RunConfig
 from aitrain_grpo.errors import ConfigError
-from aitrain_grpo.outputs import special_folder, is_ours
+from aitrain_grpo.outputs import has_entries, special_folder, is_ours
 from aitrain_grpo.outputs import publish
 
 RUN_STATE_FILE = "aitrain_state.json"
@@ -191,7 +191,7 @@ def with_fresh_default_output_dir(config: RunConfig) -> tuple[RunConfig, str | N
         return config, None
     number = 2
     while (candidate := base.with_name(f"{base.name}-{number}")).exists() and (
-            not candidate.is_dir() or any(candidate.iterdir())):
+            not candidate.is_dir() or has_entries(candidate)):
         number += 1
     note = (f"note: {base} holds an earlier run, so this run writes to {candidate} (pass --output-dir to choose "
             f"the folder, or --overwrite to replace {base})")
@@ -205,7 +205,7 @@ def _check_is_a_run_folder(output_dir: Path) -> None:
     special = special_folder(output_dir)
     if special:
         raise ConfigError(f"--output-dir {output_dir} is {special}; pass a folder of its own, e.g. outputs/my-run")
-    if output_dir.is_dir() and any(output_dir.iterdir()) and not is_ours(output_dir) \
+    if output_dir.is_dir() and has_entries(output_dir) and not is_ours(output_dir) \
             and not complete_checkpoints(output_dir):
         raise ConfigError(f"--output-dir {output_dir} holds files this tool did not write (no run_config.json), "
                           f"and a run writes model files into it; pass a new or empty folder")

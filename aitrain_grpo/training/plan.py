@@ -6,7 +6,8 @@ plan instead of asking the config again. `plan_run` also hides the GPUs of a loc
 training first, since that must happen before CUDA is first asked about (and choosing the backend asks).
 
 Left out: checking that a vLLM server answers (generation.check_server, run once by `build_trainer`)
-and preparing the output directory (checkpoints.prepare_output_dir).
+and preparing the output directory (checkpoints.prepare_output_dir); what resume and --overwrite may do
+to the folder (run_folder.py) and the folder's lock (run_lock.py) are called from here.
 """
 
 from __future__ import annotations
@@ -25,6 +26,8 @@ from aitrain_grpo.runlog.files import check_tracker_installed
 from aitrain_grpo.training.async_rollout import check_async_supported
 from aitrain_grpo.training.checkpoints import check_output_dir_for_run, with_fresh_default_output_dir
 from aitrain_grpo.training.generation import GenerationPlan, plan_generation, reserve_server_gpus
+from aitrain_grpo.training.run_folder import check_overwrite_target, check_resume_has_steps_left, resume_note
+from aitrain_grpo.training.run_lock import claim_output_dir
 
 
 @dataclass(frozen=True)
@@ -37,24 +40,27 @@ class RunPlan:
 
 def plan_run(config: RunConfig) -> RunPlan:
     """Validate `config` and decide the run's plan; a bad option or an output directory that would be
-    clobbered is a `ConfigError`. A default output folder that holds an earlier run is replaced by the
-    next numbered one (said on stderr)."""
+    clobbered is a `ConfigError`. A default output folder that holds an earlier run, or that a live run
+    holds, is replaced by the next numbered one (said on stderr). The last step locks the output folder
+    for this run (run_lock.py), once every refusal has had its say."""
     config = config.validate()
     check_model_option(config.model)
     check_tracker_installed(config.report_to)  # before run_config.json or anything else is written
+    movable = not (config.output_dir or config.resume_from_checkpoint or config.overwrite)
     config, note = with_fresh_default_output_dir(config)
-    if note and os.environ.get("RANK", "0") == "0":
-        print(note, file=sys.stderr, flush=True)
     reserve_server_gpus(config)  # before anything starts CUDA
     check_distributed_engine()
     generation = plan_generation(config)
     check_async_supported(config, generation.sync)
-    return RunPlan(
-        generation=generation,
-        resume=check_output_dir_for_run(config),
-        output_dir=config.resolved_output_dir(),
-        config=config,
-    )
+    resume = check_output_dir_for_run(config)
+    check_resume_has_steps_left(config, resume)
+    notes = [note, resume_note(config, resume), check_overwrite_target(config, resume)]
+    config, moved = claim_output_dir(config, movable=movable)
+    if os.environ.get("RANK", "0") == "0":
+        for line in (*notes, moved):
+            if line:
+                print(line, file=sys.stderr, flush=True)
+    return RunPlan(generation=generation, resume=resume, output_dir=config.resolved_output_dir(), config=config)
 
 
 def check_distributed_engine() -> None:

@@ -54,6 +54,8 @@ from aitrain_grpo.training.generation import sampling_warning
 from aitrain_grpo.training.memory_check import available_bytes, memory_warning
 from aitrain_grpo.training.micro_batches import micro_batch_size
 from aitrain_grpo.training.plan import RunPlan, plan_run
+from aitrain_grpo.training.prompt_length import check_prompt_lengths
+from aitrain_grpo.training.run_lock import release as release_lock
 from aitrain_grpo.training.reward_funcs import check_required_arguments, episode_rewards, load_reward_funcs
 from aitrain_grpo.training.rollout_func import TrainingRollout
 from aitrain_grpo.training.scoring_passes import trim_scoring_passes
@@ -204,7 +206,9 @@ def build_trainer(config: RunConfig, env: Environment | None = None, *, callback
     model, tokenizer = load_model_and_tokenizer(config.model)
     check_context_length(model, config)
     warn_if_a_step_may_not_fit(model, config)
-    dataset = Dataset.from_list(small_dataset.fill_one_step(build_rows(env, tokenizer), config))
+    rows = build_rows(env, tokenizer)
+    check_prompt_lengths(rows, tokenizer, model, reply_tokens=config.rl_max_new_tokens, model_name=config.model)
+    dataset = Dataset.from_list(small_dataset.fill_one_step(rows, config))
     check_required_arguments(extra_rewards, dataset.column_names)
     prepare_output_dir(plan.output_dir, plan.resume)
     (plan.output_dir / "run_config.json").write_text(json.dumps(redact(config.to_dict()), indent=2, default=str) + "\n")
@@ -252,6 +256,7 @@ def train(config: RunConfig, env: Environment | None = None, *, callbacks: list 
         for callback in trainer.callback_handler.callbacks:
             if isinstance(callback, ReportCallback):
                 callback.write()
+    release_lock(trainer.plan.output_dir)  # the folder is free for the next run, in this process or another
     return summary
 
 

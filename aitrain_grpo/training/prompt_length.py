@@ -1,0 +1,76 @@
+"""Prompts that cannot fit the model's context are refused before training, in one line.
+
+A dataset whose prompts ran to 200k tokens against a 4,096-token model printed one transformers warning
+("Token indices sequence length is longer than ...") and then ran for minutes with no output: every
+generation call went past the position embeddings. A prompt plus the reply of one turn
+(`--rl-max-new-tokens`) must fit the context, or no episode of that row can be played. Refused rather than
+truncated: a prompt cut at the start or the end loses the task or its question, and which part is safe
+to drop is the environment's to say (in `build_dataset`).
+
+The context is the smaller of the model's `max_position_embeddings` and the tokenizer's
+`model_max_length` (the latter is a huge sentinel when a tokenizer sets none). Rows are measured with the
+chat template, without the tools' text (a lower bound: a prompt refused here is too long whatever the
+tools add). Only rows whose UTF-8 length could exceed the limit are tokenized (a token covers at least one
+byte), so a large dataset of short prompts costs nothing.
+
+Left out: episodes that grow past the context over their turns (the rollout cuts those, as truncated).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from aitrain_grpo.env.base import prompt_messages
+from aitrain_grpo.errors import ConfigError
+
+# Tokens a chat template may add per message (role markers, separators) and once (a system preamble).
+_TEMPLATE_TOKENS_PER_MESSAGE = 16
+_TEMPLATE_TOKENS = 256
+_NO_LIMIT = 10**8  # a tokenizer's model_max_length above this is transformers' "not set" sentinel
+
+
+def model_context(model: Any, tokenizer: Any) -> int | None:
+    """The longest sequence the model takes, in tokens; None when neither the model nor the tokenizer says."""
+    limits = [getattr(getattr(model, "config", None), "max_position_embeddings", None),
+              getattr(tokenizer, "model_max_length", None)]
+    sane = [int(n) for n in limits if isinstance(n, int) and 0 < n < _NO_LIMIT]
+    return min(sane) if sane else None
+
+
+def _byte_bound(messages: list[dict]) -> int:
+    text = sum(len(str(m.get("content") or "").encode()) for m in messages)
+    return text + _TEMPLATE_TOKENS_PER_MESSAGE * len(messages) + _TEMPLATE_TOKENS
+
+
+def prompt_tokens(messages: list[dict], tokenizer: Any) -> int | None:
+    """The prompt's length in tokens as the chat template renders it; None when the template will not."""
+    try:
+        text = tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
+    except Exception:  # a template that rejects the prompt: the rollout says so in its own words
+        return None
+    return len(tokenizer(text, add_special_tokens=False)["input_ids"])
+
+
+def check_prompt_lengths(rows: list[dict[str, Any]], tokenizer: Any, model: Any, *, reply_tokens: int,
+                         model_name: str) -> None:
+    """Refuse the dataset when a prompt plus one reply of `reply_tokens` does not fit the context."""
+    context = model_context(model, tokenizer)
+    if context is None:
+        return
+    limit = context - reply_tokens
+    too_long: list[tuple[int, int]] = []  # (row index, tokens)
+    for index, row in enumerate(rows):
+        messages = prompt_messages(row["prompt"])
+        if _byte_bound(messages) <= limit:
+            continue
+        tokens = prompt_tokens(messages, tokenizer)
+        if tokens is not None and tokens > limit:
+            too_long.append((index, tokens))
+    if not too_long:
+        return
+    index, tokens = max(too_long, key=lambda item: item[1])
+    raise ConfigError(
+        f"{len(too_long)} of {len(rows)} dataset prompts do not fit {model_name}'s context of {context} tokens with "
+        f"room for a {reply_tokens}-token reply (the longest, row {index}, is {tokens} tokens); shorten or drop them "
+        f"in build_dataset (at most {max(limit, 0)} tokens), or use a model with a longer context"
+    )
