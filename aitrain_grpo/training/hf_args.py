@@ -14,6 +14,7 @@ from __future__ import annotations
 import json
 import os
 import time
+import warnings
 from pathlib import Path
 from typing import Any
 
@@ -22,6 +23,14 @@ from peft import LoraConfig
 
 from aitrain_grpo.config import RunConfig
 from aitrain_grpo.training.micro_batches import trl_batch_arguments
+
+# HF Trainer asks DDP to search for parameters a forward pass left unused whenever activation checkpointing
+# is off (Trainer's `ddp_find_unused_parameters` default), and these arguments turn it off on a CPU. With
+# LoRA every trainable parameter takes part, so every two-process run printed torch's warning that the
+# search found none. The search stays (DDP fails at the next step of a model that does leave one
+# unused without it); only that warning is silenced.
+warnings.filterwarnings("ignore", message="find_unused_parameters=True was specified in DDP constructor, but did not "
+                                          "find any unused parameters", category=UserWarning)
 
 
 def trainer_args(config: RunConfig, output_dir: Path, config_class: type) -> dict[str, Any]:
