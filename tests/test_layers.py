@@ -115,3 +115,12 @@ def test_nothing_outside_env_imports_an_adapter():
     offenders = sorted(m for m, tree in modules().items() if layer(m) != "env"
                        and any(t.startswith("aitrain_grpo.env.adapters") for t in imports(tree)))
     assert not offenders, f"import env.adapters outside env/ (use env.loading): {offenders}"
+
+
+def test_no_trl_import_outside_training_and_sft():
+    """TRL is the training layer's business (its private names behind training/trl_access.py and
+    training/trl_hooks.py): the engine, evaluation and the rest are handed plain objects, so a TRL upgrade
+    touches training/ and sft/ only. Lazy imports count."""
+    offenders = sorted(f"{m} imports {t}" for m, tree in modules().items() if layer(m) not in ("training", "sft")
+                       for t in imported_names(tree) if t == "trl" or t.startswith("trl."))
+    assert not offenders, f"TRL imported outside training/ and sft/: {offenders}"

@@ -39,6 +39,7 @@ from typing import Any, Callable
 from aitrain_grpo.config import RunConfig
 from aitrain_grpo.errors import ConfigError
 from aitrain_grpo.training.groups import GroupedRollout
+from aitrain_grpo.training.trl_access import importance_weights, train_batch_size, train_sampler
 
 
 def check_async_supported(config: RunConfig, sync_method: str | None) -> None:
@@ -154,8 +155,8 @@ class PromptPlan:
         if args.steps_per_generation != args.gradient_accumulation_steps or trainer.num_iterations != 1:
             raise ConfigError("--rl-async-steps needs one generation per optimizer step (TRL's steps_per_generation and num_iterations at their defaults)")
         self.dataset = trainer.train_dataset
-        self.sampler = trainer._get_train_sampler(self.dataset)
-        self.batch = trainer._train_batch_size * args.steps_per_generation
+        self.sampler = train_sampler(trainer, self.dataset)  # TRL's private API, pinned (trl_access.py)
+        self.batch = train_batch_size(trainer) * args.steps_per_generation
         self.repeat = trainer.num_iterations * args.steps_per_generation
         self._orders: dict[int, list[int]] = {}
 
@@ -292,12 +293,9 @@ def start_async_rollout(engine, backend: VersionedBackend, weight_sync, trainer,
 def masked_share_metrics(trainer, output: dict[str, Any]) -> dict[str, float]:
     """`sampling/is_masked_frac`: the share of model tokens whose importance-sampling weight TRL set to 0
     (ratio out of bounds in its `*_mask` modes), from a batch TRL scored; nothing without the ratio."""
-    ratio = output.get("importance_sampling_ratio")
+    ratio, mask = importance_weights(output)  # TRL's batch keys, pinned (trl_access.py)
     if ratio is None:
         return {}
-    mask = output["completion_mask"]
-    if "tool_mask" in output:
-        mask = mask * output["tool_mask"]
     weights = ratio.expand_as(mask) if ratio.shape != mask.shape else ratio
     tokens = trainer.accelerator.gather(mask.sum().float()).sum()
     masked = trainer.accelerator.gather(((weights == 0) & (mask > 0)).sum().float()).sum()

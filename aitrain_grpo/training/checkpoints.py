@@ -34,12 +34,12 @@ from pathlib import Path
 from typing import Any
 
 import torch
-from trl.trainer.utils import RepeatSampler
 
 from aitrain_grpo.config import RunConfig
 from aitrain_grpo.errors import ConfigError
 from aitrain_grpo.outputs import has_entries, special_folder, is_ours
 from aitrain_grpo.outputs import publish
+from aitrain_grpo.training.trl_access import RepeatSampler, run_output_dir, save_checkpoint
 
 RUN_STATE_FILE = "aitrain_state.json"
 PARTIAL_PREFIX = ".partial-"
@@ -251,9 +251,10 @@ def prepare_output_dir(output_dir: Path, resume: Path | None) -> None:
 
 
 class ResumableRepeatSampler(RepeatSampler):
-    """RepeatSampler whose epoch-e order is the (e+1)-th draw of a generator seeded afresh: the
-    order TRL gives an uninterrupted run, reproducible from the epoch number alone. HF Trainer
-    calls `set_epoch` before each epoch, including the first one after a resume."""
+    """TRL's RepeatSampler (the attributes read here are pinned in trl_access.py) whose epoch-e order is
+    the (e+1)-th draw of a generator seeded afresh: the order TRL gives an uninterrupted run,
+    reproducible from the epoch number alone. HF Trainer calls `set_epoch` before each epoch,
+    including the first one after a resume."""
 
     epoch = 0
 
@@ -362,7 +363,7 @@ class AtomicCheckpoints:
         step = self.state.global_step
         if step < 1:
             return None
-        path = Path(super()._get_output_dir(None)) / f"checkpoint-{step}"
+        path = Path(run_output_dir(self)) / f"checkpoint-{step}"
         if not is_complete(path):
-            self._save_checkpoint(self.model_wrapped, None)
+            save_checkpoint(self)
         return path

@@ -145,9 +145,12 @@ def served_name(model: str) -> str:
 def make_backend(trainer, config: RunConfig, plan: GenerationPlan, stop_ids: list[int]):
     """Build the backend for a trainer; returns (backend, weight_sync or None). Where TRL moves the
     weights (colocate on CUDA, server with nccl) there is nothing to sync here."""
+    from aitrain_grpo.training.trl_access import generation_handles  # imports TRL
+
     served_model = served_name(config.model) if plan.backend == "vllm_server" else None
-    backend = build_backend(plan.backend, stop_ids, trainer=trainer, server_urls=server_urls(config.vllm_server_url),
-                            served_model=served_model, server_timeout=config.vllm_server_timeout)
+    backend = build_backend(plan.backend, stop_ids, **generation_handles(trainer, plan.backend),  # plain objects
+                            server_urls=server_urls(config.vllm_server_url), served_model=served_model,
+                            server_timeout=config.vllm_server_timeout)
     if not plan.external_weight_sync:
         return backend, None
     from aitrain_grpo.training.weight_sync import ColocateWeightSync, FolderWeightSync

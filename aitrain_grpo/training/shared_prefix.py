@@ -53,6 +53,8 @@ import torch
 
 from aitrain_grpo.config import SHARED_PREFIX_MODES
 from aitrain_grpo.training.micro_batches import keep_prompts_together
+from aitrain_grpo.training.trl_access import (buffered_micro_batches, set_buffered_micro_batches, step_in_generation,
+                                              wrapped_model)
 
 logger = logging.getLogger(__name__)
 
@@ -119,14 +121,15 @@ def group_micro_batches(trainer: Any, inputs: dict[str, Any]) -> dict[str, Any]:
     prompt's episodes next to each other (`keep_prompts_together`), and this step's micro-batch is
     returned from the new split. Where the loss pass does not share, TRL's split stays as it is (the same
     run as with sharing off). Why keeping groups together is safe for every loss type: micro_batches.py."""
-    buffered = getattr(trainer, "_buffered_inputs", None)
+    buffered = buffered_micro_batches(trainer)
     if not trainer.model.training or not buffered or buffered is vars(trainer).get("_grouped_buffer"):
         return inputs
-    model = getattr(trainer, "model_wrapped", None) or trainer.model
+    model = wrapped_model(trainer)
     if declined(trainer, model, next(trainer.model.parameters()).device):
         return inputs
-    trainer._buffered_inputs = trainer._grouped_buffer = keep_prompts_together(buffered)
-    return trainer._buffered_inputs[trainer._step % trainer.args.steps_per_generation]
+    trainer._grouped_buffer = keep_prompts_together(buffered)
+    set_buffered_micro_batches(trainer, trainer._grouped_buffer)  # TRL's private state (trl_access.py)
+    return trainer._grouped_buffer[step_in_generation(trainer)]
 
 
 def declined(trainer: Any, model: Any, device: torch.device, extras: dict[str, Any] | None = None,

@@ -62,6 +62,7 @@ from aitrain_grpo.training.scoring_passes import trim_scoring_passes
 from aitrain_grpo.training.signals import SignalStop
 from aitrain_grpo.training.step_phases import time_forwards
 from aitrain_grpo.training.stopping import ErrorRateStop, clean_stops
+from aitrain_grpo.training.trl_access import turn_on_importance_sampling
 from aitrain_grpo.training.trl_hooks import TRLHooks, replace_trl_functions
 
 
@@ -97,7 +98,7 @@ class EpisodeGRPOTrainer(TRLHooks, AtomicCheckpoints, GRPOTrainer):
         if external_weight_sync:
             # TRL gates its importance-sampling correction on use_vllm, so that goes on once TRL has
             # built whatever it builds; `_generate` keeps TRL's own push before each rollout off.
-            self.use_vllm = True
+            turn_on_importance_sampling(self)
         time_forwards(rollout.clock, (self.model, self.ref_model))  # TRL's scoring forwards (step_phases.py)
         replace_trl_functions()  # the fused LM head scores completion positions only, on a CPU too (lm_head.py)
         trim_scoring_passes((self.model, self.ref_model))  # reference passes over each chunk's own length

@@ -30,7 +30,9 @@ And one private module function, replaced in its module (`PINNED_FUNCTIONS`, `re
 - `trl.trainer.utils._use_triton`: answers True for a CPU, so TRL's fused LM head scores only the
   completion positions there too, as it does on CUDA (lm_head.py).
 
-Left out: public methods and callbacks (`train`, `log`; TrainerCallback events), which are stable API.
+Left out: public methods and callbacks (`train`, `log`; TrainerCallback events), which are stable API,
+and the private attributes and methods read or set without overriding them (trl_access.py, pinned by
+tests/test_trl_access.py).
 """
 
 from __future__ import annotations
@@ -41,6 +43,7 @@ from aitrain_grpo.training.groups import without_masked_rows
 from aitrain_grpo.training.lm_head import scoring_labelled_positions
 from aitrain_grpo.training.micro_batches import trim_padding
 from aitrain_grpo.training.shared_prefix import group_micro_batches, shared_logps
+from aitrain_grpo.training.trl_access import mark_weights_pushed
 from aitrain_grpo.training.turn_credit import attach_turn_advantages, with_turn_advantages
 
 # Method -> the parameter names it was read with (trl 1.16.0; transformers 5.17 and 5.23 for Trainer's).
@@ -90,7 +93,7 @@ class TRLHooks:
 
     def _generate(self, prompts):
         if self.external_weight_sync:
-            self._last_loaded_step = self.state.global_step  # marks TRL's weights as pushed: ours are
+            mark_weights_pushed(self)  # marks TRL's weights as pushed: ours are
         return super()._generate(prompts)
 
     def _compute_loss(self, model, inputs):

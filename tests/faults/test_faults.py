@@ -126,18 +126,20 @@ def test_a_generation_server_that_dies_mid_run_stops_with_a_checkpoint(tmp_path,
     server client gives up after its bounded retries, the last finished step is saved, and the
     message names the server."""
     from aitrain_grpo.engine.backends.base import GenerationBackend
-    from aitrain_grpo.engine.backends.hf import HFBackend
+    from aitrain_grpo.engine.backends.choice import build_backend
+    from aitrain_grpo.models.loading import stop_token_ids
     from aitrain_grpo.engine.backends.vllm_server import VLLMServerBackend, VLLMServerClient
     from aitrain_grpo.config import RunConfig
     from aitrain_grpo.engine.rollout import RolloutEngine
     from aitrain_grpo.training.stopping import TrainingStopped, clean_stops
     from aitrain_grpo.training.trainer import build_trainer
+    from aitrain_grpo.training.trl_access import generation_handles
     from envs.letters import LetterEnv
 
     dead_url = refused_url  # held for the whole test: connection refused, and no other process can take it
 
     class ServerThatDies(GenerationBackend):
-        def __init__(self, alive: HFBackend, calls_before_death: int):
+        def __init__(self, alive: GenerationBackend, calls_before_death: int):
             self.alive, self.calls = alive, calls_before_death
             self.dead = VLLMServerBackend(VLLMServerClient(dead_url, retries=2, backoff=0.01), "tiny", alive.stop_ids)
             self.stop_ids = alive.stop_ids
@@ -153,7 +155,8 @@ def test_a_generation_server_that_dies_mid_run_stops_with_a_checkpoint(tmp_path,
     )
     env = LetterEnv(turns=1, num_tasks=8)
     trainer = build_trainer(config, env=env)
-    backend = ServerThatDies(HFBackend.for_trainer(trainer), calls_before_death=2)
+    stop_ids = stop_token_ids(trainer.model, trainer.processing_class)
+    backend = ServerThatDies(build_backend("hf", stop_ids, **generation_handles(trainer, "hf")), calls_before_death=2)
     trainer.rollout.engine = RolloutEngine(env, trainer.processing_class, backend, max_new_tokens=16)
     with pytest.raises(TrainingStopped) as caught:
         with clean_stops(trainer):

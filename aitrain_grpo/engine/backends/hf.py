@@ -31,8 +31,9 @@ from aitrain_grpo.engine.backends.turn_cache import TurnCache, prefill_shared_pr
 
 
 class HFBackend(GenerationBackend):
-    """Samples with a transformers causal LM. `open_model` yields the model to generate with (for
-    training, TRL's `unwrap_model_for_generation` around the wrapped model)."""
+    """Samples with a transformers causal LM. `open_model()` is a context manager yielding the model to
+    generate with: training hands TRL's `unwrap_model_for_generation` around the wrapped model
+    (training/trl_access.py), so this module knows nothing of TRL's trainer."""
 
     def __init__(self, open_model: Callable[[], ContextManager], tokenizer, stop_ids: list[int], device=None,
                  *, share_group_prompts: bool = True):
@@ -57,18 +58,6 @@ class HFBackend(GenerationBackend):
     @classmethod
     def for_model(cls, model, tokenizer) -> "HFBackend":
         return cls(lambda: contextlib.nullcontext(model), tokenizer, stop_token_ids(model, tokenizer))
-
-    @classmethod
-    def for_trainer(cls, trainer) -> "HFBackend":
-        from trl.models import unwrap_model_for_generation
-
-        def open_model():
-            return unwrap_model_for_generation(
-                trainer.model_wrapped, trainer.accelerator, gather_deepspeed3_params=trainer.args.ds3_gather_for_generation
-            )
-
-        tokenizer = trainer.processing_class
-        return cls(open_model, tokenizer, stop_token_ids(trainer.model, tokenizer), device=trainer.accelerator.device)
 
     def _generation_config(self, max_tokens: int, sampling: SamplingParams) -> GenerationConfig:
         greedy = sampling.temperature <= 0

@@ -1,6 +1,7 @@
 """Generation with the vLLM engine TRL runs inside the trainer (`use_vllm=True, vllm_mode="colocate"`).
 
-TRL builds the engine (`trainer.vllm_generation.llm`); the trainer's weights reach it before each
+TRL builds the engine; training hands over the engine and its tensor-parallel group (training/trl_access.py,
+`generation_handles`: this module never sees the trainer). The trainer's weights reach it before each
 rollout from TRL (CUDA) or from `training/weight_sync.py`'s layerwise reload (CPU, where vLLM repacks
 weights). This backend only samples from it, from token ids, one `generate` call per turn for every
 running episode. The log-probabilities are vLLM's processed ones (after temperature), which is what
@@ -31,8 +32,8 @@ from aitrain_grpo.engine.backends.base import GenerationBackend, Sample, Samplin
 
 
 class VLLMColocateBackend(GenerationBackend):
-    """Samples from an in-process `vllm.LLM`: TRL's (`for_trainer`) or one built by the caller (evaluation,
-    benchmarks), optionally through a LoRA adapter (`lora_request`)."""
+    """Samples from an in-process `vllm.LLM`: TRL's (handed over by training) or one built by the caller
+    (evaluation, benchmarks), optionally through a LoRA adapter (`lora_request`)."""
 
     def __init__(self, llm, stop_ids: list[int], *, tp_group=None, tp_size: int = 1, lora_request=None):
         self.llm = llm
@@ -40,14 +41,6 @@ class VLLMColocateBackend(GenerationBackend):
         self.tp_group = tp_group
         self.tp_size = tp_size
         self.lora_request = lora_request
-
-    @classmethod
-    def for_trainer(cls, trainer, stop_ids: list[int]) -> "VLLMColocateBackend":
-        generation = getattr(trainer, "vllm_generation", None)
-        if generation is None or getattr(generation, "llm", None) is None:
-            raise RuntimeError("the trainer has no colocated vLLM engine; set use_vllm=True and vllm_mode='colocate'")
-        return cls.for_llm(generation.llm, stop_ids, tp_group=getattr(generation, "tp_group", None),
-                           tp_size=getattr(generation, "tensor_parallel_size", 1))
 
     @staticmethod
     def for_llm(llm, stop_ids: list[int], *, tp_group=None, tp_size: int = 1, lora_request=None) -> "VLLMColocateBackend":
