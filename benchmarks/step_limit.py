@@ -62,7 +62,7 @@ def run_steps(config: RunConfig, clock) -> tuple[Any, list[dict[str, Any]], floa
     """Train `config.max_steps` steps with the package's trainer, its step phases timed by `clock`; the
     trainer, its metrics records and the wall time of `trainer.train()`."""
     trainer = build_trainer(config)
-    trainer.rollout.clock.clock = clock
+    trainer.step_timing.clock.clock = clock
     started = time.perf_counter()
     with contextlib.redirect_stdout(io.StringIO()):
         trainer.train()

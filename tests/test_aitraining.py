@@ -135,7 +135,7 @@ def test_scoring_with_the_live_model_refuses_episodes_played_ahead():
 
     env = load_environment(MODULE, "DefaultsEnv")
     with pytest.raises(ConfigError, match="use --rl-async-steps 0"):
-        TrainingRollout(env, RunConfig(rl_async_steps=1), generation=None)
+        TrainingRollout(env, RunConfig(rl_async_steps=1))
 
 
 def test_eval_scores_with_the_model_it_evaluates(aitrain, tmp_path):

@@ -149,7 +149,7 @@ def test_the_rollout_schedule_flag_reaches_the_engine_and_a_bad_value_is_one_lin
     config = RunConfig(rl_env_module="envs.letters", rl_env_class="LetterEnv", output_dir=str(tmp_path / "run"), max_steps=1,
                        rl_rollout_schedule="continuous")
     trainer = build_trainer(config, env=LetterEnv(num_tasks=8))
-    engine = trainer.rollout._start(trainer)
+    engine = trainer.rollout.engine  # built with the trainer
     with engine:
         assert engine.schedule == "continuous"  # the hf backend alone would have been lockstep
 

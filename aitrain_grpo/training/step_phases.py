@@ -18,8 +18,9 @@ Each gets `time/<phase>_s` in the step's metrics; they add up to `time/step_s` (
 has no rollout, score or reference time.
 
 `PhaseClock` charges the time since the last change to the phase in force: a base phase set by the
-step's events (`score` from `on_step_begin`, the loss from the first `compute_loss`, the optimizer
-from `on_pre_optimizer_step`), and nested phases entered around a call (`phase`: the rollout) or a
+step's events (`score` from `on_step_begin` and the optimizer from `on_pre_optimizer_step`, both in the
+step timing callback, runlog/step_timing.py, which also writes the metrics; the loss from the trainer's
+first `compute_loss`), and nested phases entered around a call (`phase`: the rollout) or a
 model forward (`time_forwards`: forward hooks, public torch API, so no private TRL method is touched).
 Nesting is what lets `score` hold `rollout` and `ref_logprobs` without counting them twice.
 

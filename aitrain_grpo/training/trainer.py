@@ -4,21 +4,25 @@ TRL owns the algorithm (group-normalised advantages, the clipped loss over `env_
 the optimizer); this module only wires our pieces into it:
 - the run's `RunPlan` (plan.py) is decided once and passed to everything that needs it;
 - the environment's dataset becomes `train_dataset`;
-- `rollout_func` is the `TrainingRollout` (rollout.py), which plays each batch's episodes; it is built
-  first and handed to the callbacks that read it, and the error-rate stop watches its episodes;
+- `rollout_func` is the `TrainingRollout` (rollout_func.py), which plays each batch's episodes; it is
+  built first and handed to the callbacks that read it, and the error-rate stop watches its episodes;
+  what it plays with (engine, weight sync, async rollout: rollout_parts.py) is built in the trainer's
+  `__init__`, once TRL's has made the model it needs, and attached to it;
+- the run's metrics sink (runlog/step_metrics.py), which the rollout, weight sync, the step timing
+  callback (runlog/step_timing.py, first among the callbacks) and the trainer write into and `log` reads;
 - `episode_score` (the first reward function) hands TRL the scores the rollout computed; the rewards of
   `--rl-reward-funcs` follow it, weighted by `--rl-reward-weights` (reward_funcs.py).
 
 `EpisodeGRPOTrainer` is TRL's trainer plus what only a subclass can do: hand each batch's dataset rows
-to the rollout (TRL gives `rollout_func` only the prompts), merge the rollout's metrics into each log
-record (`log`, the method TRL itself extends to log its metrics), time the step's phases (public
-`compute_loss` marks where TRL's scoring ends: step_phases.py), run TRL's reference passes over each
-chunk's own length (scoring_passes.py), write checkpoints atomically
-(checkpoints.py), leave dropped groups out of the loss (groups.py) and log the share of tokens the
-importance-sampling correction masks (async_rollout.py).
+to the rollout (TRL gives `rollout_func` only the prompts), merge the metrics sink into each log record
+(`log`, the method TRL itself extends to log its metrics), mark the step's phases that only it sees
+(public `compute_loss` marks where TRL's scoring ends, forward hooks catch its scoring forwards:
+step_phases.py), run TRL's reference passes over each chunk's own length (scoring_passes.py), write
+checkpoints atomically (checkpoints.py), leave dropped groups out of the loss (groups.py) and log the
+share of tokens the importance-sampling correction masks (async_rollout.py).
 
 Left out: the console display and the files written during training (runlog/), stopping early
-(stopping.py), and the rollout itself (rollout.py, engine/).
+(stopping.py), and the rollout itself (rollout_func.py, engine/).
 """
 
 from __future__ import annotations
@@ -45,6 +49,8 @@ from aitrain_grpo.env.loading import as_environment, load_environment
 from aitrain_grpo.models.loading import load_model_and_tokenizer
 from aitrain_grpo.runlog.files import ReportCallback, training_callbacks
 from aitrain_grpo.runlog.redaction import redact
+from aitrain_grpo.runlog.step_metrics import StepMetrics
+from aitrain_grpo.runlog.step_timing import StepTiming
 from aitrain_grpo.training import small_dataset
 from aitrain_grpo.training.checkpoints import AtomicCheckpoints, prepare_output_dir
 from aitrain_grpo.training.hf_args import lora_config, save_run, trainer_args
@@ -58,9 +64,10 @@ from aitrain_grpo.training.prompt_length import check_prompt_lengths
 from aitrain_grpo.training.run_lock import release as release_lock
 from aitrain_grpo.training.reward_funcs import check_required_arguments, episode_rewards, load_reward_funcs
 from aitrain_grpo.training.rollout_func import TrainingRollout
+from aitrain_grpo.training.rollout_parts import build_rollout_parts
 from aitrain_grpo.training.scoring_passes import trim_scoring_passes
 from aitrain_grpo.training.signals import SignalStop
-from aitrain_grpo.training.step_phases import time_forwards
+from aitrain_grpo.training.step_phases import PhaseClock, time_forwards
 from aitrain_grpo.training.stopping import ErrorRateStop, clean_stops
 from aitrain_grpo.training.trl_access import turn_on_importance_sampling
 from aitrain_grpo.training.trl_hooks import TRLHooks, replace_trl_functions
@@ -85,12 +92,15 @@ class EpisodeGRPOTrainer(TRLHooks, AtomicCheckpoints, GRPOTrainer):
     """GRPOTrainer driven by a `TrainingRollout` (see the module docstring); its private overrides are
     in trl_hooks.py. `drop_masked_rows`: leave rows whose loss mask is all zero out of the loss
     (--rl-zero-std-groups drop/refill, groups.py). `external_weight_sync`: this package, not TRL, moves
-    the weights into vLLM (generation.py)."""
+    the weights into vLLM (generation.py). `step_metrics` (the run's metrics sink) and `step_timing`
+    (the step timing callback, which `callbacks` must hold) are the rollout's."""
 
     def __init__(self, *, rollout: TrainingRollout, plan: RunPlan, drop_masked_rows: bool = False,
                  external_weight_sync: bool = False, **kwargs):
         super().__init__(rollout_func=rollout, **kwargs)
         self.rollout = rollout
+        self.step_metrics: StepMetrics = rollout.metrics  # drained into each log record by `log`
+        self.step_timing: StepTiming = rollout.timing
         self.run_config = rollout.config  # what checkpoints record as the run's step shape
         self.plan = plan
         self.drop_masked_rows = drop_masked_rows
@@ -99,17 +109,20 @@ class EpisodeGRPOTrainer(TRLHooks, AtomicCheckpoints, GRPOTrainer):
             # TRL gates its importance-sampling correction on use_vllm, so that goes on once TRL has
             # built whatever it builds; `_generate` keeps TRL's own push before each rollout off.
             turn_on_importance_sampling(self)
-        time_forwards(rollout.clock, (self.model, self.ref_model))  # TRL's scoring forwards (step_phases.py)
+        time_forwards(self.step_timing.clock, (self.model, self.ref_model))  # TRL's scoring forwards (step_phases.py)
         replace_trl_functions()  # the fused LM head scores completion positions only, on a CPU too (lm_head.py)
         trim_scoring_passes((self.model, self.ref_model))  # reference passes over each chunk's own length
+        # Engine, weight sync, async rollout: built now that TRL has made the model (and vLLM) they use.
+        self.rollout_parts = build_rollout_parts(self, rollout.env, rollout.config, plan.generation, self.step_metrics)
+        rollout.attach(self.rollout_parts)
 
     def compute_loss(self, model, inputs, return_outputs=False, num_items_in_batch=None):
-        self.rollout.clock.base("loss_forward_backward")  # TRL's scoring is over (step_phases.py)
+        self.step_timing.clock.base("loss_forward_backward")  # TRL's scoring is over (step_phases.py)
         return super().compute_loss(model, inputs, return_outputs=return_outputs, num_items_in_batch=num_items_in_batch)
 
     def log(self, logs: dict[str, float], start_time: float | None = None) -> None:
         if self.model.training:
-            logs.update(self.rollout.metrics.drain())
+            logs.update(self.step_metrics.drain())
         super().log(logs, start_time)
 
 
@@ -187,8 +200,9 @@ def build_trainer(config: RunConfig, env: Environment | None = None, *, callback
                   plan: RunPlan | None = None) -> EpisodeGRPOTrainer:
     """Everything `train` does before `trainer.train()`: plan the run (unless `plan` is given), load
     the environment, model and dataset, write `run_config.json`, and construct the trainer. Its
-    `rollout` is the `TrainingRollout` (its `last_batch` the latest episodes played) and its `plan`
-    the `RunPlan`."""
+    `rollout` is the `TrainingRollout` (its `last_batch` the latest episodes played), `rollout_parts`
+    what it plays with (built already; `rollout_parts.close()` ends it), `step_metrics` the run's
+    metrics sink and `plan` the `RunPlan`."""
     if plan is None and env is not None:
         config = with_environment_origin(config, env)
     plan = plan or plan_run(config)
@@ -215,7 +229,9 @@ def build_trainer(config: RunConfig, env: Environment | None = None, *, callback
     (plan.output_dir / "run_config.json").write_text(json.dumps(redact(config.to_dict()), indent=2, default=str) + "\n")
 
     error_stop = ErrorRateStop(config.rl_max_error_rate)
-    rollout = TrainingRollout(env, config, plan.generation, observers=[error_stop.observe])
+    step_metrics = StepMetrics()  # the run's metrics sink: the trainer's log drains it
+    step_timing = StepTiming(step_metrics, PhaseClock())  # the step's phases and memory peaks
+    rollout = TrainingRollout(env, config, metrics=step_metrics, timing=step_timing, observers=[error_stop.observe])
     trainer = EpisodeGRPOTrainer(
         rollout=rollout,
         plan=plan,
@@ -227,7 +243,7 @@ def build_trainer(config: RunConfig, env: Environment | None = None, *, callback
         processing_class=tokenizer,
         reward_funcs=[episode_score, *episode_rewards(extra_rewards, rollout)],
         peft_config=lora_config(config),
-        callbacks=[rollout, *training_callbacks(config, plan.output_dir, rollout), SignalStop(), error_stop,
+        callbacks=[step_timing, *training_callbacks(config, plan.output_dir, rollout), SignalStop(), error_stop,
                    *(callbacks or [])],
     )
     # transformers prints every log dict; our TrainingProgress prints a compact line instead.
@@ -249,9 +265,9 @@ def train(config: RunConfig, env: Environment | None = None, *, callbacks: list 
         with clean_stops(trainer):  # early stops (signals, error rate, backend) raise TrainingStopped
             trainer.train(resume_from_checkpoint=trainer.plan.resume)
             if trainer.plan.generation.backend == "vllm_server":
-                trainer.rollout.sync_weights(trainer)  # leave the server serving the final weights
+                trainer.rollout_parts.sync_weights(trainer)  # leave the server serving the final weights
     finally:
-        trainer.rollout.close()
+        trainer.rollout_parts.close()
     summary = save_run(trainer, config, trainer.plan.output_dir, started)
     if trainer.accelerator.is_main_process:  # the page again, now with run_summary.json's runtime
         for callback in trainer.callback_handler.callbacks:

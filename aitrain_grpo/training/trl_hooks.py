@@ -76,9 +76,9 @@ def replace_trl_functions() -> None:
 
 
 class TRLHooks:
-    """Mixin placed before `GRPOTrainer`. The trainer sets `rollout`, `drop_masked_rows` (leave rows
-    whose loss mask is all zero out of the loss: --rl-zero-std-groups drop/refill) and
-    `external_weight_sync` (this package, not TRL, moves the weights into vLLM)."""
+    """Mixin placed before `GRPOTrainer`. The trainer sets `rollout`, `step_metrics` (the run's metrics
+    sink), `drop_masked_rows` (leave rows whose loss mask is all zero out of the loss: --rl-zero-std-groups
+    drop/refill) and `external_weight_sync` (this package, not TRL, moves the weights into vLLM)."""
 
     drop_masked_rows = False
     external_weight_sync = False
@@ -87,7 +87,7 @@ class TRLHooks:
     def _generate_and_score_completions(self, inputs):
         self.rollout.take_rows(inputs)
         output = super()._generate_and_score_completions(inputs)
-        self.rollout.metrics.update(masked_share_metrics(self, output))
+        self.step_metrics.update(masked_share_metrics(self, output))  # the run's metrics sink
         # TRL leaves the rollout's per-sample extra fields in `inputs`: turn credit joins the batch here.
         return attach_turn_advantages(output, inputs)
 

@@ -1,0 +1,70 @@
+"""Step timing and memory peaks as a trainer callback: transformers' step events start, advance and
+stop the step's phase clock and its memory peaks, and the step's numbers go into the run's metrics
+sink (step_metrics.py) when the step ends.
+
+What each phase holds, and the clock itself, are training's (training/step_phases.py: `PhaseClock`);
+this callback only knows the events transformers gives every trainer:
+- `on_step_begin`: peaks start afresh; the clock starts in `score` (TRL's batch preparation, until the
+  trainer's first `compute_loss` moves it on);
+- `on_pre_optimizer_step`: every micro-batch's forward and backward are done: the loss peak is marked,
+  the clock moves to `optimizer_step`;
+- `on_step_end`: the optimizer peak is marked; `time/<phase>_s`, `time/step_s` and `memory/*`
+  (runlog/memory.py) go into the sink.
+The rollout, which runs inside `score`, times itself with `phase("rollout")` and marks its own peak
+(`mark("rollout")`); the trainer's forward hooks and `compute_loss` advance `clock` directly.
+
+Left out: time outside a step (logging, checkpoints, evaluation) and anything written to a file (the
+sink's values reach metrics.jsonl through the trainer's log).
+"""
+
+from __future__ import annotations
+
+from typing import ContextManager, Protocol
+
+from transformers import TrainerCallback
+
+from aitrain_grpo.runlog.memory import StepPeaks
+from aitrain_grpo.runlog.step_metrics import StepMetrics
+
+
+class Clock(Protocol):
+    """What the callback needs of a phase clock (training/step_phases.py's `PhaseClock`)."""
+
+    def start(self, base: str = "score") -> None: ...
+
+    def base(self, phase: str) -> None: ...
+
+    def phase(self, name: str | None) -> ContextManager[None]: ...
+
+    def stop(self) -> dict[str, float]: ...
+
+
+class StepTiming(TrainerCallback):
+    """The step's phase clock and memory peaks, written into `sink` at each step's end; see the module
+    docstring. The trainer places it first among the run's callbacks, so a step's edges are measured
+    before the other callbacks do their work there."""
+
+    def __init__(self, sink: StepMetrics, clock: Clock) -> None:
+        self.sink = sink
+        self.clock = clock
+        self.peaks = StepPeaks()
+
+    def phase(self, name: str) -> ContextManager[None]:
+        """Charge the time inside the block to the nested phase `name` (the rollout)."""
+        return self.clock.phase(name)
+
+    def mark(self, phase: str) -> None:
+        """`phase` is over: its peak resident memory is the peak since the previous mark."""
+        self.peaks.mark(phase)
+
+    def on_step_begin(self, args, state, control, **kwargs):
+        self.peaks.start()  # this step's own peaks (runlog/memory.py)
+        self.clock.start("score")  # TRL's batch preparation, until the first compute_loss (trainer.py)
+
+    def on_pre_optimizer_step(self, args, state, control, **kwargs):
+        self.peaks.mark("loss")  # every micro-batch's forward and backward are done
+        self.clock.base("optimizer_step")
+
+    def on_step_end(self, args, state, control, **kwargs):
+        self.peaks.mark("optimizer")
+        self.sink.update({**self.clock.stop(), **self.peaks.metrics()})

@@ -1,0 +1,101 @@
+"""What plays a run's episodes, built once when the trainer is built (`build_rollout_parts`), not on
+the first rollout: the engine, what keeps its weights current, and the steps played ahead.
+
+- the `RolloutEngine` over the backend of the run's plan (generation.py's `make_backend`). It is built
+  with the trainer rather than before it because the backend needs what TRL's `__init__` makes: the
+  model it wraps (hf) or TRL's own vLLM engine (colocate);
+- the weight sync, where this package moves the weights (a server synced through a folder, colocated
+  vLLM with lora/disk: weight_sync.py): `sync_weights` brings the generator up to the trainer's weights
+  if they changed, and writes `vllm/sync_seconds` into the run's metrics sink;
+- with --rl-async-steps, the `AsyncRollout` (async_rollout.py) that plays the next steps' episodes while
+  a step trains, on a versioned backend and a copy of the tokenizer (a fast tokenizer is not safe to
+  share with the thread where TRL decodes).
+
+Building sends no request and starts no thread (the async worker's thread starts with its first
+step), so a trainer built and never trained leaves nothing running; `close()` ends what ran.
+
+Left out: playing a batch (rollout_func.py), choosing the backend and the sync method (generation.py),
+and when a step syncs (the rollout, before playing; `train()`, after the last step).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import copy
+
+from aitrain_grpo.config import RunConfig
+from aitrain_grpo.engine.backends.base import SamplingParams
+from aitrain_grpo.engine.rollout import RolloutEngine
+from aitrain_grpo.env.base import Environment
+from aitrain_grpo.models.loading import stop_token_ids
+from aitrain_grpo.runlog.step_metrics import StepMetrics
+from aitrain_grpo.training.async_rollout import AsyncRollout, start_async_rollout, versioned
+from aitrain_grpo.training.generation import GenerationPlan, make_backend
+
+
+class RolloutParts:
+    """A run's engine, weight sync (or None) and async rollout (or None); see the module docstring."""
+
+    def __init__(self, engine: RolloutEngine, *, sink: StepMetrics, weight_sync=None,
+                 async_rollout: AsyncRollout | None = None):
+        self.engine = engine
+        self.sink = sink
+        self.weight_sync = weight_sync  # training.weight_sync's FolderWeightSync or ColocateWeightSync
+        self.async_rollout = async_rollout
+
+    def replace_engine(self, engine: RolloutEngine) -> None:
+        """Play with `engine` from now on (a test's own backend); the one it replaces is closed."""
+        if engine is not self.engine:
+            self.engine.close()
+        self.engine = engine
+
+    def sync_weights(self, trainer) -> None:
+        """Bring the generator up to the trainer's weights, if they changed (nothing without a sync)."""
+        if self.weight_sync is None:
+            return
+        # Played-ahead episodes: no request may be in flight while the server's weights change.
+        with self.async_rollout.backend.paused() if self.async_rollout is not None else contextlib.nullcontext():
+            seconds = self.weight_sync.maybe_sync(trainer)
+        if seconds is not None:
+            self.sink.update({"vllm/sync_seconds": seconds})
+
+    def close(self) -> None:
+        if self.async_rollout is not None:
+            self.async_rollout.close()
+        self.engine.close()
+        getattr(self.engine.backend, "close", lambda: None)()
+
+
+def build_rollout_parts(trainer, env: Environment, config: RunConfig, generation: GenerationPlan,
+                        sink: StepMetrics) -> RolloutParts:
+    """The parts for `trainer`, once TRL's `__init__` has run (its model, tokenizer, sampler, vLLM)."""
+    stop_ids = stop_token_ids(trainer.model, trainer.processing_class)
+    backend, weight_sync = make_backend(trainer, config, generation, stop_ids)
+    tokenizer = trainer.processing_class
+    if config.rl_async_steps:
+        backend = versioned(backend)
+        # The worker thread tokenizes while TRL decodes; a fast tokenizer is not safe to share.
+        tokenizer = copy.deepcopy(tokenizer)
+    engine = RolloutEngine(
+        env,
+        tokenizer,
+        backend,
+        max_new_tokens=config.rl_max_new_tokens,
+        max_turns=config.rl_max_turns,
+        max_completion_length=config.rl_max_completion_length,
+        sampling=SamplingParams(config.rl_temperature, config.rl_top_k, config.rl_top_p),
+        env_timeout=config.rl_env_timeout,
+        cut_turn=config.rl_cut_turn,
+        schedule=config.rl_rollout_schedule,
+        tool_parser=config.rl_tool_parser,
+        model_name=config.model,  # the name an agent environment's requests must use (client.model)
+        agent_address=(config.agent_host, config.agent_port),
+    )
+    async_rollout = None
+    if config.rl_async_steps:
+        try:  # refuses a run it cannot plan ahead (several processes, several generations a step)
+            async_rollout = start_async_rollout(engine, backend, weight_sync, trainer, config)
+        except BaseException:
+            engine.close()
+            raise
+    return RolloutParts(engine, sink=sink, weight_sync=weight_sync, async_rollout=async_rollout)
