@@ -191,6 +191,7 @@ def test_overwrite_replaces_an_earlier_export_and_nothing_else(lora_run, tmp_pat
     (earlier / "model.safetensors").write_bytes(b"stale")
     result = aitrain("export", lora_run, "--to", earlier, "--overwrite")
     assert result.exit_code == 0, result.output
+    assert f"replaced {earlier}: removed an exported model (" in result.output  # says what it removed
     assert (earlier / "model.safetensors").read_bytes() != b"stale" and (earlier / "export_info.json").is_file()
     users = tmp_path / "users"
     users.mkdir()

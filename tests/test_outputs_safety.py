@@ -109,6 +109,7 @@ def test_a_tiny_model_is_replaced_only_by_overwrite(workspace):
     refuses(["tiny-model", "tiny"], workspace, "--overwrite")
     again = CliRunner().invoke(app, ["tiny-model", "tiny", "--overwrite"])
     assert again.exit_code == 0, again.output
+    assert "replaced tiny: removed a tiny model (" in again.output  # says what it removed
     assert (Path("tiny") / "config.json").is_file() and (Path("tiny") / "aitrain_tiny.json").is_file()
 
 

@@ -175,6 +175,12 @@ def test_grpo_overwrite_replaces_only_a_run_of_the_same_environment(project, cap
            in capsys.readouterr().err
 
 
+def test_sft_overwrite_replaces_only_a_run_of_the_same_environment(project):
+    other = finished_run(project / "hotel", env=("envs.hotel", "HotelEnv"))
+    refused(["sft", *LETTERS, "--output-dir", str(other), "--overwrite"], project,
+            "holds a run of envs.hotel.HotelEnv, not envs.letters.LetterEnv")
+
+
 def test_tiny_model_and_export_overwrite_never_replace_a_training_run(project, tiny_model_dir):
     run = finished_run(project / "run")
     (run / "aitrain_tiny.json").write_text("{}")  # a --no-peft run of the tiny model copies its files

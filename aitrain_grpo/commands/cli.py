@@ -30,13 +30,13 @@ import subprocess
 import sys
 import threading
 import time
-import warnings
 from pathlib import Path
 from typing import Any, Optional
 
 import typer
 from rich.console import Console
 
+import aitrain_grpo.commands.quiet  # noqa: F401 - silences warnings no user can act on
 from aitrain_grpo.commands.envcheck import POLICIES, run_env_check
 from aitrain_grpo.commands.evaluation import RUN_FLAGS, run_eval
 from aitrain_grpo.commands.export import EXPORT_SIGNATURE, run_export
@@ -72,12 +72,6 @@ app = typer.Typer(
 )
 err = Console(stderr=True, highlight=False, soft_wrap=True, emoji=False)
 out = Console(highlight=False, soft_wrap=True, emoji=False)
-
-# transformers 5.23 renamed `is_gradient_checkpointing` to `is_activation_checkpointing` and warns on every
-# read of the old name; peft and HF Trainer still read it while a model loads or trains, so every command
-# printed a FutureWarning the user can do nothing about. Only that message is silenced, and only for the
-# command line (a Python caller keeps its own warning settings).
-warnings.filterwarnings("ignore", message="`is_gradient_checkpointing` is deprecated", category=FutureWarning)
 
 
 
