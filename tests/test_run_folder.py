@@ -157,6 +157,22 @@ def test_the_lock_leaves_nothing_behind_when_the_run_ends(project):
     assert not (project / "a").exists()
 
 
+def test_a_folder_that_cannot_be_written_is_refused_in_one_line(project, monkeypatch):
+    """A resume into a run folder of someone else's (read-only to this user; root writes anywhere, so the
+    refusal of the lock file is simulated)."""
+    run = finished_run(project / "run", steps=2)
+    real_open = os.open
+
+    def read_only(path, *args, **kwargs):
+        if str(path).endswith(LOCK_NAME):
+            raise PermissionError(13, "Permission denied")
+        return real_open(path, *args, **kwargs)
+
+    monkeypatch.setattr(run_lock.os, "open", read_only)
+    refused(["grpo", *LETTERS, "--output-dir", str(run), "--resume-from-checkpoint", "auto", "--max-steps", "4"],
+            project, f"--output-dir {run} cannot be written (Permission denied)", "pass a folder you can write to")
+
+
 # ------------------------------------------------------------------------------------------ 6: overwrite
 
 

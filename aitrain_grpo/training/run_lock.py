@@ -66,10 +66,14 @@ def lock_output_dir(folder: Path) -> None:
     if folder in _held:
         return
     created = [p for p in (folder, *folder.parents) if not p.exists()]
-    folder.mkdir(parents=True, exist_ok=True)
     path = folder / LOCK_NAME
     while True:
-        fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
+        try:
+            folder.mkdir(parents=True, exist_ok=True)
+            fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
+        except OSError as exc:  # a read-only folder (a resume into someone else's run)
+            raise ConfigError(f"--output-dir {folder} cannot be written ({exc.strerror or type(exc).__name__}); "
+                              f"pass a folder you can write to") from None
         try:
             fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except BlockingIOError:
