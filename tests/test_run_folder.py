@@ -51,13 +51,16 @@ def refused(args: list[str], root: Path, *expected: str) -> str:
     return errors[0]
 
 
-def finished_run(folder: Path, *, steps: int = 2, env: tuple[str, str] = ("envs.letters", "LetterEnv")) -> Path:
+def finished_run(folder: Path, *, steps: int = 2, env: tuple[str, str] = ("envs.letters", "LetterEnv"),
+                 by_epochs: bool = False) -> Path:
     """A finished run's files as `grpo` leaves them: checkpoint-N with both state files, run_config.json
-    (the default options, so a resume with them passes the same-run check), summary and metrics."""
-    config = RunConfig(rl_env_module=env[0], rl_env_class=env[1], output_dir=str(folder), max_steps=steps)
+    (the default options, so a resume with them passes the same-run check), summary and metrics. A run
+    `by_epochs` had no --max-steps: its length is HF Trainer's `max_steps` in trainer_state.json."""
+    config = RunConfig(rl_env_module=env[0], rl_env_class=env[1], output_dir=str(folder),
+                       max_steps=None if by_epochs else steps)
     checkpoint = folder / f"checkpoint-{steps}"
     checkpoint.mkdir(parents=True)
-    (checkpoint / "trainer_state.json").write_text(json.dumps({"global_step": steps}))
+    (checkpoint / "trainer_state.json").write_text(json.dumps({"global_step": steps, "max_steps": steps}))
     settings = {name: getattr(config, name) for name in STEP_SHAPE}
     (checkpoint / "aitrain_state.json").write_text(json.dumps({"global_step": steps, "settings": settings}))
     (folder / "run_config.json").write_text(json.dumps(dataclasses.asdict(config), default=str))
@@ -82,6 +85,15 @@ def test_a_resume_with_no_steps_left_is_refused_before_it_rewrites_the_run(proje
     refused(["grpo", *LETTERS, "--output-dir", str(run), "--resume-from-checkpoint", "auto", "--max-steps", max_steps],
             project, "already at step 2", f"--max-steps {max_steps} leaves nothing to train", "--max-steps above 2")
     assert not (run / LOCK_NAME).exists()
+
+
+def test_a_resume_of_a_run_that_finished_its_epochs_is_refused_unless_they_grow(project):
+    run = finished_run(project / "run", steps=2, by_epochs=True)
+    refused(["grpo", *LETTERS, "--output-dir", str(run), "--resume-from-checkpoint", "auto"], project,
+            "already at step 2, the last of its --epochs 1", "pass --epochs above 1 or --max-steps above 2")
+    plan = plan_run(RunConfig(rl_env_module="envs.letters", rl_env_class="LetterEnv", output_dir=str(run),
+                              resume_from_checkpoint="auto", epochs=2.0))
+    assert plan.resume == run / "checkpoint-2"
 
 
 def test_a_resume_with_steps_left_is_planned(project):

@@ -33,18 +33,26 @@ ENVIRONMENT_FIELDS = ("rl_env", "rl_env_module", "rl_env_class")
 
 
 def check_resume_has_steps_left(config: RunConfig, resume: Path | None) -> None:
-    """Refuse a resume whose checkpoint already reached `--max-steps`: the trainer would train nothing, yet
-    rewrite run_config.json, run_summary.json and the report of the finished run."""
-    if resume is None or not config.max_steps:
+    """Refuse a resume whose checkpoint already reached `--max-steps` (or, without it, the last step of the
+    same `--epochs` its run planned: HF Trainer's `max_steps` in trainer_state.json): the trainer would
+    train nothing, yet rewrite run_config.json, run_summary.json and the report of the finished run."""
+    step = checkpoint_step(resume) if resume is not None else None
+    if step is None:
         return
-    step = checkpoint_step(resume)
-    if step is None or step < config.max_steps:
+    resumed = f"--resume-from-checkpoint {config.resume_from_checkpoint} resumes {resume}, already at step {step}"
+    if config.max_steps:
+        if step >= config.max_steps:
+            raise ConfigError(f"{resumed}, and --max-steps {config.max_steps} leaves nothing to train (the run's files "
+                              f"would be rewritten); pass --max-steps above {step} to train on, or a new --output-dir "
+                              f"for a new run")
         return
-    raise ConfigError(
-        f"--resume-from-checkpoint {config.resume_from_checkpoint} resumes {resume}, already at step {step}, and "
-        f"--max-steps {config.max_steps} leaves nothing to train (the run's files would be rewritten); pass "
-        f"--max-steps above {step} to train on, or a new --output-dir for a new run"
-    )
+    planned = _read_json(resume / "trainer_state.json").get("max_steps")
+    recorded = _recorded_config(resume.parent)
+    same_length = recorded.get("max_steps") is None and recorded.get("epochs") == config.epochs
+    if same_length and isinstance(planned, int) and 0 < planned <= step:
+        raise ConfigError(f"{resumed}, the last of its --epochs {config.epochs:g}, so nothing is left to train (the "
+                          f"run's files would be rewritten); pass --epochs above {config.epochs:g} or --max-steps above "
+                          f"{step} to train on, or a new --output-dir for a new run")
 
 
 def resume_note(config: RunConfig, resume: Path | None) -> str | None:
@@ -55,12 +63,16 @@ def resume_note(config: RunConfig, resume: Path | None) -> str | None:
             f"run starts fresh there")
 
 
-def _recorded_config(folder: Path) -> dict:
+def _read_json(path: Path) -> dict:
     try:
-        recorded = json.loads((folder / "run_config.json").read_text())
+        recorded = json.loads(path.read_text())
     except (OSError, ValueError):
         return {}
     return recorded if isinstance(recorded, dict) else {}
+
+
+def _recorded_config(folder: Path) -> dict:
+    return _read_json(folder / "run_config.json")
 
 
 def _environment_named(values: dict) -> str:
