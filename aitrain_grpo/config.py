@@ -11,6 +11,7 @@ Left out: translating to TRL's `GRPOConfig` (training.py) and parsing flags (cli
 from __future__ import annotations
 
 import dataclasses
+import functools
 import json
 import math
 from dataclasses import dataclass, field, fields
@@ -21,33 +22,87 @@ from aitrain_grpo.env_spec import check_environment_named, env_specs, environmen
 from aitrain_grpo.errors import ConfigError, one_line
 
 
-def _opt(default: Any, help: str, *, choices: tuple[str, ...] | None = None, minimum: int | None = None) -> Any:
-    """A field with its help, and what `validate` checks declaratively: the values it may take (`choices`;
-    None always passes) and its smallest value (`minimum`)."""
-    return field(default=default, metadata={"help": help, "choices": choices, "minimum": minimum})
+@dataclass(frozen=True)
+class Bound:
+    """A numeric option's range, checked by `check_options` with one message shape:
+    "--flag must be <range> (<note>), got <value>". `integer` also checks the type (a run_config.json or
+    a Python caller can hand in anything); `unit` names what the number counts ("positive seconds")."""
+
+    low: float | None = None
+    high: float | None = None
+    low_open: bool = False
+    high_open: bool = False
+    integer: bool = False
+    unit: str = ""
+    note: str = ""
+
+    def describe(self) -> str:
+        if self.integer and self.high is None:
+            return "a positive integer" if self.low == 1 else f"an integer >= {_number(self.low)}"
+        if self.high is None:
+            if self.low == 0:
+                word = "positive" if self.low_open else ">= 0"
+            else:
+                word = f"{'>' if self.low_open else '>='} {_number(self.low)}"
+            return f"{word} {self.unit}".strip()
+        low = "-inf" if self.low is None else _number(self.low)
+        return f"in {'(' if self.low_open else '['}{low}, {_number(self.high)}{')' if self.high_open else ']'}"
+
+    def holds(self, value: Any) -> bool:
+        if isinstance(value, bool) or not isinstance(value, (int, float)):
+            return False
+        if self.integer and not isinstance(value, int):
+            return False
+        if self.low is not None and (value <= self.low if self.low_open else value < self.low):
+            return False
+        return self.high is None or (value < self.high if self.high_open else value <= self.high)
 
 
-def check_episode_options(values: Mapping[str, Any]) -> None:
-    """Check how episodes are played and sampled: the checks `RunConfig.validate` makes, shared with
-    the commands that take only these options (`aitrain eval`, `aitrain env check`). Options missing
-    from `values`, or None, are not checked."""
-    for name in ("rl_max_new_tokens", "rl_max_completion_length", "rl_max_turns"):
-        value = values.get(name)
-        if value is not None and (isinstance(value, bool) or not isinstance(value, int) or value < 1):
-            raise ConfigError(f"--{name.replace('_', '-')} must be a positive integer, got {value!r}")
-    temperature, top_k, top_p = values.get("rl_temperature"), values.get("rl_top_k"), values.get("rl_top_p")
-    if temperature is not None and temperature < 0:
-        raise ConfigError(f"--rl-temperature must be >= 0, got {temperature}")
-    if top_p is not None and not 0 < top_p <= 1:
-        raise ConfigError(f"--rl-top-p must be in (0, 1], got {top_p}")
-    if top_k is not None and top_k < 0:
-        raise ConfigError(f"--rl-top-k must be >= 0 (0 turns it off), got {top_k}")
-    timeout = values.get("rl_env_timeout")
-    if timeout is not None and timeout <= 0:
-        raise ConfigError(f"--rl-env-timeout must be positive seconds, got {timeout}")
-    schedule = values.get("rl_rollout_schedule")
-    if schedule is not None and schedule not in ROLLOUT_SCHEDULES:
-        raise ConfigError(f"--rl-rollout-schedule {schedule!r} is not one of {', '.join(ROLLOUT_SCHEDULES)}")
+def _number(value: float) -> str:
+    return str(int(value)) if float(value).is_integer() else f"{value:g}"
+
+
+def at_least(low: int) -> Bound:
+    """An integer option's smallest value."""
+    return Bound(low=low, integer=True)
+
+
+POSITIVE = Bound(low=0, low_open=True)
+NON_NEGATIVE = Bound(low=0)
+POSITIVE_SECONDS = Bound(low=0, low_open=True, unit="seconds")
+_SECTION = ["options"]
+
+
+def _section(name: str) -> None:
+    """Start a section of `RunConfig`'s fields (called in the class body): the fields declared after it
+    carry `name` in their metadata, which docs/options.md groups by."""
+    _SECTION[0] = name
+
+
+def _opt(default: Any, help: str, *, choices: tuple[str, ...] | None = None, bound: Bound | None = None,
+         minimum: int | None = None) -> Any:
+    """A field with its help, its section, and what `check_options` checks declaratively: the values it
+    may take (`choices`; None always passes) and its range (`bound`; `minimum`: an integer's lowest)."""
+    if minimum is not None:
+        bound = at_least(minimum)
+    return field(default=default, metadata={"help": help, "choices": choices, "bound": bound, "section": _SECTION[0]})
+
+
+def check_options(values: Mapping[str, Any]) -> None:
+    """Check each option in `values` (RunConfig field names; None values and other names are skipped)
+    against its field's declared choices and range, raising `ConfigError` on the first that fails.
+    `RunConfig.validate` checks every field this way; `aitrain eval` and `aitrain env check` check the
+    episode options they take with the same rules and messages."""
+    for f in fields(RunConfig):
+        if f.name not in values or values[f.name] is None:
+            continue
+        value, flag = values[f.name], "--" + f.name.replace("_", "-")
+        choices, bound = f.metadata.get("choices"), f.metadata.get("bound")
+        if choices and value not in choices:
+            raise ConfigError(f"{flag} {value!r} is not one of {', '.join(choices)}")
+        if bound is not None and not bound.holds(value):
+            note = f" ({bound.note})" if bound.note else ""
+            raise ConfigError(f"{flag} must be {bound.describe()}{note}, got {value!r}")
 
 
 VLLM_MODES = ("colocate", "server")
@@ -124,7 +179,7 @@ def server_urls(text: str | None) -> list[str]:
 class RunConfig:
     """Options of one `aitrain grpo` run. Defaults are the CLI's defaults."""
 
-    # model and environment
+    _section("model and environment")
     model: str = _opt("tiny", "Model id or path; 'tiny' builds a small local model (no download).")
     output_dir: str | None = _opt(None, "Where the model, checkpoints and logs go (default: outputs/<env class>).")
     rl_env_module: str = _opt("", "Python module of the environment, e.g. envs.hotel (resolved from the current directory).")
@@ -132,45 +187,45 @@ class RunConfig:
     rl_env_config: Any = _opt(None, "JSON object of keyword arguments for the environment, or @file.json.")
     rl_env: str | list[str] | None = _opt(None, "The environment as KIND:NAME instead of --rl-env-module/--rl-env-class: textarena:Wordle-v0, reasoning_gym:basic_arithmetic, trl:module:Class, skyrl:module:Class, or module:Class. Repeat it to train on a mixture (--rl-env-config then takes a JSON array, one object per environment).")
     rl_env_weights: str | None = _opt(None, "With --rl-env repeated: each environment's share of the dataset, comma-separated in the same order, e.g. 0.7,0.3 (default: the rows each builds).")
-    # episodes
+    _section("episodes")
     rl_num_generations: int = _opt(4, "Episodes per prompt (the GRPO group size).", minimum=1)
-    rl_max_new_tokens: int = _opt(128, "Token limit of one model turn.")
-    rl_max_turns: int | None = _opt(None, "Cap on model turns per episode (default: the environment's max_turns).")
-    rl_max_completion_length: int = _opt(1024, "Token budget of a whole episode after the prompt (model + environment).")
-    rl_temperature: float = _opt(1.0, "Sampling temperature.")
-    rl_top_k: int = _opt(0, "Top-k sampling (0 = off; with vLLM, filtering biases the importance-sampling ratio).")
-    rl_top_p: float = _opt(1.0, "Nucleus sampling (1.0 = off).")
-    rl_env_timeout: float = _opt(60.0, "Seconds one environment call (reset/step/score_episode) may take.")
+    rl_max_new_tokens: int = _opt(128, "Token limit of one model turn.", bound=at_least(1))
+    rl_max_turns: int | None = _opt(None, "Cap on model turns per episode (default: the environment's max_turns).", bound=at_least(1))
+    rl_max_completion_length: int = _opt(1024, "Token budget of a whole episode after the prompt (model + environment).", bound=at_least(1))
+    rl_temperature: float = _opt(1.0, "Sampling temperature.", bound=Bound(low=0, high=10, note='0 samples greedily; above 10 a sample is noise'))
+    rl_top_k: int = _opt(0, "Top-k sampling (0 = off; with vLLM, filtering biases the importance-sampling ratio).", bound=Bound(low=0, integer=True, note='0 turns it off'))
+    rl_top_p: float = _opt(1.0, "Nucleus sampling (1.0 = off).", bound=Bound(low=0, high=1, low_open=True))
+    rl_env_timeout: float = _opt(60.0, "Seconds one environment call (reset/step/score_episode) may take.", bound=POSITIVE_SECONDS)
     rl_tool_parser: str = _opt(DEFAULT_TOOL_PARSER, f"How tool calls are read from the model's text: {', '.join(TOOL_PARSERS)} (auto: Hermes <tool_call> blocks, else one unambiguous call in another form).", choices=TOOL_PARSERS)
     rl_cut_turn: str = _opt(DEFAULT_CUT_TURN, "A model turn cut off by --rl-max-new-tokens: continue (the environment sees the cut turn as it stands, and the episode goes on) or end the episode there.", choices=CUT_TURN)
-    rl_rollout_schedule: str = _opt("auto", "continuous: each episode's next turn goes out as soon as its environment replied; lockstep: one batched turn for all episodes; auto: continuous with vLLM, lockstep with hf.")
+    rl_rollout_schedule: str = _opt("auto", "continuous: each episode's next turn goes out as soon as its environment replied; lockstep: one batched turn for all episodes; auto: continuous with vLLM, lockstep with hf.", choices=ROLLOUT_SCHEDULES)
     rl_async_steps: int = _opt(0, "Play the episodes of the next N steps while a step trains, on weights at most N steps old (needs a vLLM server; 0 = on-policy).", minimum=0)
     rl_zero_std_groups: str = _opt("keep", "Groups whose episodes all scored the same: keep, drop (out of the loss) or refill (play more prompts).", choices=ZERO_STD_GROUPS)
     rl_refill_max_episodes: int | None = _opt(None, "Cap on the extra episodes --rl-zero-std-groups refill plays per step (default: twice the step's episodes).", minimum=0)
-    rl_max_error_rate: float = _opt(0.5, "Stop (after saving a checkpoint) when more than this share of the episodes of the last 4 steps failed; 1 never stops.")
-    # GRPO
+    rl_max_error_rate: float = _opt(0.5, "Stop (after saving a checkpoint) when more than this share of the episodes of the last 4 steps failed; 1 never stops.", bound=Bound(low=0, high=1, note='a share of episodes; 1 never stops'))
+    _section("GRPO")
     rl_reward_funcs: str | None = _opt(None, "Rewards added to the environment's score: module:func[,module:func...], each called with TRL's reward arguments plus `episodes` and logged as rewards/<func>/mean (--rl-zero-std-groups still looks at the environment's score alone).")
     rl_reward_weights: str | None = _opt(None, "Weights of the rewards, the environment's score first: w_env,w1,... (default: 1 each).")
     rl_advantage: str = _opt("outcome", "Credit: outcome (every token of an episode gets its score's group advantage) or turn (plus each turn's group-normalised reward-to-go, from the environment's episode.reward_turn).", choices=ADVANTAGE_MODES)
-    rl_kl_coef: float = _opt(0.1, "KL penalty against the reference model (TRL's beta).")
-    rl_clip_range: float = _opt(0.2, "PPO-style clip range (TRL's epsilon).")
-    rl_entropy_coef: float = _opt(0.0, "Entropy bonus in the loss (TRL's entropy_coef): keeps exploring instead of collapsing onto one answer.")
+    rl_kl_coef: float = _opt(0.1, "KL penalty against the reference model (TRL's beta).", bound=NON_NEGATIVE)
+    rl_clip_range: float = _opt(0.2, "PPO-style clip range (TRL's epsilon).", bound=POSITIVE)
+    rl_entropy_coef: float = _opt(0.0, "Entropy bonus in the loss (TRL's entropy_coef): keeps exploring instead of collapsing onto one answer.", bound=NON_NEGATIVE)
     rl_loss_type: str | None = _opt(None, f"TRL loss type: {', '.join(LOSS_TYPES)} (default: TRL's).", choices=LOSS_TYPES)
-    lr: float = _opt(1e-5, "Learning rate.")
+    lr: float = _opt(1e-5, "Learning rate.", bound=POSITIVE)
     max_steps: int | None = _opt(None, "Optimizer steps to run (default: --epochs over the dataset).", minimum=1)
-    epochs: float = _opt(1.0, "Passes over the dataset when --max-steps is not set.")
+    epochs: float = _opt(1.0, "Passes over the dataset when --max-steps is not set.", bound=POSITIVE)
     batch_size: int = _opt(8, "Episodes per device in one generation batch (its GRPO groups); a multiple of --rl-num-generations. An optimizer step takes --gradient-accumulation-steps such batches.", minimum=1)
     gradient_accumulation_steps: int = _opt(1, "Generation batches (each --batch-size episodes) per optimizer step.", minimum=1)
     micro_batch_size: int | None = _opt(None, "Episodes per forward/backward pass: the --batch-size episodes of a step are trained in passes of this many, with the gradient of one pass (default: 2, or 1 for an odd batch; one pass with --rl-zero-std-groups drop/refill).", minimum=1)
     shared_prefix_loss: str = _opt("auto", "Forward each distinct prompt of a micro-batch once, its episodes' continuations on it, in the loss and log-prob passes (exact: the same loss and gradients): auto on a CPU where that leaves out at least 15% of the tokens and no dropout is drawn (the reference pass; the loss pass too with --lora-dropout 0), on wherever two episodes of a pass share a prompt, off for TRL's path. Keeps each group's episodes in the same passes when the loss pass shares. Setups it cannot run (gradient checkpointing in the loss pass, sliding-window caches, distributed wrappers, images) take TRL's path, said once in the log.", choices=SHARED_PREFIX_MODES)
-    seed: int = _opt(42, "Random seed.")
-    # LoRA
+    seed: int = _opt(42, "Random seed.", bound=Bound(low=0, high=2**32 - 1, integer=True, note='numpy takes seeds in that range'))
+    _section("LoRA")
     peft: bool = _opt(True, "Train a LoRA adapter (--no-peft: full fine-tuning).")
     lora_r: int = _opt(16, "LoRA rank.", minimum=1)
     lora_alpha: int = _opt(32, "LoRA alpha.", minimum=1)
-    lora_dropout: float = _opt(0.0, "LoRA dropout (off by default, as in peft: with it, --shared-prefix-loss auto leaves the loss pass to TRL's path).")
+    lora_dropout: float = _opt(0.0, "LoRA dropout (off by default, as in peft: with it, --shared-prefix-loss auto leaves the loss pass to TRL's path).", bound=Bound(low=0, high=1, high_open=True))
     target_modules: str = _opt("all-linear", "LoRA target modules: all-linear or a comma-separated list.")
-    # logging and saving
+    _section("logging and saving")
     logging_steps: int = _opt(1, "Log metrics every N steps.", minimum=1)
     save_steps: int | None = _opt(None, "Save a checkpoint every N steps (default: only at the end).", minimum=1)
     save_total_limit: int | None = _opt(None, "Keep only the newest N checkpoints (default: all).", minimum=1)
@@ -179,20 +234,20 @@ class RunConfig:
     log_episodes_every: int = _opt(10, "Write a sample of whole episodes to episodes.jsonl at step 1 and every N steps (0 = never).", minimum=0)
     log_episodes_count: int = _opt(4, "Episodes in each sample written to episodes.jsonl (the best, the worst, and random others).", minimum=0)
     overwrite: bool = _opt(False, "Allow writing into an output directory that holds a finished run.")
-    # vLLM
+    _section("vLLM")
     use_vllm: bool = _opt(False, "Generate with vLLM instead of Hugging Face generate.")
     vllm_mode: str = _opt("colocate", "vLLM mode: colocate (in the trainer) or server (aitrain vllm-serve).", choices=VLLM_MODES)
-    vllm_gpu_memory_utilization: float = _opt(0.3, "Share of GPU memory for colocated vLLM.")
+    vllm_gpu_memory_utilization: float = _opt(0.3, "Share of GPU memory for colocated vLLM.", bound=Bound(low=0, high=1, low_open=True))
     vllm_server_url: str | None = _opt(None, "URL of the vLLM server (server mode), e.g. http://127.0.0.1:8000; several, comma-separated (a list in a config file), share the episodes and each get the weights.")
     vllm_tensor_parallel_size: int = _opt(1, "Tensor parallel size of colocated vLLM.", minimum=1)
     vllm_server_gpus: int = _opt(1, "GPUs taken by the vLLM server (training uses the rest).", minimum=0)
     vllm_sync: str = _opt("auto", "How weights reach a vLLM server: auto, nccl (GPU), lora (adapter folder) or disk (weights folder).", choices=VLLM_SYNC)
     vllm_sync_dir: str | None = _opt(None, "Folder shared with the vLLM server for lora/disk sync (default: <output-dir>/vllm-sync).")
-    vllm_server_timeout: float = _opt(240.0, "Seconds to wait for a vLLM server to answer: before training, and mid-run when no server is left (then the run stops with a checkpoint).")
-    # agent environments
+    vllm_server_timeout: float = _opt(240.0, "Seconds to wait for a vLLM server to answer: before training, and mid-run when no server is left (then the run stops with a checkpoint).", bound=POSITIVE_SECONDS)
+    _section("agent environments")
     agent_host: str = _opt("127.0.0.1", "Address an agent environment's OpenAI-compatible endpoint listens on: 127.0.0.1 serves this machine only; 0.0.0.0 (or one interface's address) also serves agents in containers or on other hosts, each request authorised by its episode's key.")
     agent_port: int = _opt(0, "Port of that endpoint (0: any free port).", minimum=0)
-    # output
+    _section("output")
     debug: bool = _opt(False, "Show full tracebacks.")
 
     # ------------------------------------------------------------------------------- helpers
@@ -290,19 +345,12 @@ class RunConfig:
 
     def _check_rules(self) -> None:
         check_environment_named(self.rl_env, self.rl_env_module, self.rl_env_class, self.rl_env_weights)
-        self._check_declared()
-        check_episode_options(vars(self))
-        if self.lr <= 0:
-            raise ConfigError(f"--lr must be positive, got {self.lr}")
-        if self.epochs <= 0:
-            raise ConfigError(f"--epochs must be positive, got {self.epochs}")
-        if not 0 <= self.lora_dropout < 1:
-            raise ConfigError(f"--lora-dropout must be in [0, 1), got {self.lora_dropout}")
+        check_options(vars(self))
         if self.resume_from_checkpoint is not None and not self.resume_from_checkpoint.strip():
             raise ConfigError("--resume-from-checkpoint needs a value: auto, or a checkpoint-N folder")
 
     def _check_grpo_rules(self) -> None:
-        """The rules of GRPO's groups, sampling, loss and generation backends."""
+        """GRPO's rules that relate options to each other, or hold for training but not for eval."""
         if self.rl_num_generations < 2:
             raise ConfigError("--rl-num-generations must be at least 2: GRPO compares episodes within a group")
         if self.batch_size % self.rl_num_generations:
@@ -321,31 +369,27 @@ class RunConfig:
                 f"--rl-temperature must be above 0 for training, got {self.rl_temperature}: at 0 every episode of a "
                 f"group is the same, so GRPO has no score differences to learn from; use e.g. 1.0 (aitrain eval takes 0)"
             )
-        if self.rl_entropy_coef < 0:
-            raise ConfigError(f"--rl-entropy-coef must be >= 0, got {self.rl_entropy_coef}")
-        if self.rl_kl_coef < 0 or self.rl_clip_range <= 0:
-            raise ConfigError("--rl-kl-coef must be >= 0 and --rl-clip-range > 0")
-        if not 0 < self.vllm_gpu_memory_utilization <= 1:
-            raise ConfigError(f"--vllm-gpu-memory-utilization must be in (0, 1], got {self.vllm_gpu_memory_utilization}")
         if self.use_vllm and self.vllm_mode == "server" and not self.vllm_server_url:
             raise ConfigError("--vllm-mode server needs --vllm-server-url (start one with `aitrain vllm-serve --model ...`)")
-        server_urls(self.vllm_server_url)
-        if self.vllm_server_timeout <= 0:
-            raise ConfigError(f"--vllm-server-timeout must be positive seconds, got {self.vllm_server_timeout}")
-        if not 0 <= self.rl_max_error_rate <= 1:
-            raise ConfigError(f"--rl-max-error-rate must be in [0, 1] (a share of episodes; 1 never stops), got {self.rl_max_error_rate}")
-        reward_weights(self.rl_reward_weights, len(reward_func_specs(self.rl_reward_funcs)))
+        _ = self.vllm_servers, self.reward_weight_list  # parsed, and so checked, once: here
 
-    def _check_declared(self) -> None:
-        """Every field's declared `choices` and `minimum` (see `_opt`): one rule, one message each."""
-        for f in fields(self):
-            value, flag = getattr(self, f.name), "--" + f.name.replace("_", "-")
-            choices, minimum = f.metadata.get("choices"), f.metadata.get("minimum")
-            if choices and value is not None and value not in choices:
-                raise ConfigError(f"{flag} {value!r} is not one of {', '.join(choices)}")
-            if minimum is not None and value is not None and value < minimum:
-                wanted = "a positive integer" if minimum == 1 else f"an integer >= {minimum}"
-                raise ConfigError(f"{flag} must be {wanted}, got {value!r}")
+    # ------------------------------------------------------------------------------- parsed values
+    # Options written as text, parsed once per config; every user reads these, not the text.
+
+    @functools.cached_property
+    def vllm_servers(self) -> list[str]:
+        """`--vllm-server-url` as a list of URLs (empty when not given)."""
+        return server_urls(self.vllm_server_url)
+
+    @functools.cached_property
+    def reward_specs(self) -> list[tuple[str, str]]:
+        """`--rl-reward-funcs` as (module, function) pairs."""
+        return reward_func_specs(self.rl_reward_funcs)
+
+    @functools.cached_property
+    def reward_weight_list(self) -> list[float] | None:
+        """`--rl-reward-weights` as floats, the environment's score first; None when every weight is 1."""
+        return reward_weights(self.rl_reward_weights, len(self.reward_specs))
 
     def _typed_values(self) -> dict[str, Any]:
         """Values from a config file arrive as YAML/JSON typed them; check each against its field, and

@@ -15,7 +15,7 @@ from rich.markup import escape
 from rich.table import Table
 
 from aitrain_grpo.commands.options import check_positive
-from aitrain_grpo.config import DEFAULT_TOOL_PARSER, check_episode_options
+from aitrain_grpo.config import DEFAULT_TOOL_PARSER, check_options
 from aitrain_grpo.engine.backends.base import SamplingParams
 from aitrain_grpo.engine.tool_parsers import read_tool_calls, tool_names_of
 from aitrain_grpo.errors import ConfigError
@@ -123,7 +123,7 @@ def run_env_check(
     if unknown or not chosen:
         raise ConfigError(f"--policies takes a comma-separated list of {', '.join(POLICIES)}; got {policies!r}")
     check_positive(episodes=episodes)
-    check_episode_options({"rl_max_new_tokens": max_new_tokens, "rl_max_turns": max_turns,
+    check_options({"rl_max_new_tokens": max_new_tokens, "rl_max_turns": max_turns,
                            "rl_temperature": temperature, "rl_env_timeout": timeout})
     report = env_check(module=module, class_name=class_name, env_config=env_config, model_name=model_name,
                        policies=chosen, sampling=SamplingParams(temperature, 0, 1.0), episodes=episodes, seed=seed,

@@ -17,7 +17,7 @@ from typing import Any
 from rich.table import Table
 
 from aitrain_grpo.commands.options import check_positive
-from aitrain_grpo.config import RunConfig, check_episode_options
+from aitrain_grpo.config import RunConfig, check_options
 from aitrain_grpo.env_spec import env_specs, environment_of
 from aitrain_grpo.engine.backends.base import SamplingParams
 from aitrain_grpo.env.base import needs_policy
@@ -59,7 +59,7 @@ def run_eval(*, model: str, baseline: str | None, spec: str | list[str] | None =
     """What `aitrain eval` does: resolve models and environment, play, print the table, write JSONL.
     `options` holds the sampling and budget flags (None where not given)."""
     check_positive(episodes=episodes, rl_num_generations=samples, batch_size=batch_size)
-    check_episode_options(options)
+    check_options(options)
     sources = [resolve_source(model)] + ([resolve_source(baseline)] if baseline else [])
     if output:  # before anything loads: never over a folder, '.', or a file of a run being read
         read = [p for s in sources for p in (s.weights, s.adapter) if p and Path(p).expanduser().is_dir()]
@@ -74,7 +74,7 @@ def run_eval(*, model: str, baseline: str | None, spec: str | list[str] | None =
                               f"has no run_config.json to take them from)")
     env = load_environment(*environment_of(spec, module, class_name, env_config, weights))
     settings = {name: _option(options.get(name), run_config, name) for name in (*RUN_FLAGS, "rl_cut_turn")}
-    check_episode_options(settings)  # a training run's values too (its run_config.json may be older)
+    check_options(settings)  # a training run's values too (its run_config.json may be older)
     sampling = SamplingParams(settings["rl_temperature"], settings["rl_top_k"], settings["rl_top_p"])
     labels = ["model", "baseline"]
     results: list[EvalResult] = []

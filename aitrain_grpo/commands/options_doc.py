@@ -1,5 +1,5 @@
 """docs/options.md, written from `RunConfig` itself: every option of `aitrain grpo` with its flag, default
-and help, in the sections of the dataclass (its `# model and environment`, `# episodes`, ... comments).
+and help, in the sections its fields declare (`_section("episodes")`, ... in config.py).
 
     python -m aitrain_grpo.commands.options_doc > docs/options.md
 
@@ -9,8 +9,6 @@ Left out: the options of one command only (`--episodes` of eval, ...): `aitrain 
 
 from __future__ import annotations
 
-import inspect
-import re
 from dataclasses import fields
 
 from aitrain_grpo.commands.options import flag_name
@@ -24,20 +22,6 @@ flags given on the command line override the file.
 """
 
 
-def sections() -> dict[str, str]:
-    """Field name -> the section comment above it in `RunConfig`'s source."""
-    found, current = {}, "options"
-    for line in inspect.getsource(RunConfig).splitlines():
-        comment = re.match(r"^    # (?!-)(.+)$", line)
-        if comment:
-            current = comment.group(1).strip()
-            continue
-        field = re.match(r"^    (\w+): ", line)
-        if field:
-            found[field.group(1)] = current
-    return found
-
-
 def _default(value) -> str:
     if value is None or value == "":
         return "-"
@@ -47,10 +31,9 @@ def _default(value) -> str:
 
 
 def options_markdown() -> str:
-    where = sections()
     out, last = [HEADER], None
     for f in fields(RunConfig):
-        section = where.get(f.name, "options")
+        section = f.metadata.get("section", "options")
         if section != last:
             out += [f"\n## {section[0].upper()}{section[1:]}\n", "| flag | default | meaning |", "| --- | --- | --- |"]
             last = section

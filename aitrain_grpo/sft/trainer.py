@@ -37,6 +37,7 @@ from aitrain_grpo.models.loading import load_model_and_tokenizer
 from aitrain_grpo.runlog.redaction import redact
 from aitrain_grpo.training.checkpoints import prepare_output_dir
 from aitrain_grpo.training.hf_args import lora_config, save_run, trainer_args
+from aitrain_grpo.training.micro_batches import BatchShape
 
 def demo_dataset(tokenizer, demos: list[Demonstration]) -> Dataset:
     """The pre-tokenized dataset SFTTrainer trains on (labels come from `assistant_masks`); each
@@ -56,7 +57,7 @@ def demo_dataset(tokenizer, demos: list[Demonstration]) -> Dataset:
 def sft_config(config: RunConfig, output_dir: Path) -> SFTConfig:
     """RunConfig -> TRL's SFTConfig, with the CPU settings `grpo` uses where there is no CUDA."""
     return SFTConfig(
-        **trainer_args(config, output_dir, SFTConfig),
+        **trainer_args(config, output_dir, SFTConfig, BatchShape.of(config, whole_step=False)),
         save_strategy="no",
         max_length=None,  # a demonstration is whole or useless; truncating would cut its last turns
         packing=False,

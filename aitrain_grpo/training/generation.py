@@ -30,7 +30,7 @@ from typing import Any
 
 import torch
 
-from aitrain_grpo.config import RunConfig, server_urls
+from aitrain_grpo.config import RunConfig
 from aitrain_grpo.engine.backends.choice import build_backend, require_vllm
 from aitrain_grpo.engine.backends.vllm_server import GenerationServerError, VLLMServerClient, wait_for_server
 from aitrain_grpo.errors import ConfigError
@@ -60,7 +60,7 @@ def plan_generation(config: RunConfig) -> GenerationPlan:
     cuda = torch.cuda.is_available()
     if config.vllm_mode == "colocate":
         return GenerationPlan("vllm_colocate", "trl" if cuda else "reload")
-    several = len(server_urls(config.vllm_server_url)) > 1
+    several = len(config.vllm_servers) > 1
     if several and config.vllm_sync == "nccl":
         raise ConfigError("--vllm-sync nccl reaches one server (TRL's NCCL client), and --vllm-server-url names "
                           "several; use --vllm-sync lora (with --peft) or disk, or one server")
@@ -90,7 +90,7 @@ def grpo_kwargs(config: RunConfig, plan: GenerationPlan) -> dict[str, Any]:
             vllm_tensor_parallel_size=config.vllm_tensor_parallel_size,
         )
     else:
-        kwargs.update(vllm_server_base_url=server_urls(config.vllm_server_url)[0], vllm_server_timeout=config.vllm_server_timeout)
+        kwargs.update(vllm_server_base_url=config.vllm_servers[0], vllm_server_timeout=config.vllm_server_timeout)
     return kwargs
 
 
@@ -119,7 +119,7 @@ def check_server(config: RunConfig, plan: GenerationPlan) -> None:
     if plan.backend != "vllm_server":
         return
     expected = served_name(config.model)
-    for url in server_urls(config.vllm_server_url):
+    for url in config.vllm_servers:
         client = VLLMServerClient(url, retries=0)
         try:
             wait_for_server(client, config.vllm_server_timeout, timeout_flag="--vllm-server-timeout",
@@ -149,7 +149,7 @@ def make_backend(trainer, config: RunConfig, plan: GenerationPlan, stop_ids: lis
 
     served_model = served_name(config.model) if plan.backend == "vllm_server" else None
     backend = build_backend(plan.backend, stop_ids, **generation_handles(trainer, plan.backend),  # plain objects
-                            server_urls=server_urls(config.vllm_server_url), served_model=served_model,
+                            server_urls=config.vllm_servers, served_model=served_model,
                             server_timeout=config.vllm_server_timeout)
     if not plan.external_weight_sync:
         return backend, None
@@ -182,7 +182,7 @@ def reserve_server_gpus(config: RunConfig, environ: dict[str, str] | None = None
     environ = os.environ if environ is None else environ
     if not (config.use_vllm and config.vllm_mode == "server" and config.vllm_server_url):
         return None
-    local = [url for url in server_urls(config.vllm_server_url) if urlparse(url).hostname in ("127.0.0.1", "localhost", "::1")]
+    local = [url for url in config.vllm_servers if urlparse(url).hostname in ("127.0.0.1", "localhost", "::1")]
     if "CUDA_VISIBLE_DEVICES" in environ or not local:
         return None
     if shutil.which("nvidia-smi") is None:

@@ -22,7 +22,7 @@ import torch
 from peft import LoraConfig
 
 from aitrain_grpo.config import RunConfig
-from aitrain_grpo.training.micro_batches import trl_batch_arguments
+from aitrain_grpo.training.micro_batches import BatchShape
 
 # HF Trainer asks DDP to search for parameters a forward pass left unused whenever activation checkpointing
 # is off (Trainer's `ddp_find_unused_parameters` default), and these arguments turn it off on a CPU. With
@@ -33,17 +33,16 @@ warnings.filterwarnings("ignore", message="find_unused_parameters=True was speci
                                           "find any unused parameters", category=UserWarning)
 
 
-def trainer_args(config: RunConfig, output_dir: Path, config_class: type) -> dict[str, Any]:
+def trainer_args(config: RunConfig, output_dir: Path, config_class: type, batch: BatchShape) -> dict[str, Any]:
     """The arguments TRL's `GRPOConfig` and `SFTConfig` (`config_class`) take alike from a RunConfig:
-    optimisation, length, seed, logging; and where there is no CUDA, the CPU settings (TRL's defaults
+    optimisation, the batch's shape (decided by the caller: the run plan for grpo), seed, logging; and where there is no CUDA, the CPU settings (TRL's defaults
     assume a GPU: on a CPU they are slower, activation checkpointing, or unsupported, bf16; under a
     DeepSpeed launch the CPU is named through gloo rather than `use_cpu`, which would keep DeepSpeed's
     process group from starting)."""
     args: dict[str, Any] = dict(
         output_dir=str(output_dir),
         learning_rate=config.lr,
-        **trl_batch_arguments(config.batch_size, config.micro_batch_size, config.gradient_accumulation_steps,
-                              whole_step=config.rl_zero_std_groups != "keep"),
+        **batch.trl_arguments(),
         num_train_epochs=config.epochs,
         max_steps=config.max_steps or -1,
         seed=config.seed,

@@ -37,6 +37,7 @@ benchmarks/MEMORY.md; `memory_check` warns when the estimate does not fit) and t
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import Any
 
 import torch
@@ -84,6 +85,30 @@ def trl_batch_arguments(batch_size: int, asked_micro: int | None, accumulation: 
         "per_device_train_batch_size": micro,
         "gradient_accumulation_steps": accumulation * (batch_size // micro),
     }
+
+
+@dataclass(frozen=True)
+class BatchShape:
+    """How a run's steps are cut into forward/backward passes, decided once in the run plan (plan.py)
+    before any model loads, so a micro-batch that does not divide the batch is refused first."""
+
+    episodes_per_pass: int  # TRL's per_device_train_batch_size
+    accumulation_steps: int  # TRL's gradient_accumulation_steps: the passes of one optimizer step
+
+    @classmethod
+    def of(cls, config: Any, *, whole_step: bool | None = None) -> "BatchShape":
+        """The shape of `config`'s steps (a RunConfig): `--batch-size`, `--micro-batch-size` and
+        `--gradient-accumulation-steps`; one pass a batch with --rl-zero-std-groups drop/refill unless
+        `whole_step` says otherwise (aitrain sft passes False)."""
+        if whole_step is None:
+            whole_step = getattr(config, "rl_zero_std_groups", "keep") != "keep"
+        arguments = trl_batch_arguments(config.batch_size, config.micro_batch_size,
+                                        config.gradient_accumulation_steps, whole_step=whole_step)
+        return cls(arguments["per_device_train_batch_size"], arguments["gradient_accumulation_steps"])
+
+    def trl_arguments(self) -> dict[str, int]:
+        return {"per_device_train_batch_size": self.episodes_per_pass,
+                "gradient_accumulation_steps": self.accumulation_steps}
 
 
 def trim_padding(inputs: dict[str, Any]) -> dict[str, Any]:

@@ -1,8 +1,8 @@
 """`RunPlan`: what a training run decides once, before loading anything, and passes down.
 
-A run's generation backend (and how a vLLM server gets new weights), the checkpoint it resumes from,
-and its output directory are each worked out once here; the trainer, the rollout and `train` read the
-plan instead of asking the config again. `plan_run` also hides the GPUs of a local vLLM server from
+A run's generation backend (and how a vLLM server gets new weights), the shape of its batches, the
+checkpoint it resumes from and its output directory are each worked out once here; the trainer, the
+rollout and `train` read the plan instead of asking the config again. `plan_run` also hides the GPUs of a local vLLM server from
 training first, since that must happen before CUDA is first asked about (and choosing the backend asks).
 
 Left out: checking that a vLLM server answers (generation.check_server, run once by `build_trainer`)
@@ -27,6 +27,7 @@ from aitrain_grpo.training.async_rollout import check_async_supported
 from aitrain_grpo.training.checkpoints import check_output_dir_for_run, with_fresh_default_output_dir
 from aitrain_grpo.training.generation import GenerationPlan, plan_generation, reserve_server_gpus
 from aitrain_grpo.training.run_folder import check_overwrite_target, check_resume_has_steps_left, resume_note
+from aitrain_grpo.training.micro_batches import BatchShape
 from aitrain_grpo.training.run_lock import claim_output_dir
 
 
@@ -36,6 +37,7 @@ class RunPlan:
     resume: Path | None  # the checkpoint to resume from; None for a fresh start
     output_dir: Path
     config: RunConfig  # the options the run uses: the caller's, with the output folder it really writes to
+    batch: BatchShape  # episodes a forward/backward pass, passes a step
 
 
 def plan_run(config: RunConfig) -> RunPlan:
@@ -44,6 +46,7 @@ def plan_run(config: RunConfig) -> RunPlan:
     holds, is replaced by the next numbered one (said on stderr). The last step locks the output folder
     for this run (run_lock.py), once every refusal has had its say."""
     config = config.validate()
+    batch = BatchShape.of(config)  # a micro-batch that does not divide the batch is refused here, not after loading
     check_model_option(config.model)
     check_tracker_installed(config.report_to)  # before run_config.json or anything else is written
     movable = not (config.output_dir or config.resume_from_checkpoint or config.overwrite)
@@ -60,7 +63,8 @@ def plan_run(config: RunConfig) -> RunPlan:
         for line in (*notes, moved):
             if line:
                 print(line, file=sys.stderr, flush=True)
-    return RunPlan(generation=generation, resume=resume, output_dir=config.resolved_output_dir(), config=config)
+    return RunPlan(generation=generation, resume=resume, output_dir=config.resolved_output_dir(), config=config,
+                   batch=batch)
 
 
 def check_distributed_engine() -> None:

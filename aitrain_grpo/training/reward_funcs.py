@@ -33,7 +33,6 @@ from typing import Any, Callable
 
 from trl.trainer.utils import is_async_callable
 
-from aitrain_grpo.config import reward_func_specs
 from aitrain_grpo.env.loading import import_user_module
 from aitrain_grpo.errors import EnvLoadError, describe_exception, user_location
 
@@ -52,10 +51,11 @@ class RewardFunc:
     func: Callable[..., Any]
 
 
-def load_reward_funcs(text: str | None) -> list[RewardFunc]:
-    """Import and check every function of `--rl-reward-funcs` (EnvLoadError on the first problem)."""
+def load_reward_funcs(specs: list[tuple[str, str]]) -> list[RewardFunc]:
+    """Import and check every function of `--rl-reward-funcs`, as `RunConfig.reward_specs` has parsed it
+    (EnvLoadError on the first problem)."""
     loaded = []
-    for module, name in reward_func_specs(text):
+    for module, name in specs:
         spec = f"{module}:{name}"
         mod = import_user_module(module, flag=FLAG, what="reward function module")
         if not hasattr(mod, name):

@@ -41,7 +41,7 @@ from datasets import Dataset
 from transformers.trainer_callback import PrinterCallback, ProgressCallback
 from trl import GRPOConfig, GRPOTrainer
 
-from aitrain_grpo.config import RunConfig, reward_func_specs, reward_weights
+from aitrain_grpo.config import RunConfig
 from aitrain_grpo.env.base import Environment
 from aitrain_grpo.errors import ConfigError, UserError
 from aitrain_grpo.env.dataset import build_rows
@@ -58,7 +58,7 @@ from aitrain_grpo.training.generation import check_server as check_vllm_server
 from aitrain_grpo.training.generation import grpo_kwargs as generation_grpo_kwargs
 from aitrain_grpo.training.generation import sampling_warning
 from aitrain_grpo.training.memory_check import available_bytes, memory_warning
-from aitrain_grpo.training.micro_batches import micro_batch_size
+from aitrain_grpo.training.micro_batches import BatchShape
 from aitrain_grpo.training.plan import RunPlan, plan_run
 from aitrain_grpo.training.prompt_length import check_prompt_lengths
 from aitrain_grpo.training.run_lock import release as release_lock
@@ -129,7 +129,7 @@ class EpisodeGRPOTrainer(TRLHooks, AtomicCheckpoints, GRPOTrainer):
 def grpo_config(config: RunConfig, plan: RunPlan) -> GRPOConfig:
     """Translate RunConfig into TRL's GRPOConfig, with CPU-friendly settings where there is no CUDA."""
     kwargs: dict[str, Any] = dict(
-        **trainer_args(config, plan.output_dir, GRPOConfig),
+        **trainer_args(config, plan.output_dir, GRPOConfig, plan.batch),
         num_generations=config.rl_num_generations,
         max_completion_length=config.rl_max_completion_length,
         temperature=config.rl_temperature if config.rl_temperature > 0 else 1.0,
@@ -147,7 +147,7 @@ def grpo_config(config: RunConfig, plan: RunPlan) -> GRPOConfig:
     kwargs.update(generation_grpo_kwargs(config, plan.generation))
     if config.rl_loss_type:
         kwargs["loss_type"] = config.rl_loss_type
-    weights = reward_weights(config.rl_reward_weights, len(reward_func_specs(config.rl_reward_funcs)))
+    weights = config.reward_weight_list
     if weights is not None:
         kwargs["reward_weights"] = weights  # the environment's score first, as reward_funcs are ordered
     return GRPOConfig(**kwargs)
@@ -181,15 +181,14 @@ def check_context_length(model, config: RunConfig) -> None:
         )
 
 
-def warn_if_a_step_may_not_fit(model, config: RunConfig) -> None:
+def warn_if_a_step_may_not_fit(model, config: RunConfig, batch: BatchShape) -> None:
     """On a CPU, say before training when the worst-case step exceeds the free memory (memory_check.py)."""
     if torch.cuda.is_available() or os.environ.get("RANK", "0") != "0":
         return
     warning = memory_warning(
         parameters=sum(p.numel() for p in model.parameters()), vocab=int(model.config.vocab_size),
         batch_size=config.batch_size,
-        micro_batch=micro_batch_size(config.batch_size, config.micro_batch_size,
-                                     whole_step=config.rl_zero_std_groups != "keep"),
+        micro_batch=batch.episodes_per_pass,
         tokens_per_episode=config.rl_max_completion_length, available=available_bytes(),
     )
     if warning:
@@ -216,11 +215,11 @@ def build_trainer(config: RunConfig, env: Environment | None = None, *, callback
     else:
         env = as_environment(env)  # an instance handed in from Python, wrapped as load_environment would
     os.environ.setdefault("TRL_EXPERIMENTAL_SILENCE", "1")
-    extra_rewards = load_reward_funcs(config.rl_reward_funcs)  # before the model: a bad one fails fast
+    extra_rewards = load_reward_funcs(config.reward_specs)  # before the model: a bad one fails fast
 
     model, tokenizer = load_model_and_tokenizer(config.model)
     check_context_length(model, config)
-    warn_if_a_step_may_not_fit(model, config)
+    warn_if_a_step_may_not_fit(model, config, plan.batch)
     rows = build_rows(env, tokenizer)
     check_prompt_lengths(rows, tokenizer, model, reply_tokens=config.rl_max_new_tokens, model_name=config.model)
     dataset = Dataset.from_list(small_dataset.fill_one_step(rows, config))
