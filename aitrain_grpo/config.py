@@ -20,56 +20,10 @@ from typing import Any, Mapping
 
 from aitrain_grpo.env_spec import check_environment_named, env_specs, environment_of, spec_label
 from aitrain_grpo.errors import ConfigError, one_line
+from aitrain_grpo.option_rules import (NON_NEGATIVE, POSITIVE, POSITIVE_SECONDS, Bound, at_least, reward_func_specs,
+                                        reward_weights, server_urls)
 
 
-@dataclass(frozen=True)
-class Bound:
-    """A numeric option's range, checked by `check_options` with one message shape:
-    "--flag must be <range> (<note>), got <value>". `integer` also checks the type (a run_config.json or
-    a Python caller can hand in anything); `unit` names what the number counts ("positive seconds")."""
-
-    low: float | None = None
-    high: float | None = None
-    low_open: bool = False
-    high_open: bool = False
-    integer: bool = False
-    unit: str = ""
-    note: str = ""
-
-    def describe(self) -> str:
-        if self.integer and self.high is None:
-            return "a positive integer" if self.low == 1 else f"an integer >= {_number(self.low)}"
-        if self.high is None:
-            if self.low == 0:
-                word = "positive" if self.low_open else ">= 0"
-            else:
-                word = f"{'>' if self.low_open else '>='} {_number(self.low)}"
-            return f"{word} {self.unit}".strip()
-        low = "-inf" if self.low is None else _number(self.low)
-        return f"in {'(' if self.low_open else '['}{low}, {_number(self.high)}{')' if self.high_open else ']'}"
-
-    def holds(self, value: Any) -> bool:
-        if isinstance(value, bool) or not isinstance(value, (int, float)):
-            return False
-        if self.integer and not isinstance(value, int):
-            return False
-        if self.low is not None and (value <= self.low if self.low_open else value < self.low):
-            return False
-        return self.high is None or (value < self.high if self.high_open else value <= self.high)
-
-
-def _number(value: float) -> str:
-    return str(int(value)) if float(value).is_integer() else f"{value:g}"
-
-
-def at_least(low: int) -> Bound:
-    """An integer option's smallest value."""
-    return Bound(low=low, integer=True)
-
-
-POSITIVE = Bound(low=0, low_open=True)
-NON_NEGATIVE = Bound(low=0)
-POSITIVE_SECONDS = Bound(low=0, low_open=True, unit="seconds")
 _SECTION = ["options"]
 
 
@@ -119,60 +73,6 @@ ADVANTAGE_MODES = ("outcome", "turn")  # training/turn_credit.py
 SHARED_PREFIX_MODES = ("auto", "on", "off")  # training/shared_prefix.py
 TOOL_PARSERS = ("auto", "hermes", "json", "llama3_json", "mistral", "pythonic")  # engine/tool_parsers.py
 DEFAULT_TOOL_PARSER = "auto"
-REWARD_FUNC_EXAMPLE = "aitrain_grpo.rewards:length_penalty"
-
-
-def reward_func_specs(text: str | None) -> list[tuple[str, str]]:
-    """`--rl-reward-funcs module:func[,module:func...]` as (module, attribute) pairs, checked for form
-    only (importing is training/reward_funcs.py's). The attribute's name is what TRL logs it under, so two
-    with one name, or one named like the environment's score, are refused."""
-    specs: list[tuple[str, str]] = []
-    for entry in (text or "").split(",") if (text or "").strip() else []:
-        module, colon, attr = entry.strip().partition(":")
-        if not (colon and module.strip() and attr.strip().isidentifier()):
-            raise ConfigError(f"--rl-reward-funcs entry {entry.strip()!r} is not module:function; write e.g. "
-                              f"{REWARD_FUNC_EXAMPLE} (entries separated by commas)")
-        name = attr.strip()
-        if name == "episode_score" or name in [a for _, a in specs]:
-            raise ConfigError(f"--rl-reward-funcs has two rewards named {name!r} (rewards are logged by name, and "
-                              f"episode_score is the environment's); bind one to another name in your module, "
-                              f"e.g. my_{name} = {name}")
-        specs.append((module.strip(), name))
-    return specs
-
-
-def reward_weights(text: str | None, num_funcs: int) -> list[float] | None:
-    """`--rl-reward-weights w_env,w1,...` as floats, one per reward (the environment's score first);
-    None when not given (every weight 1)."""
-    if text is None or not str(text).strip():
-        return None
-    weights = []
-    for entry in str(text).split(","):
-        try:
-            weight = float(entry)
-        except ValueError:
-            weight = math.nan
-        if not math.isfinite(weight):
-            raise ConfigError(f"--rl-reward-weights entry {entry.strip()!r} is not a number; write numbers separated "
-                              f"by commas, the environment's score first, e.g. 1,0.5")
-        weights.append(weight)
-    if len(weights) != num_funcs + 1:
-        raise ConfigError(f"--rl-reward-weights has {len(weights)} weight(s) for {num_funcs + 1} reward(s) (the "
-                          f"environment's score, then {num_funcs} from --rl-reward-funcs); give one per reward, "
-                          f"the environment's score first")
-    return weights
-
-
-def server_urls(text: str | None) -> list[str]:
-    """`--vllm-server-url URL1,URL2,...` as a list of URLs, checked for form (http or https, each once)."""
-    urls = [url.strip().rstrip("/") for url in (text or "").split(",") if url.strip()]
-    for url in urls:
-        if not url.startswith(("http://", "https://")):
-            raise ConfigError(f"--vllm-server-url entry {url!r} is not an http:// or https:// URL; write e.g. "
-                              f"http://127.0.0.1:8000 (several separated by commas)")
-    if len(set(urls)) < len(urls):
-        raise ConfigError(f"--vllm-server-url names a server twice ({text}); name each server once")
-    return urls
 
 
 @dataclass
@@ -233,7 +133,7 @@ class RunConfig:
     report_to: str = _opt("none", f"Experiment tracker: {', '.join(REPORT_TO)}.", choices=REPORT_TO)
     log_episodes_every: int = _opt(10, "Write a sample of whole episodes to episodes.jsonl at step 1 and every N steps (0 = never).", minimum=0)
     log_episodes_count: int = _opt(4, "Episodes in each sample written to episodes.jsonl (the best, the worst, and random others).", minimum=0)
-    overwrite: bool = _opt(False, "Allow writing into an output directory that holds a finished run.")
+    overwrite: bool = _opt(False, "Replace an output directory that holds a finished run of the same environment (its checkpoints and files are removed, and the run says which); never another kind of folder (an export, a tiny model).")
     _section("vLLM")
     use_vllm: bool = _opt(False, "Generate with vLLM instead of Hugging Face generate.")
     vllm_mode: str = _opt("colocate", "vLLM mode: colocate (in the trainer) or server (aitrain vllm-serve).", choices=VLLM_MODES)

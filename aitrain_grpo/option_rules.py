@@ -1,0 +1,120 @@
+"""What an option's value may be, apart from which options exist (config.py): numeric ranges (`Bound`,
+declared in a field's metadata and checked by `config.check_options` with one message shape) and the
+options written as text that are parsed into lists (`server_urls`, `reward_func_specs`, `reward_weights`;
+`RunConfig` parses each once, and every user reads its parsed form).
+
+Left out: rules that relate options to each other (`RunConfig.validate`).
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Any
+
+from aitrain_grpo.errors import ConfigError
+
+REWARD_FUNC_EXAMPLE = "aitrain_grpo.rewards:length_penalty"
+
+
+@dataclass(frozen=True)
+class Bound:
+    """A numeric option's range, checked by `check_options` with one message shape:
+    "--flag must be <range> (<note>), got <value>". `integer` also checks the type (a run_config.json or
+    a Python caller can hand in anything); `unit` names what the number counts ("positive seconds")."""
+
+    low: float | None = None
+    high: float | None = None
+    low_open: bool = False
+    high_open: bool = False
+    integer: bool = False
+    unit: str = ""
+    note: str = ""
+
+    def describe(self) -> str:
+        if self.integer and self.high is None:
+            return "a positive integer" if self.low == 1 else f"an integer >= {_number(self.low)}"
+        if self.high is None:
+            if self.low == 0:
+                word = "positive" if self.low_open else ">= 0"
+            else:
+                word = f"{'>' if self.low_open else '>='} {_number(self.low)}"
+            return f"{word} {self.unit}".strip()
+        low = "-inf" if self.low is None else _number(self.low)
+        return f"in {'(' if self.low_open else '['}{low}, {_number(self.high)}{')' if self.high_open else ']'}"
+
+    def holds(self, value: Any) -> bool:
+        if isinstance(value, bool) or not isinstance(value, (int, float)):
+            return False
+        if self.integer and not isinstance(value, int):
+            return False
+        if self.low is not None and (value <= self.low if self.low_open else value < self.low):
+            return False
+        return self.high is None or (value < self.high if self.high_open else value <= self.high)
+
+
+def _number(value: float) -> str:
+    return str(int(value)) if float(value).is_integer() else f"{value:g}"
+
+
+def at_least(low: int) -> Bound:
+    """An integer option's smallest value."""
+    return Bound(low=low, integer=True)
+
+
+POSITIVE = Bound(low=0, low_open=True)
+NON_NEGATIVE = Bound(low=0)
+POSITIVE_SECONDS = Bound(low=0, low_open=True, unit="seconds")
+
+
+def reward_func_specs(text: str | None) -> list[tuple[str, str]]:
+    """`--rl-reward-funcs module:func[,module:func...]` as (module, attribute) pairs, checked for form
+    only (importing is training/reward_funcs.py's). The attribute's name is what TRL logs it under, so two
+    with one name, or one named like the environment's score, are refused."""
+    specs: list[tuple[str, str]] = []
+    for entry in (text or "").split(",") if (text or "").strip() else []:
+        module, colon, attr = entry.strip().partition(":")
+        if not (colon and module.strip() and attr.strip().isidentifier()):
+            raise ConfigError(f"--rl-reward-funcs entry {entry.strip()!r} is not module:function; write e.g. "
+                              f"{REWARD_FUNC_EXAMPLE} (entries separated by commas)")
+        name = attr.strip()
+        if name == "episode_score" or name in [a for _, a in specs]:
+            raise ConfigError(f"--rl-reward-funcs has two rewards named {name!r} (rewards are logged by name, and "
+                              f"episode_score is the environment's); bind one to another name in your module, "
+                              f"e.g. my_{name} = {name}")
+        specs.append((module.strip(), name))
+    return specs
+
+
+def reward_weights(text: str | None, num_funcs: int) -> list[float] | None:
+    """`--rl-reward-weights w_env,w1,...` as floats, one per reward (the environment's score first);
+    None when not given (every weight 1)."""
+    if text is None or not str(text).strip():
+        return None
+    weights = []
+    for entry in str(text).split(","):
+        try:
+            weight = float(entry)
+        except ValueError:
+            weight = math.nan
+        if not math.isfinite(weight):
+            raise ConfigError(f"--rl-reward-weights entry {entry.strip()!r} is not a number; write numbers separated "
+                              f"by commas, the environment's score first, e.g. 1,0.5")
+        weights.append(weight)
+    if len(weights) != num_funcs + 1:
+        raise ConfigError(f"--rl-reward-weights has {len(weights)} weight(s) for {num_funcs + 1} reward(s) (the "
+                          f"environment's score, then {num_funcs} from --rl-reward-funcs); give one per reward, "
+                          f"the environment's score first")
+    return weights
+
+
+def server_urls(text: str | None) -> list[str]:
+    """`--vllm-server-url URL1,URL2,...` as a list of URLs, checked for form (http or https, each once)."""
+    urls = [url.strip().rstrip("/") for url in (text or "").split(",") if url.strip()]
+    for url in urls:
+        if not url.startswith(("http://", "https://")):
+            raise ConfigError(f"--vllm-server-url entry {url!r} is not an http:// or https:// URL; write e.g. "
+                              f"http://127.0.0.1:8000 (several separated by commas)")
+    if len(set(urls)) < len(urls):
+        raise ConfigError(f"--vllm-server-url names a server twice ({text}); name each server once")
+    return urls
