@@ -21,6 +21,8 @@ from rich.console import Console
 from rich.markup import escape
 from transformers import TrainerCallback
 
+from aitrain_grpo.runlog.shortcuts import ADVICE, WINDOW, find_shortcut
+
 Record = dict[str, Any]
 
 RECENT_STEPS = 5          # "recent" means the last five logged steps
@@ -32,7 +34,7 @@ HIGH_GRAD_NORM = 10.0
 ERROR_RATE = 0.1          # share of episodes ending in an environment error worth a warning
 ERROR_RISE = 0.05         # and how far above the earlier rate it must be to count as rising
 EARLIER_STEPS = 20        # "earlier" for rising errors: the 20 steps before the recent ones
-HISTORY = RECENT_STEPS + EARLIER_STEPS  # no check looks further back than this
+HISTORY = max(RECENT_STEPS + EARLIER_STEPS, WINDOW)  # no check looks further back than this
 
 
 @dataclass(frozen=True)
@@ -156,8 +158,16 @@ def rising_errors(records: Sequence[Record], window: int = RECENT_STEPS) -> Heal
     )
 
 
+def shortcut(records: Sequence[Record]) -> HealthWarning | None:
+    """The score rises while a behaviour that usually means a gamed score moves with it (shortcuts.py)."""
+    found = find_shortcut(records)
+    if found is None:
+        return None
+    return HealthWarning("shortcut", found.step, found.message(), ADVICE)
+
+
 HEALTH_CHECKS: tuple[Callable[[Sequence[Record]], HealthWarning | None], ...] = (
-    no_learning_signal, low_score, entropy_collapse, unstable_gradients, rising_errors,
+    no_learning_signal, low_score, entropy_collapse, unstable_gradients, rising_errors, shortcut,
 )
 
 

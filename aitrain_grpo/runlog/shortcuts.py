@@ -1,0 +1,200 @@
+"""Shortcuts in sight: the reward climbs while a behaviour that usually means the score is being gamed moves with it.
+
+GRPO follows whatever raises the score, and the cheapest route is often one the task did not mean: the
+quick start's tiny model learns to fill every 16-token turn with " a a a" so the turn is cut and the
+episode ends after one turn (score 0.06 -> 0.48, turns 2.1 -> 1.0, episodes ended by a cut turn
+0.75 -> 1.0); a tool policy learns to call more and fail more because failed calls cost nothing. A rising
+reward alone looks like success, so nothing else warned. This module looks for the pair: over one
+window of steps, the score rises AND one of these moves the shortcut's way:
+
+- episodes ended by a budget (a turn cut at its token limit, the turn limit, the completion budget) rise;
+- turns per episode collapse towards 1;
+- model turns cut at their token limit (the episode going on) climb;
+- tool calls or tool errors per episode climb.
+
+"One identical reply taking over a group" is not looked for: metrics.jsonl keeps no per-group texts
+(entropy collapse and "no learning signal" in health.py cover its usual sign).
+
+Each watched behaviour compares the mean of the first `EDGE` steps of the window with the mean of its
+last `EDGE` steps (means of several steps, so one noisy batch does not fire it). The thresholds were
+measured (docs/operations.md, "Health warnings"): the quick start's letters run crosses them by step 18
+of 60 on seeds 0-2 with room to spare; runs that learn without a shortcut stay below them.
+
+Pure functions of the metric records (no torch), so training (health.py), `aitrain report` and
+`aitrain eval` share them. Left out: printing (health.py) and judging whether the shortcut is bad: a
+person reads the best transcripts and the score function.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Any, Callable, Sequence
+
+Record = dict[str, Any]
+
+WINDOW = 20          # steps looked at: the last 20 (fewer at the start of a run)
+EDGE = 5             # the window's start and end are each the mean of 5 steps
+MIN_STEPS = 2 * EDGE  # a window needs its two edges apart
+REWARD_RISE = 0.05   # the score must rise at least this much (scores are in [0, 1])
+SHARE_RISE = 0.3     # a share of episodes (ended by a budget) rising this much ...
+SHARE_NOW = 0.5      # ... to at least half the batch,
+PINNED = 0.95        # or to (almost) every episode ...
+PINNED_RISE = 0.15   # ... after rising this much (the quick start's seeds 1-2 start at 0.78 cut and end at 1.0)
+ONE_TURN = 1.2       # turns per episode "collapsed to 1" at or below this ...
+TURNS_DROP = 0.5     # ... after falling at least this much
+CUT_TURNS_RISE = 0.5  # model turns cut at their limit, per episode, rising this much
+TOOL_CALLS_RISE = 1.0  # tool calls per episode rising this much and by half
+TOOL_ERRORS_RISE = 0.3  # tool errors per episode rising this much and doubling
+
+ADVICE = ("read the best-scoring transcripts of recent steps in episodes.jsonl (report.html shows the first and "
+          "last steps' best side by side) and check that the score function pays only for what the task means; "
+          "if it pays for the shortcut, fix the score (or the budget) before training on")
+
+
+def _number(record: Record, key: str) -> float | None:
+    value = record.get(key)
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
+        return None
+    return float(value)
+
+
+def _tool_errors_per_episode(record: Record) -> float | None:
+    errors, episodes = _number(record, "env/tool_errors"), _number(record, "env/episodes")
+    return errors / episodes if errors is not None and episodes else None
+
+
+def _share_rose(start: float, now: float) -> bool:
+    return (now - start >= SHARE_RISE and now >= SHARE_NOW) or (now - start >= PINNED_RISE and now >= PINNED)
+
+
+@dataclass(frozen=True)
+class Behaviour:
+    """One metric that moves a known way when a shortcut pays: how to read it and when it has moved."""
+    metric: str                                   # its name in metrics.jsonl (or a derived name)
+    label: str                                    # what it counts, for the message
+    read: Callable[[Record], float | None]
+    moved: Callable[[float, float], bool]         # (start, now) -> moved the shortcut's way
+    chart: str                                    # the report chart that shows it
+
+
+def _key(metric: str) -> Callable[[Record], float | None]:
+    return lambda record: _number(record, metric)
+
+
+BEHAVIOURS: tuple[Behaviour, ...] = (
+    Behaviour("env/stop/turn_tokens", "share of episodes ended by a turn cut at its token limit",
+              _key("env/stop/turn_tokens"), _share_rose, "stops"),
+    Behaviour("env/stop/max_turns", "share of episodes stopped by the turn limit",
+              _key("env/stop/max_turns"), _share_rose, "stops"),
+    Behaviour("env/stop/completion_budget", "share of episodes stopped by the completion budget",
+              _key("env/stop/completion_budget"), _share_rose, "stops"),
+    Behaviour("env/turns_mean", "turns per episode",
+              _key("env/turns_mean"), lambda a, b: b <= ONE_TURN and a - b >= TURNS_DROP, "turns"),
+    Behaviour("env/truncated_turns_mean", "model turns cut at their token limit per episode",
+              _key("env/truncated_turns_mean"), lambda a, b: b - a >= CUT_TURNS_RISE, "env/truncated_turns_mean"),
+    Behaviour("env/tool_calls_mean", "tool calls per episode",
+              _key("env/tool_calls_mean"), lambda a, b: b - a >= TOOL_CALLS_RISE and b >= 1.5 * a, "turns"),
+    Behaviour("tool_errors_per_episode", "tool errors per episode (env/tool_errors / env/episodes)",
+              _tool_errors_per_episode, lambda a, b: b - a >= TOOL_ERRORS_RISE and b >= 2 * a, "errors"),
+)
+# A run without the per-reason stop shares (older runs) still has the share cut by any budget.
+TRUNCATED = Behaviour("env/truncated_frac", "share of episodes cut by a budget",
+                      _key("env/truncated_frac"), _share_rose, "env/truncated_frac")
+
+
+@dataclass(frozen=True)
+class Move:
+    """One behaviour's value at the window's start and now."""
+    metric: str
+    label: str
+    start: float
+    now: float
+    chart: str
+
+    def words(self) -> str:
+        return f"{self.label} ({self.metric}) {self.start:.2f} -> {self.now:.2f}"
+
+
+@dataclass(frozen=True)
+class Shortcut:
+    """The score rose over steps first_step..step while `moves` moved the shortcut's way."""
+    first_step: int
+    step: int
+    reward_start: float
+    reward_now: float
+    moves: tuple[Move, ...]
+
+    def message(self) -> str:
+        return (f"possible shortcut: the score rose {self.reward_start:.2f} -> {self.reward_now:.2f} over steps "
+                f"{self.first_step}-{self.step} while " + "; ".join(m.words() for m in self.moves))
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"first_step": self.first_step, "step": self.step, "reward_start": self.reward_start,
+                "reward_now": self.reward_now, "message": self.message(), "advice": ADVICE,
+                "moves": [vars(m) for m in self.moves]}
+
+
+def _edges(records: Sequence[Record], read: Callable[[Record], float | None]) -> tuple[float, float] | None:
+    """Mean of the first EDGE and the last EDGE steps, when every one of them has the value."""
+    first = [read(r) for r in records[:EDGE]]
+    last = [read(r) for r in records[-EDGE:]]
+    if any(v is None for v in first + last):
+        return None
+    return sum(first) / EDGE, sum(last) / EDGE  # type: ignore[arg-type]
+
+
+def _score(record: Record) -> float | None:
+    score = _number(record, "env/score_mean")
+    return score if score is not None else _number(record, "reward")
+
+
+def find_shortcut(records: Sequence[Record]) -> Shortcut | None:
+    """The shortcut pattern over the last WINDOW records, or None (too few steps, a flat score, nothing moved)."""
+    window = list(records[-WINDOW:])
+    if len(window) < MIN_STEPS:
+        return None
+    reward = _edges(window, _score)
+    if reward is None or reward[1] - reward[0] < REWARD_RISE:
+        return None
+    behaviours = BEHAVIOURS if any("env/stop/turn_tokens" in r for r in window) else (TRUNCATED, *BEHAVIOURS)
+    moves = []
+    for behaviour in behaviours:
+        edges = _edges(window, behaviour.read)
+        if edges is not None and behaviour.moved(*edges):
+            moves.append(Move(behaviour.metric, behaviour.label, edges[0], edges[1], behaviour.chart))
+    if not moves:
+        return None
+    step = lambda r, default: int(r.get("step", default))  # noqa: E731
+    return Shortcut(step(window[0], 1), step(window[-1], len(records)), reward[0], reward[1], tuple(moves))
+
+
+def first_shortcut(records: Sequence[Record]) -> Shortcut | None:
+    """Replay a finished run: the shortcut as first seen (the step a training run printed it)."""
+    for end in range(MIN_STEPS, len(records) + 1):
+        found = find_shortcut(records[max(0, end - WINDOW):end])
+        if found is not None:
+            return found
+    return None
+
+
+# ------------------------------------------------------------------------------------ evaluation
+
+
+def eval_shifts(model: dict[str, float], baseline: dict[str, float]) -> list[str]:
+    """Large differences between two evaluations' summaries (evaluate.EvalResult.summary()), with the same
+    thresholds as training: a trained model that truncates, stops turning or fails its tools much more (or
+    much less) than the base has changed how it plays, which a mean score does not show."""
+    def per_episode(summary: dict[str, float], key: str) -> float | None:
+        episodes = summary.get("episodes")
+        return summary[key] / episodes if episodes and key in summary else None
+
+    shifts = []
+    pairs = (("truncated", "share of episodes cut by a budget", per_episode, SHARE_RISE),
+             ("mean_turns", "turns per episode", lambda s, k: s.get(k), TURNS_DROP),
+             ("tool_errors", "tool errors per episode", per_episode, TOOL_ERRORS_RISE))
+    for key, label, read, threshold in pairs:
+        now, base = read(model, key), read(baseline, key)
+        if now is not None and base is not None and abs(now - base) >= threshold:
+            shifts.append(f"{label}: {now:.2f} against the baseline's {base:.2f}")
+    return shifts

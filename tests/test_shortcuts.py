@@ -1,0 +1,122 @@
+"""The shortcut warning fires when the score rises together with a behaviour that means a gamed score (episodes
+cut by a budget, one-turn episodes, climbing tool calls or errors), stays silent when the score rises alone
+or the behaviour moves alone, and is printed once during training, shown in the report and by `aitrain eval`."""
+
+from __future__ import annotations
+
+import io
+import random
+
+from rich.console import Console
+from transformers import TrainerControl, TrainerState
+
+from aitrain_grpo.runlog.health import HealthCallback, check_health, first_warnings
+from aitrain_grpo.runlog.shortcuts import eval_shifts, find_shortcut, first_shortcut
+
+
+def ramp(step: int, steps: int, start: float, end: float) -> float:
+    return start + (end - start) * min(1.0, step / steps)
+
+
+def run(steps: int = 40, seed: int = 0, **behaviour) -> list[dict]:
+    """A run whose score climbs 0.1 -> 0.6 with batch noise; `behaviour` maps a metric to (start, end), reached
+    by the middle of the run; unnamed metrics stay at a tool environment's usual values."""
+    rng = random.Random(seed)
+    base = {"env/stop/turn_tokens": (0.1, 0.1), "env/stop/max_turns": (0.3, 0.3), "env/stop/completion_budget": (0, 0),
+            "env/turns_mean": (2.5, 2.5), "env/tool_calls_mean": (1.5, 1.5), "env/tool_errors": (3.0, 3.0),
+            "env/truncated_turns_mean": (0.0, 0.0), "env/score_mean": (0.1, 0.6)}
+    base.update(behaviour)
+    records = []
+    for s in range(1, steps + 1):
+        record = {"step": s, "env/episodes": 16.0}
+        for key, (a, b) in base.items():
+            noisy = ramp(s, steps // 2, a, b) + (rng.uniform(-0.06, 0.06) if a != b or key == "env/score_mean" else 0)
+            record[key] = max(0.0, noisy)
+        record["reward"] = record["env/score_mean"]
+        records.append(record)
+    return records
+
+
+def test_a_run_that_learns_without_a_shortcut_is_silent():
+    for seed in range(5):
+        assert first_shortcut(run(seed=seed)) is None
+        assert [w.key for w in first_warnings(run(seed=seed))] == []
+
+
+def test_the_quick_start_pattern_warns_with_the_metric_and_its_values():
+    # README's first run: a turn cut at 16 tokens ends the episode; the model learns to be cut at once.
+    records = run(**{"env/stop/turn_tokens": (0.1, 1.0), "env/turns_mean": (2.9, 1.0), "env/stop/max_turns": (0.9, 0.0)})
+    found = first_shortcut(records)
+    assert found is not None
+    metrics = [m.metric for m in found.moves]
+    assert "env/stop/turn_tokens" in metrics
+    message = found.message()
+    assert "possible shortcut" in message and "env/stop/turn_tokens" in message
+    move = found.moves[metrics.index("env/stop/turn_tokens")]
+    assert move.start < 0.5 and move.now >= 0.5
+    assert f"{move.start:.2f} -> {move.now:.2f}" in message
+
+
+def test_turns_collapsing_to_one_warn_alone():
+    found = first_shortcut(run(**{"env/turns_mean": (2.5, 1.0)}))
+    assert found is not None and [m.metric for m in found.moves] == ["env/turns_mean"]
+
+
+def test_climbing_tool_errors_and_calls_warn():
+    found = first_shortcut(run(**{"env/tool_errors": (3.0, 14.0)}))  # 0.19 -> 0.88 per episode
+    assert found is not None and [m.metric for m in found.moves] == ["tool_errors_per_episode"]
+    found = first_shortcut(run(**{"env/tool_calls_mean": (1.5, 3.5)}))
+    assert found is not None and [m.metric for m in found.moves] == ["env/tool_calls_mean"]
+
+
+def test_the_turn_limit_share_rising_warns():
+    found = first_shortcut(run(**{"env/stop/max_turns": (0.1, 0.8)}))
+    assert found is not None and "env/stop/max_turns" in found.message()
+
+
+def test_a_behaviour_moving_while_the_score_stays_flat_is_not_a_shortcut():
+    records = run(**{"env/score_mean": (0.3, 0.3), "env/stop/turn_tokens": (0.1, 1.0), "env/turns_mean": (2.9, 1.0)})
+    assert first_shortcut(records) is None
+
+
+def test_small_moves_stay_below_the_thresholds():
+    # Stations-like learning: a few more calls and limit stops, tool errors falling.
+    records = run(**{"env/tool_calls_mean": (2.4, 3.0), "env/stop/max_turns": (0.35, 0.55), "env/tool_errors": (10, 6)})
+    assert first_shortcut(records) is None
+
+
+def test_too_few_steps_or_missing_metrics_say_nothing():
+    records = run(**{"env/stop/turn_tokens": (0.1, 1.0), "env/turns_mean": (2.9, 1.0)}, steps=40)
+    assert find_shortcut(records[20:29]) is None   # nine steps: the window's edges would overlap
+    assert find_shortcut([{"step": s, "reward": s / 10} for s in range(1, 30)]) is None
+
+
+def test_an_older_run_without_stop_reasons_is_read_by_its_truncated_share():
+    records = run(**{"env/stop/turn_tokens": (0.1, 1.0)})
+    for r in records:
+        r["env/truncated_frac"] = r.pop("env/stop/turn_tokens")
+        del r["env/stop/max_turns"], r["env/stop/completion_budget"]
+    found = first_shortcut(records)
+    assert found is not None and found.moves[0].metric == "env/truncated_frac"
+
+
+def test_training_prints_the_shortcut_warning_once():
+    records = run(**{"env/stop/turn_tokens": (0.1, 1.0), "env/turns_mean": (2.9, 1.0)})
+    assert "shortcut" in [w.key for w in check_health(records[:30])]
+    out = io.StringIO()
+    callback = HealthCallback(Console(file=out, width=400, highlight=False))
+    state = TrainerState()
+    for record in records:
+        state.global_step = record["step"]
+        callback.on_log(None, state, TrainerControl(), logs={k: v for k, v in record.items() if k != "step"})
+    text = out.getvalue()
+    assert text.count("possible shortcut") == 1
+    assert "episodes.jsonl" in text and "score function" in text
+
+
+def test_eval_names_a_large_shift_against_the_baseline():
+    base = {"episodes": 32, "truncated": 4, "mean_turns": 2.1, "tool_errors": 7}
+    trained = {"episodes": 32, "truncated": 32, "mean_turns": 1.0, "tool_errors": 23}
+    shifts = eval_shifts(trained, base)
+    assert len(shifts) == 3 and "1.00 against the baseline's 0.12" in shifts[0]
+    assert eval_shifts(dict(base, truncated=6, mean_turns=2.3), base) == []
