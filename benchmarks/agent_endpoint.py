@@ -40,6 +40,7 @@ from aitrain_grpo import AgentEnvironment, Environment  # noqa: E402
 from aitrain_grpo.engine.backends.base import SamplingParams  # noqa: E402
 from aitrain_grpo.engine.backends.hf import HFBackend  # noqa: E402
 from aitrain_grpo.engine.rollout import RolloutEngine  # noqa: E402
+from aitrain_grpo.engine.settings import EpisodeSettings  # noqa: E402
 
 from results_table import machine as describe_machine  # noqa: E402
 
@@ -99,9 +100,9 @@ class RawHTTPAgent(ChatAgent):
 
 
 def play(env, model, tokenizer, args) -> dict:
-    engine = RolloutEngine(env, tokenizer, HFBackend.for_model(model, tokenizer), max_new_tokens=args.tokens,
-                           max_completion_length=4096, sampling=SamplingParams(temperature=0.0),
-                           schedule="continuous", model_name=args.model)
+    engine = RolloutEngine(env, tokenizer, HFBackend.for_model(model, tokenizer), EpisodeSettings(
+        max_new_tokens=args.tokens, max_completion_length=4096, sampling=SamplingParams(temperature=0.0),
+        schedule="continuous", model_name=args.model))
     try:
         started = time.perf_counter()
         batch = engine.run(rows(args.episodes))

@@ -60,6 +60,7 @@ import results_table  # noqa: E402
 import workloads as W  # noqa: E402
 from aitrain_grpo.engine.backends.base import SamplingParams  # noqa: E402
 from aitrain_grpo.engine.rollout import RolloutEngine  # noqa: E402
+from aitrain_grpo.engine.settings import EpisodeSettings  # noqa: E402
 
 LATENCY = 0.05
 SAMPLING = SamplingParams(temperature=1.0, top_k=0, top_p=1.0)
@@ -88,8 +89,9 @@ SLOTS = 16  # episodes in play at once on workload S
 
 def make_engine(env, tokenizer, backend, schedule: str = "lockstep", slots: int = 256) -> RolloutEngine:
     # 256 in play: the engine's default, so every episode of a 64-episode rollout starts at once.
-    return RolloutEngine(env, tokenizer, backend, max_new_tokens=W.NEW_TOKENS, max_completion_length=1024,
-                         sampling=SAMPLING, env_timeout=60.0, schedule=schedule, max_concurrent_episodes=slots)
+    return RolloutEngine(env, tokenizer, backend, EpisodeSettings(
+        max_new_tokens=W.NEW_TOKENS, max_completion_length=1024, sampling=SAMPLING, env_timeout=60.0, schedule=schedule,
+        max_concurrent_episodes=slots))
 
 
 def timed_env_phases(engine: RolloutEngine) -> list[float]:

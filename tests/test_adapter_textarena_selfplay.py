@@ -27,6 +27,7 @@ from aitrain_grpo.commands.cli import app  # noqa: E402
 from aitrain_grpo.engine.backends.base import SamplingParams  # noqa: E402
 from aitrain_grpo.engine.backends.hf import HFBackend  # noqa: E402
 from aitrain_grpo.engine.rollout import RolloutEngine  # noqa: E402
+from aitrain_grpo.engine.settings import EpisodeSettings  # noqa: E402
 from aitrain_grpo.engine.runner import play  # noqa: E402
 from aitrain_grpo.env.adapters.textarena import TextArenaEnv  # noqa: E402
 from aitrain_grpo.errors import EnvLoadError  # noqa: E402
@@ -66,8 +67,8 @@ def test_self_play_trains_only_the_chosen_seats_sampled_tokens(schedule, backend
     env = TextArenaEnv(GAME, num_tasks=2, opponent="self")
     backend = backend_class.for_model(model, tokenizer)
     backend.calls = []
-    engine = RolloutEngine(env, tokenizer, backend, max_new_tokens=8, schedule=schedule,
-                           sampling=SamplingParams(temperature=1.0))
+    engine = RolloutEngine(env, tokenizer, backend, EpisodeSettings(max_new_tokens=8, schedule=schedule,
+                                                                    sampling=SamplingParams(temperature=1.0)))
     torch.manual_seed(0)
     with engine:
         batch = engine.run(env.build_dataset(tokenizer) * 2)  # groups of two, as TRL hands them

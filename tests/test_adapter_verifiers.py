@@ -16,6 +16,7 @@ require("verifiers.legacy", "see .ci/run (verifiers 0.3.1 beside mcp 2)")
 
 from aitrain_grpo.engine.backends.hf import HFBackend  # noqa: E402
 from aitrain_grpo.engine.rollout import RolloutEngine  # noqa: E402
+from aitrain_grpo.engine.settings import EpisodeSettings  # noqa: E402
 from aitrain_grpo.engine.runner import play  # noqa: E402
 from aitrain_grpo.env.adapters.verifiers import VerifiersEnv  # noqa: E402
 from aitrain_grpo.env.loading import load_environment  # noqa: E402
@@ -104,8 +105,8 @@ def test_the_tool_env_runs_the_python_tool_the_policy_calls():
 def test_the_tiny_model_plays_each_environment_through_the_engine(name, tiny_model_and_tokenizer):
     model, tokenizer = tiny_model_and_tokenizer
     env = env_of(name)
-    engine = RolloutEngine(env, tokenizer, HFBackend.for_model(model, tokenizer), max_new_tokens=8,
-                           max_completion_length=128)
+    engine = RolloutEngine(env, tokenizer, HFBackend.for_model(model, tokenizer),
+                           EpisodeSettings(max_new_tokens=8, max_completion_length=128))
     with engine:
         batch = engine.run(env.build_dataset(tokenizer)[:2])
     assert len(batch.traces) == 2

@@ -87,6 +87,7 @@ def test_sft_tokens_are_what_the_endpoint_builds(tiny_model_dir, monkeypatch):
     sampled, tool results as the template's suffix), and its loss mask is the engine's env_mask."""
     from aitrain_grpo.sft.oracle import play_demonstrations
     from aitrain_grpo.engine.rollout import RolloutEngine
+    from aitrain_grpo.engine.settings import EpisodeSettings
     from aitrain_grpo.env.dataset import build_rows
     from aitrain_grpo.env.loading import load_environment
     from aitrain_grpo.models.loading import load_tokenizer, resolve_source
@@ -100,8 +101,8 @@ def test_sft_tokens_are_what_the_endpoint_builds(tiny_model_dir, monkeypatch):
     demos, errors = play_demonstrations(env, rows, 6, max_turns=None, timeout=10)
     assert not errors and all(d.score == 1.0 and d.tools for d in demos)
     dataset = demo_dataset(tokenizer, demos)
-    engine = RolloutEngine(env, tokenizer, OracleBackend(dataset, tokenizer.eos_token_id), max_new_tokens=512,
-                           max_completion_length=4096)
+    engine = RolloutEngine(env, tokenizer, OracleBackend(dataset, tokenizer.eos_token_id),
+                           EpisodeSettings(max_new_tokens=512, max_completion_length=4096))
     with engine:
         batch = engine.run([dict(rows[d.row]) for d in demos])
     for demo, ids, mask, episode, trace in zip(demos, dataset["input_ids"], dataset["assistant_masks"],

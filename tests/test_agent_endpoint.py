@@ -21,6 +21,7 @@ from aitrain_grpo.engine.backends.base import SamplingParams  # noqa: E402
 from aitrain_grpo.engine.backends.hf import HFBackend  # noqa: E402
 from aitrain_grpo.engine.chat import ChatRenderer  # noqa: E402
 from aitrain_grpo.engine.rollout import RolloutEngine  # noqa: E402
+from aitrain_grpo.engine.settings import EpisodeSettings  # noqa: E402
 from aitrain_grpo.engine.runner import oracle_policy, play  # noqa: E402
 from helpers.rollouts import model_spans  # noqa: E402
 from envs_fixtures.agents import (BlockingAgent, ChattyAgent, LateAgent, RaisingAgent,  # noqa: E402
@@ -42,8 +43,8 @@ def engine_for(env, model, tokenizer, *, max_new_tokens=12, max_completion_lengt
     if record:
         backend.__class__ = RecordingBackend
         backend.samples = []
-    engine = RolloutEngine(env, tokenizer, backend, max_new_tokens=max_new_tokens,
-                           max_completion_length=max_completion_length, model_name="tiny", sampling=sampling)
+    engine = RolloutEngine(env, tokenizer, backend, EpisodeSettings(
+        max_new_tokens=max_new_tokens, max_completion_length=max_completion_length, model_name="tiny", sampling=sampling))
     return engine, backend
 
 

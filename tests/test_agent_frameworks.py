@@ -27,6 +27,7 @@ require("openai", "pip install openai")
 from aitrain_grpo.engine.backends.base import GenerationBackend, Sample  # noqa: E402
 from aitrain_grpo.engine.backends.hf import HFBackend  # noqa: E402
 from aitrain_grpo.engine.rollout import RolloutEngine  # noqa: E402
+from aitrain_grpo.engine.settings import EpisodeSettings  # noqa: E402
 from aitrain_grpo.engine.runner import oracle_policy, play  # noqa: E402
 from helpers.rollouts import model_spans  # noqa: E402
 from envs_fixtures.agent_frameworks import FRAMEWORKS, TEMPERATURES, answer_from, tool_call_text  # noqa: E402
@@ -42,7 +43,7 @@ def framework_env(name: str, episodes: int):
 
 
 def run_engine(env, tokenizer, backend, *, max_new_tokens: int):
-    engine = RolloutEngine(env, tokenizer, backend, max_new_tokens=max_new_tokens, max_completion_length=384)
+    engine = RolloutEngine(env, tokenizer, backend, EpisodeSettings(max_new_tokens=max_new_tokens, max_completion_length=384))
     with engine:
         return engine.run(env.build_dataset(tokenizer))
 

@@ -17,6 +17,7 @@ from aitrain_grpo import ToolEnvironment, tool
 from aitrain_grpo.engine.backends.hf import HFBackend
 from aitrain_grpo.engine.chat import ChatRenderer
 from aitrain_grpo.engine.rollout import RolloutEngine
+from aitrain_grpo.engine.settings import EpisodeSettings
 from helpers import run_cli
 from envs.hotel import HotelEnv
 
@@ -90,8 +91,8 @@ def test_episode_tokens_match_the_rewritten_conversation(tiny_model_and_tokenize
     tokenizer = AutoTokenizer.from_pretrained(base_tokenizer.name_or_path)
     tokenizer.chat_template = template
     env = LookupEnv()
-    engine = RolloutEngine(env, tokenizer, HFBackend.for_model(model, tokenizer), max_new_tokens=24,
-                           max_completion_length=512)
+    engine = RolloutEngine(env, tokenizer, HFBackend.for_model(model, tokenizer),
+                           EpisodeSettings(max_new_tokens=24, max_completion_length=512))
     renderer = engine.renderer
     assert "user messages in <tool_response>" in renderer.tools_route
     torch.manual_seed(0)

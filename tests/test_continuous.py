@@ -20,6 +20,7 @@ import pytest
 
 from aitrain_grpo.engine.backends.hf import HFBackend
 from aitrain_grpo.engine.rollout import RolloutEngine
+from aitrain_grpo.engine.settings import EpisodeSettings
 from helpers.rollouts import GREEDY, NEW_TOKENS, StaggeredEnv, TurnEndingHF, assert_same_rollouts, play
 
 # hf, fp32 on CPU: the same rows in other batches (other padding widths and batch sizes) move the
@@ -102,8 +103,8 @@ def test_a_backend_failure_stops_a_continuous_rollout_and_the_engine_stays_usabl
             return super().generate(prompts, max_tokens, sampling)
 
     env = StaggeredEnv()
-    engine = RolloutEngine(env, tokenizer, DiesOnThirdCall.for_model(model, tokenizer), schedule="continuous",
-                           max_new_tokens=NEW_TOKENS, sampling=GREEDY, max_concurrent_episodes=5)
+    engine = RolloutEngine(env, tokenizer, DiesOnThirdCall.for_model(model, tokenizer), EpisodeSettings(
+        schedule="continuous", max_new_tokens=NEW_TOKENS, sampling=GREEDY, max_concurrent_episodes=5))
     with engine:
         with pytest.raises(GenerationBackendError, match="gone"):
             engine.run(env.build_dataset(tokenizer))
@@ -134,7 +135,8 @@ def test_a_continuous_rollout_against_a_dead_server_names_the_server_after_its_r
     url = refused_url  # held for the whole test: connection refused, and no other process can take it
     client = VLLMServerClient(url, retries=2, backoff=0.01)
     env = StaggeredEnv()
-    engine = RolloutEngine(env, tokenizer, VLLMServerBackend(client, "tiny", [tokenizer.eos_token_id]), max_concurrent_episodes=1)
+    engine = RolloutEngine(env, tokenizer, VLLMServerBackend(client, "tiny", [tokenizer.eos_token_id]),
+                           EpisodeSettings(max_concurrent_episodes=1))
     with engine:
         with pytest.raises(GenerationServerError, match=f"vLLM server at {url}: /v1/completions failed"):
             engine.run(env.build_dataset(tokenizer)[:1])

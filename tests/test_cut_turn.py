@@ -13,6 +13,7 @@ from aitrain_grpo import Environment
 from aitrain_grpo.engine.backends.base import SamplingParams
 from aitrain_grpo.engine.backends.hf import HFBackend
 from aitrain_grpo.engine.rollout import RolloutEngine
+from aitrain_grpo.engine.settings import EpisodeSettings
 from helpers import run_cli
 
 TURNS = 3
@@ -38,8 +39,8 @@ class SeenTurnsEnv(Environment):
 def play(model_and_tokenizer, cut_turn: str):
     model, tokenizer = model_and_tokenizer
     torch.manual_seed(0)
-    engine = RolloutEngine(SeenTurnsEnv(), tokenizer, HFBackend.for_model(model, tokenizer), max_new_tokens=NEW_TOKENS,
-                           sampling=SamplingParams(1.0, 0, 1.0), cut_turn=cut_turn)
+    engine = RolloutEngine(SeenTurnsEnv(), tokenizer, HFBackend.for_model(model, tokenizer),
+                           EpisodeSettings(max_new_tokens=NEW_TOKENS, sampling=SamplingParams(1.0, 0, 1.0), cut_turn=cut_turn))
     with engine:
         return engine.run(SeenTurnsEnv().build_dataset(tokenizer) * 8)
 

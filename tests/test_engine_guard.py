@@ -25,6 +25,7 @@ from aitrain_grpo import Environment
 from aitrain_grpo.engine.backends.base import SamplingParams
 from aitrain_grpo.engine.backends.hf import HFBackend
 from aitrain_grpo.engine.rollout import RolloutEngine
+from aitrain_grpo.engine.settings import EpisodeSettings
 
 EPISODES = 8
 TURNS = 5
@@ -105,8 +106,8 @@ class TalkEnv(Environment):
 
 def play(env, tokenizer, model, episodes: list[dict], env_timeout: float = 60.0):
     backend = TurnEndingHF.for_model(model, tokenizer)
-    engine = RolloutEngine(env, tokenizer, backend, max_new_tokens=NEW_TOKENS, env_timeout=env_timeout,
-                           sampling=SamplingParams(temperature=1.0, top_k=0, top_p=1.0))
+    engine = RolloutEngine(env, tokenizer, backend, EpisodeSettings(
+        max_new_tokens=NEW_TOKENS, env_timeout=env_timeout, sampling=SamplingParams(temperature=1.0, top_k=0, top_p=1.0)))
     with engine:
         batch = engine.run(episodes)
         batch.backend = backend

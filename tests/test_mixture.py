@@ -11,6 +11,7 @@ import pytest
 from aitrain_grpo import RunConfig
 from aitrain_grpo.engine.backends.hf import HFBackend
 from aitrain_grpo.engine.rollout import RolloutEngine
+from aitrain_grpo.engine.settings import EpisodeSettings
 from aitrain_grpo.env.loading import load_environment
 from aitrain_grpo.env_spec import environment_of
 from aitrain_grpo.errors import ConfigError, EnvLoadError
@@ -39,7 +40,7 @@ def test_each_episode_gets_its_own_environments_row_and_tools(tiny_model_and_tok
     env = mixture()
     rows = env.build_dataset(tokenizer)
     picked = [next(r for r in rows if r["aitrain_env"] == name) for name in ("WeatherEnv", "StationEnv")]
-    engine = RolloutEngine(env, tokenizer, HFBackend.for_model(model, tokenizer), max_new_tokens=8, max_turns=1)
+    engine = RolloutEngine(env, tokenizer, HFBackend.for_model(model, tokenizer), EpisodeSettings(max_new_tokens=8, max_turns=1))
     with engine:
         batch = engine.run(picked)
     weather, stations = (tokenizer.decode(trace.prompt_ids) for trace in batch.traces)

@@ -115,6 +115,7 @@ def test_sft_tokens_are_what_the_rollout_engine_builds(model, request):
     rendered as training renders them: through the tiny template, in SmolLM2's system message; the
     turns; the tool replies), and its loss mask is the engine's env_mask."""
     from aitrain_grpo.engine.rollout import RolloutEngine
+    from aitrain_grpo.engine.settings import EpisodeSettings
     from aitrain_grpo.models.loading import load_tokenizer, resolve_source
     from aitrain_grpo.sft.trainer import demo_dataset
 
@@ -122,8 +123,8 @@ def test_sft_tokens_are_what_the_rollout_engine_builds(model, request):
     tokenizer = load_tokenizer(resolve_source(folder))
     env, demos = hotel_demos()
     dataset = demo_dataset(tokenizer, demos)
-    engine = RolloutEngine(env, tokenizer, OracleBackend(dataset, tokenizer.eos_token_id), max_new_tokens=512,
-                           max_completion_length=4096)
+    engine = RolloutEngine(env, tokenizer, OracleBackend(dataset, tokenizer.eos_token_id),
+                           EpisodeSettings(max_new_tokens=512, max_completion_length=4096))
     with engine:
         batch = engine.run([dict(env.build_dataset(None)[d.row]) for d in demos])
     for demo, ids, mask, episode, trace in zip(demos, dataset["input_ids"], dataset["assistant_masks"],

@@ -10,6 +10,7 @@ from aitrain_grpo import Environment, ToolEnvironment, tool
 from aitrain_grpo.engine.backends.base import SamplingParams
 from aitrain_grpo.engine.backends.hf import HFBackend
 from aitrain_grpo.engine.rollout import RolloutEngine
+from aitrain_grpo.engine.settings import EpisodeSettings
 
 
 class ChattyEnv(ToolEnvironment):
@@ -45,7 +46,7 @@ def make_engine(model_and_tokenizer, env, **kwargs) -> RolloutEngine:
     # These tests read each model turn up to its own EOS; a cut turn going on (the default, "continue")
     # has its end-of-turn token in the reply's suffix instead, checked in test_cut_turn.py.
     kwargs.setdefault("cut_turn", "end")
-    return RolloutEngine(env, tokenizer, HFBackend.for_model(model, tokenizer), **kwargs)
+    return RolloutEngine(env, tokenizer, HFBackend.for_model(model, tokenizer), EpisodeSettings(**kwargs))
 
 
 @pytest.fixture(scope="module")

@@ -37,7 +37,7 @@ import typer
 from rich.console import Console
 
 import aitrain_grpo.commands.quiet  # noqa: F401 - silences warnings no user can act on
-from aitrain_grpo.commands.envcheck import POLICIES, run_env_check
+from aitrain_grpo.commands.envcheck import CHECK_FLAGS, POLICIES, run_env_check
 from aitrain_grpo.commands.evaluation import RUN_FLAGS, run_eval
 from aitrain_grpo.commands.export import EXPORT_SIGNATURE, run_export
 from aitrain_grpo.commands.sft import SFT_SIGNATURE, run_sft
@@ -143,7 +143,8 @@ def grpo(**kwargs) -> None:
     except early_stops() as stop:  # signal, error rate, dead backend: stopped with a checkpoint
         for line in stop.lines(sys.argv[1:]):
             err.print(line, markup=False)
-        exit_without_waiting_for_env_calls(stop.exit_code)
+        # A signal drops the step in progress (training/signals.py): its calls are abandoned, not timed out.
+        exit_without_waiting_for_env_calls(stop.exit_code, calls="that timed out" if stop.is_error else "of the dropped step")
     except KeyboardInterrupt:  # outside the training steps, or a second Ctrl-C
         err.print("interrupted; nothing saved since the last checkpoint", markup=False)
         exit_without_waiting_for_env_calls(130)
@@ -162,7 +163,7 @@ def grpo(**kwargs) -> None:
     exit_without_waiting_for_env_calls(0)
 
 
-def exit_without_waiting_for_env_calls(code: int) -> None:
+def exit_without_waiting_for_env_calls(code: int, calls: str = "that timed out") -> None:
     """Exit with `code`. Environment calls that timed out may still be running in worker threads, and
     Python waits for such threads at exit: one stuck for good would hang a finished run forever. So
     when some are left after a short grace period, the process ends without waiting for them."""
@@ -172,7 +173,7 @@ def exit_without_waiting_for_env_calls(code: int) -> None:
         thread.join(timeout=max(0.0, deadline - time.monotonic()))
     stuck = [t for t in workers if t.is_alive()]
     if stuck:
-        err.print(f"note: {len(stuck)} environment call(s) that timed out are still running; exiting without them", markup=False)
+        err.print(f"note: {len(stuck)} environment call(s) {calls} are still running; exiting without them", markup=False)
         sys.stdout.flush()
         sys.stderr.flush()
         os._exit(code)
@@ -263,9 +264,7 @@ def env_check(**options) -> None:
         report = run_env_check(
             module=module, class_name=class_name, env_config=env_config,
             model_name=options["model"], episodes=options["episodes"], policies=options["policies"],
-            seed=options["seed"], max_new_tokens=options["rl_max_new_tokens"], max_turns=options["rl_max_turns"],
-            temperature=options["rl_temperature"], timeout=options["rl_env_timeout"], console=out,
-            tool_parser=options["rl_tool_parser"],
+            seed=options["seed"], options={name: options[name] for name in CHECK_FLAGS}, console=out,
         )
     for problem in report.problems:
         err.print(f"error: {one_line(problem, limit=10_000)}", markup=False)

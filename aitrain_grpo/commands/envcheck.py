@@ -15,11 +15,14 @@ from rich.markup import escape
 from rich.table import Table
 
 from aitrain_grpo.commands.options import check_positive
-from aitrain_grpo.config import DEFAULT_TOOL_PARSER, check_options
-from aitrain_grpo.engine.backends.base import SamplingParams
+from aitrain_grpo.config import check_options
+from aitrain_grpo.engine.settings import EpisodeSettings
 from aitrain_grpo.engine.tool_parsers import read_tool_calls, tool_names_of
 from aitrain_grpo.errors import ConfigError
-from aitrain_grpo.evaluation.envcheck import POLICIES, EnvCheckReport, env_check
+from aitrain_grpo.evaluation.envcheck import COMPLETION_BUDGET, POLICIES, EnvCheckReport, env_check
+
+# The episode flags of `aitrain env check` (RunConfig's names), handed to `run_env_check` as `options`.
+CHECK_FLAGS = ("rl_max_new_tokens", "rl_max_turns", "rl_temperature", "rl_env_timeout", "rl_tool_parser")
 
 # ------------------------------------------------------------------------------------------- display
 
@@ -109,24 +112,22 @@ def run_env_check(
     episodes: int,
     policies: str,
     seed: int,
-    max_new_tokens: int,
-    max_turns: int | None,
-    temperature: float,
-    timeout: float,
+    options: dict[str, Any],
     console,
-    tool_parser: str = DEFAULT_TOOL_PARSER,
 ) -> EnvCheckReport:
-    """What the CLI command does: validate the options, check (`env_check`: load and play), print. Option and
-    loading mistakes raise ConfigError/EnvLoadError (exit 2); a broken contract is in the report's problems."""
+    """What the CLI command does: validate the options, check (`env_check`: load and play), print. `options`
+    holds the episode flags (`CHECK_FLAGS`, RunConfig's names). Option and loading mistakes raise
+    ConfigError/EnvLoadError (exit 2); a broken contract is in the report's problems."""
     chosen = tuple(p.strip() for p in policies.split(",") if p.strip())
     unknown = [p for p in chosen if p not in POLICIES]
     if unknown or not chosen:
         raise ConfigError(f"--policies takes a comma-separated list of {', '.join(POLICIES)}; got {policies!r}")
     check_positive(episodes=episodes)
-    check_options({"rl_max_new_tokens": max_new_tokens, "rl_max_turns": max_turns,
-                           "rl_temperature": temperature, "rl_env_timeout": timeout})
+    check_options(options)
+    # No flags for these: the model samples untruncated, with room for long episodes (COMPLETION_BUDGET).
+    settings = EpisodeSettings.from_options({**options, "rl_top_k": 0, "rl_top_p": 1.0,
+                                             "rl_max_completion_length": COMPLETION_BUDGET})
     report = env_check(module=module, class_name=class_name, env_config=env_config, model_name=model_name,
-                       policies=chosen, sampling=SamplingParams(temperature, 0, 1.0), episodes=episodes, seed=seed,
-                       max_new_tokens=max_new_tokens, max_turns=max_turns, timeout=timeout, tool_parser=tool_parser)
+                       policies=chosen, episodes=episodes, seed=seed, settings=settings)
     show_report(report, console, module=module, model_name=model_name)
     return report

@@ -20,6 +20,7 @@ from aitrain_grpo.commands.options import check_positive
 from aitrain_grpo.config import RunConfig, check_options
 from aitrain_grpo.env_spec import env_specs, environment_of
 from aitrain_grpo.engine.backends.base import SamplingParams
+from aitrain_grpo.engine.settings import EpisodeSettings
 from aitrain_grpo.env.base import needs_policy
 from aitrain_grpo.env.dataset import build_rows
 from aitrain_grpo.env.loading import load_environment
@@ -75,7 +76,7 @@ def run_eval(*, model: str, baseline: str | None, spec: str | list[str] | None =
     env = load_environment(*environment_of(spec, module, class_name, env_config, weights))
     settings = {name: _option(options.get(name), run_config, name) for name in (*RUN_FLAGS, "rl_cut_turn")}
     check_options(settings)  # a training run's values too (its run_config.json may be older)
-    sampling = SamplingParams(settings["rl_temperature"], settings["rl_top_k"], settings["rl_top_p"])
+    played = EpisodeSettings.from_options(settings)  # how both models play their episodes
     labels = ["model", "baseline"]
     results: list[EvalResult] = []
     rows = None
@@ -86,16 +87,11 @@ def run_eval(*, model: str, baseline: str | None, spec: str | list[str] | None =
         if rows is None:  # both models play the same tasks, built once
             rows = build_rows(env, tokenizer)[:episodes]
         console.print(f"playing {len(rows)} tasks x {samples} with {source.spec} ...", markup=False)
-        results.append(evaluate(
-            env, backend, tokenizer, rows, label=source.spec, samples=samples,
-            max_new_tokens=settings["rl_max_new_tokens"], max_turns=settings["rl_max_turns"],
-            max_completion_length=settings["rl_max_completion_length"], sampling=sampling,
-            env_timeout=settings["rl_env_timeout"], batch_size=batch_size, seed=seed, cut_turn=settings["rl_cut_turn"],
-            schedule=settings["rl_rollout_schedule"], tool_parser=settings["rl_tool_parser"],
-        ))
+        results.append(evaluate(env, backend, tokenizer, rows, label=source.spec, settings=played, samples=samples,
+                                batch_size=batch_size, seed=seed))
         del backend  # the model's memory goes before the next one loads
     named = " + ".join(env_specs(spec)) if spec else f"{module}.{class_name}"
-    show_results(results, console, env_name=named, sampling=sampling)
+    show_results(results, console, env_name=named, sampling=played.sampling)
     if output:
         console.print(f"episodes written to {write_records(output, results)}", markup=False)
     return results

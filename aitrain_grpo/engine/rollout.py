@@ -14,7 +14,7 @@ as sampled (mask 1, with its log-probabilities), each environment reply as the c
 environment asks of the policy itself (`episode.policy_turn`: a self-play opponent) are drawn the same way
 and stay out of the sequence (engine/policy_turns.py).
 
-Budgets: `max_new_tokens` per model turn, `max_turns`, and `max_completion_length` for everything
+Budgets (engine/settings.py's `EpisodeSettings`): `max_new_tokens` per model turn, `max_turns`, and `max_completion_length` for everything
 after the prompt. A turn that hits its token limit ends the episode as truncated (`cut_turn="end"`)
 or is answered by the environment as it stands (`cut_turn="continue"`); a reply that would overflow
 the completion budget ends the episode as truncated; it is scored as it stands. Each episode's `stop_reason` says
@@ -31,15 +31,14 @@ import time
 from dataclasses import dataclass, field
 from typing import Any
 
-from aitrain_grpo.config import DEFAULT_CUT_TURN, DEFAULT_TOOL_PARSER, ROLLOUT_SCHEDULES
-from aitrain_grpo.engine.agent_endpoint import LOCAL_HOST
 from aitrain_grpo.engine.agent_rollout import AgentLimits, AgentPlayer, renderer_cache
-from aitrain_grpo.engine.backends.base import GenerationBackend, ReplayEpisode, RequestBackend, Sample, SamplingParams
+from aitrain_grpo.engine.backends.base import GenerationBackend, ReplayEpisode, RequestBackend, Sample
 from aitrain_grpo.engine.chat import ChatRenderer
 from aitrain_grpo.engine.policy_turns import Draw, give_policy_turns, open_sampler
 from aitrain_grpo.env.agent import is_agent_environment
 from aitrain_grpo.env.base import Environment, Episode, Message, tools_for_row, tools_vary_by_row
 from aitrain_grpo.engine.runner import EpisodeRunner
+from aitrain_grpo.engine.settings import EpisodeSettings
 from aitrain_grpo.engine.stats import BusyClock, EpisodeSummary, episode_scores
 
 
@@ -112,59 +111,45 @@ class _RecordedTurn:
 
 
 class RolloutEngine:
-    """Runs episodes of one environment with one generation backend.
+    """Runs episodes of one environment with one generation backend, as `settings` say (engine/settings.py:
+    budgets, sampling, timeouts, tool parser, agent endpoint).
 
-    `schedule`: "continuous" (each episode on its own), "lockstep" (turn by turn for all), or "auto":
-    continuous where the backend takes one request at a time (`RequestBackend`: the vLLM backends),
-    lockstep otherwise (the hf backend, whose batched turns continue one key-value cache).
-    `max_concurrent_episodes` bounds the episodes in play at once: continuous, a finished episode frees
-    its slot for the next; lockstep, the rows are played in waves of that size."""
+    `settings.schedule`: "continuous" (each episode on its own), "lockstep" (turn by turn for all), or
+    "auto": continuous where the backend takes one request at a time (`RequestBackend`: the vLLM
+    backends), lockstep otherwise (the hf backend, whose batched turns continue one key-value cache).
+    `settings.max_concurrent_episodes` bounds the episodes in play at once: continuous, a finished
+    episode frees its slot for the next; lockstep, the rows are played in waves of that size."""
 
-    def __init__(
-        self,
-        env: Environment,
-        tokenizer,
-        backend: GenerationBackend,
-        *,
-        max_new_tokens: int = 128,
-        max_turns: int | None = None,
-        max_completion_length: int = 1024,
-        sampling: SamplingParams = SamplingParams(),
-        env_timeout: float | None = 60.0,
-        template_kwargs: dict | None = None,
-        schedule: str = "auto",
-        max_concurrent_episodes: int = 256,
-        cut_turn: str = DEFAULT_CUT_TURN,
-        tool_parser: str = DEFAULT_TOOL_PARSER,
-        model_name: str = "policy",
-        agent_address: tuple[str, int] = (LOCAL_HOST, 0),  # where an agent environment's endpoint listens
-    ):
-        if schedule not in ROLLOUT_SCHEDULES:  # a Python caller's typo; options are checked in config.py
-            raise ValueError(f"schedule must be one of {ROLLOUT_SCHEDULES}, not {schedule!r}")
+    def __init__(self, env: Environment, tokenizer, backend: GenerationBackend,
+                 settings: EpisodeSettings = EpisodeSettings()):
         self.env = env
         self.tokenizer = tokenizer
         self.backend = backend
-        self.template_kwargs = template_kwargs
-        self.renderer = ChatRenderer(tokenizer, tools=env.tools, template_kwargs=template_kwargs)
+        self.settings = settings
+        self.template_kwargs = settings.template_kwargs
+        self.renderer = ChatRenderer(tokenizer, tools=env.tools, template_kwargs=self.template_kwargs)
         # A mixture offers each row its own environment's tools: one renderer per set of tools.
         self._tools_vary = tools_vary_by_row(env)
         self._renderers: dict[str, ChatRenderer] = {}
-        self.runner = EpisodeRunner(env, max_turns=max_turns, timeout=env_timeout, cut_turn=cut_turn,
-                                    tool_parser=tool_parser)
-        self.max_new_tokens = max_new_tokens
-        self.max_completion_length = max_completion_length
-        self.sampling = sampling
+        self.runner = EpisodeRunner(env, max_turns=settings.max_turns, timeout=settings.env_timeout,
+                                    cut_turn=settings.cut_turn, tool_parser=settings.tool_parser)
+        self.max_new_tokens = settings.max_new_tokens
+        self.max_completion_length = settings.max_completion_length
+        self.sampling = settings.sampling
         self.stop_ids = set(backend.stop_ids)
+        schedule = settings.schedule
         if schedule == "auto":
             schedule = "continuous" if isinstance(backend, RequestBackend) else "lockstep"
         self.agents: AgentPlayer | None = None
         if is_agent_environment(env):  # the agent drives its episode: its requests come one at a time
             schedule = "continuous"
-            limits = AgentLimits(model_name, max_new_tokens, self.runner.max_turns, max_completion_length, tool_parser)
-            self.agents = AgentPlayer(self.runner, tokenizer, limits, renderer_cache(tokenizer, template_kwargs),
-                                      stop_ids=self.stop_ids, host=agent_address[0], port=agent_address[1])
+            limits = AgentLimits(settings.model_name, settings.max_new_tokens, self.runner.max_turns,
+                                 settings.max_completion_length, settings.tool_parser)
+            host, port = settings.agent_address
+            self.agents = AgentPlayer(self.runner, tokenizer, limits, renderer_cache(tokenizer, self.template_kwargs),
+                                      stop_ids=self.stop_ids, host=host, port=port)
         self.schedule = schedule
-        self.max_concurrent_episodes = max(1, max_concurrent_episodes)
+        self.max_concurrent_episodes = max(1, settings.max_concurrent_episodes)
 
     def renderer_for(self, episode: Episode) -> ChatRenderer:
         """The renderer of `episode`'s tools: the environment's, or its row's where they vary by row (fixed

@@ -2,7 +2,8 @@
 
 `check_environment` builds the dataset and records what the model will see (rows, columns, a prompt
 rendered through the model's chat template with its token count, the longest prompt, the tool schemas),
-then plays episodes under three policies and compares their scores:
+then plays episodes under three policies, each as one `EpisodeSettings` says (engine/settings.py: the
+command's flags, with a completion budget of its own), and compares their scores:
 - `oracle`: the environment's optional `solve(episode) -> str` (an expert's next message); it should
   score 1.0, or the scoring (or `solve`) is wrong;
 - `empty`: every model turn is an empty message; it should score (near) 0;
@@ -29,10 +30,10 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from aitrain_grpo.config import DEFAULT_TOOL_PARSER
-from aitrain_grpo.engine.backends.base import SamplingParams
 from aitrain_grpo.engine.chat import ChatRenderer
 from aitrain_grpo.engine.rollout import RolloutEngine
 from aitrain_grpo.engine.runner import EpisodeRunner, oracle_policy, play_text
+from aitrain_grpo.engine.settings import EpisodeSettings
 from aitrain_grpo.engine.stats import EpisodeStats, episode_scores, episode_stats
 from aitrain_grpo.env.agent import is_agent_environment
 from aitrain_grpo.env.base import Environment, Episode, has_solve, needs_policy, prompt_messages, tools_for_row
@@ -44,6 +45,9 @@ from aitrain_grpo.models.loading import load_for_generation, load_tokenizer, res
 
 POLICIES = ("oracle", "empty", "model")
 PROMPTS_MEASURED = 2000  # rows rendered to find the longest prompt
+# The check has no completion-budget flag: room enough that turns and the turn cap, not the budget, end
+# the model's episodes (a training run's budget is a run's choice, not the environment's contract).
+COMPLETION_BUDGET = 4096
 
 
 @dataclass
@@ -108,23 +112,21 @@ def pick_rows(rows: list[dict[str, Any]], count: int, seed: int) -> list[dict[st
     return [dict(rows[i]) for i in picked]
 
 
-def play_text_policy(env: Environment, name: str, rows: list[dict[str, Any]], policy, *, max_turns, timeout,
-                     policy_name: str = "policy", tool_parser: str = DEFAULT_TOOL_PARSER) -> PolicyResult:
+def play_text_policy(env: Environment, name: str, rows: list[dict[str, Any]], policy, settings: EpisodeSettings,
+                     *, policy_name: str = "policy") -> PolicyResult:
+    """`rows` played by a text `policy` (no model): only the settings' turn cap, timeout and tool parser apply."""
     started = time.perf_counter()
-    with EpisodeRunner(env, max_turns=max_turns, timeout=timeout, policy_name=policy_name, tool_parser=tool_parser) as runner:
+    with EpisodeRunner(env, max_turns=settings.max_turns, timeout=settings.env_timeout, policy_name=policy_name,
+                       tool_parser=settings.tool_parser) as runner:
         episodes = play_text(runner, rows, policy)
     return PolicyResult(name, episodes, runner.step_seconds, time.perf_counter() - started)
 
 
-def play_model(env: Environment, rows, model, tokenizer, *, max_new_tokens: int, max_turns, timeout,
-               sampling: SamplingParams, max_completion_length: int = 4096,
-               tool_parser: str = DEFAULT_TOOL_PARSER) -> PolicyResult:
+def play_model(env: Environment, rows, model, tokenizer, settings: EpisodeSettings) -> PolicyResult:
     # Imported here: the hf backend pulls in torch (seconds), and `env check`'s option errors come first.
     from aitrain_grpo.engine.backends.hf import HFBackend
 
-    engine = RolloutEngine(env, tokenizer, HFBackend.for_model(model, tokenizer), max_new_tokens=max_new_tokens,
-                           max_turns=max_turns, max_completion_length=max_completion_length, sampling=sampling,
-                           env_timeout=timeout, tool_parser=tool_parser)
+    engine = RolloutEngine(env, tokenizer, HFBackend.for_model(model, tokenizer), settings)
     started = time.perf_counter()
     with engine:
         batch = engine.run(rows)
@@ -226,15 +228,13 @@ def check_environment(
     episodes: int = 16,
     policies: tuple[str, ...] = POLICIES,
     seed: int = 0,
-    max_new_tokens: int = 128,
-    max_turns: int | None = None,
-    sampling: SamplingParams = SamplingParams(),
-    timeout: float = 60.0,
-    tool_parser: str = DEFAULT_TOOL_PARSER,
+    settings: EpisodeSettings = EpisodeSettings(max_completion_length=COMPLETION_BUDGET),
 ) -> EnvCheckReport:
-    """Everything `aitrain env check` reports. `model` is needed for the `model` policy only."""
+    """Everything `aitrain env check` reports. `model` is needed for the `model` policy only; every
+    policy plays by `settings` (the text policies only by its turn cap, timeout and tool parser)."""
     agent = is_agent_environment(env)
-    report = EnvCheckReport(env_name=type(env).__name__, tool_parser=tool_parser, interface=describe_interface(env))
+    report = EnvCheckReport(env_name=type(env).__name__, tool_parser=settings.tool_parser,
+                            interface=describe_interface(env))
     if agent:
         report.scorer = f"the score {report.env_name}.rollout returns"
     # An agent's prompt and tools come from its requests: envcheck_agent reads them after playing.
@@ -248,14 +248,11 @@ def check_environment(
                 report.notes.append(f"{report.env_name} has no solve(episode) -> str, so no oracle was played; add "
                                     f"one to check that a perfect episode scores 1.0")
                 continue
-            result = play_text_policy(env, "oracle", rows, oracle_policy(env), max_turns=max_turns, timeout=timeout,
-                                      policy_name="solve", tool_parser=tool_parser)
+            result = play_text_policy(env, "oracle", rows, oracle_policy(env), settings, policy_name="solve")
         elif name == "empty":
-            result = play_text_policy(env, "empty", rows, lambda episode: "", max_turns=max_turns, timeout=timeout,
-                                      tool_parser=tool_parser)
+            result = play_text_policy(env, "empty", rows, lambda episode: "", settings)
         else:
-            result = play_model(env, rows, model, tokenizer, max_new_tokens=max_new_tokens, max_turns=max_turns,
-                                timeout=timeout, sampling=sampling, tool_parser=tool_parser)
+            result = play_model(env, rows, model, tokenizer, settings)
         report.policies.append(result)
     if agent:
         envcheck_agent.describe_requests(report, tokenizer, rows[0])
@@ -264,7 +261,7 @@ def check_environment(
 
 
 def env_check(*, module: str, class_name: str, env_config: str | None, model_name: str,
-              policies: tuple[str, ...], sampling: SamplingParams, **options: Any) -> EnvCheckReport:
+              policies: tuple[str, ...], **options: Any) -> EnvCheckReport:
     """Load the environment and the model (`model_name`) and check them (`check_environment`'s `options`).
     Loading mistakes raise EnvLoadError (exit 2); a broken contract is in the report's problems."""
     env = load_environment(module, class_name, env_config)
@@ -278,7 +275,7 @@ def env_check(*, module: str, class_name: str, env_config: str | None, model_nam
             env.use_policy(model, tokenizer)
     else:
         tokenizer = load_tokenizer(source)
-    report = check_environment(env, tokenizer, model=model, policies=policies, sampling=sampling, **options)
+    report = check_environment(env, tokenizer, model=model, policies=policies, **options)
     if needs_policy(env):
         report.notes.append(f"score_episode was given {model_name} as its model under every policy")
     return report

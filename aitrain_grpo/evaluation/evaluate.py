@@ -15,15 +15,15 @@ from __future__ import annotations
 
 import json
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from types import SimpleNamespace
 from typing import Any
 
-from aitrain_grpo.config import DEFAULT_CUT_TURN, DEFAULT_TOOL_PARSER
-from aitrain_grpo.engine.backends.base import GenerationBackend, SamplingParams
+from aitrain_grpo.engine.backends.base import GenerationBackend
 from aitrain_grpo.engine.backends.choice import build_backend, require_vllm
 from aitrain_grpo.engine.rollout import RolloutEngine
+from aitrain_grpo.engine.settings import EpisodeSettings
 from aitrain_grpo.engine.stats import SUCCESS, episode_scores, episode_stats
 from aitrain_grpo.env.base import Environment, Episode
 from aitrain_grpo.errors import ConfigError
@@ -128,29 +128,18 @@ def evaluate(
     rows: list[dict[str, Any]],
     *,
     label: str,
+    settings: EpisodeSettings = EpisodeSettings(),
     samples: int = 1,
-    max_new_tokens: int = 128,
-    max_turns: int | None = None,
-    max_completion_length: int = 1024,
-    sampling: SamplingParams = SamplingParams(),
-    env_timeout: float = 60.0,
     batch_size: int = 32,
     seed: int = 0,
-    cut_turn: str = DEFAULT_CUT_TURN,
-    schedule: str = "auto",
-    tool_parser: str = DEFAULT_TOOL_PARSER,
 ) -> EvalResult:
-    """Play every row `samples` times with the backend's model, `batch_size` episodes at a time."""
+    """Play every row `samples` times with the backend's model, `batch_size` episodes at a time, as
+    `settings` say (the schedule too: as in training, continuous with vLLM and lockstep with hf unless
+    the run said otherwise). `label` is also the model name an agent environment's requests use."""
     from transformers import set_seed  # imports torch (seconds): only once episodes are played
 
     set_seed(seed)  # same seed, same sampling noise: two models compared on equal terms
-    engine = RolloutEngine(
-        env, tokenizer, backend, max_new_tokens=max_new_tokens, max_turns=max_turns,
-        max_completion_length=max_completion_length, sampling=sampling, env_timeout=env_timeout, cut_turn=cut_turn,
-        schedule=schedule,  # as in training: continuous with vLLM, lockstep with hf, unless the run said otherwise
-        tool_parser=tool_parser,
-        model_name=label,  # what an agent environment's client.model says
-    )
+    engine = RolloutEngine(env, tokenizer, backend, replace(settings, model_name=label))
     tasks = [index for index in range(len(rows)) for _ in range(samples)]
     result = EvalResult(label=label, episodes=[], tasks=tasks, samples=samples, schedule=engine.schedule)
     started = time.perf_counter()

@@ -24,13 +24,14 @@ import contextlib
 import copy
 
 from aitrain_grpo.config import RunConfig
-from aitrain_grpo.engine.backends.base import SamplingParams
 from aitrain_grpo.engine.rollout import RolloutEngine
+from aitrain_grpo.engine.settings import EpisodeSettings
 from aitrain_grpo.env.base import Environment
 from aitrain_grpo.models.loading import stop_token_ids
 from aitrain_grpo.runlog.step_metrics import StepMetrics
 from aitrain_grpo.training.async_rollout import AsyncRollout, start_async_rollout, versioned
 from aitrain_grpo.training.generation import GenerationPlan, make_backend
+from aitrain_grpo.training.signals import uninterrupted
 
 
 class RolloutParts:
@@ -55,7 +56,8 @@ class RolloutParts:
             return
         # Played-ahead episodes: no request may be in flight while the server's weights change.
         with self.async_rollout.backend.paused() if self.async_rollout is not None else contextlib.nullcontext():
-            seconds = self.weight_sync.maybe_sync(trainer)
+            with uninterrupted():  # a signal waits: a server's weights are never left half-synced (signals.py)
+                seconds = self.weight_sync.maybe_sync(trainer)
         if seconds is not None:
             self.sink.update({"vllm/sync_seconds": seconds})
 
@@ -76,21 +78,7 @@ def build_rollout_parts(trainer, env: Environment, config: RunConfig, generation
         backend = versioned(backend)
         # The worker thread tokenizes while TRL decodes; a fast tokenizer is not safe to share.
         tokenizer = copy.deepcopy(tokenizer)
-    engine = RolloutEngine(
-        env,
-        tokenizer,
-        backend,
-        max_new_tokens=config.rl_max_new_tokens,
-        max_turns=config.rl_max_turns,
-        max_completion_length=config.rl_max_completion_length,
-        sampling=SamplingParams(config.rl_temperature, config.rl_top_k, config.rl_top_p),
-        env_timeout=config.rl_env_timeout,
-        cut_turn=config.rl_cut_turn,
-        schedule=config.rl_rollout_schedule,
-        tool_parser=config.rl_tool_parser,
-        model_name=config.model,  # the name an agent environment's requests must use (client.model)
-        agent_address=(config.agent_host, config.agent_port),
-    )
+    engine = RolloutEngine(env, tokenizer, backend, EpisodeSettings.from_options(config))
     async_rollout = None
     if config.rl_async_steps:
         try:  # refuses a run it cannot plan ahead (several processes, several generations a step)

@@ -131,6 +131,7 @@ def test_a_generation_server_that_dies_mid_run_stops_with_a_checkpoint(tmp_path,
     from aitrain_grpo.engine.backends.vllm_server import VLLMServerBackend, VLLMServerClient
     from aitrain_grpo.config import RunConfig
     from aitrain_grpo.engine.rollout import RolloutEngine
+    from aitrain_grpo.engine.settings import EpisodeSettings
     from aitrain_grpo.training.stopping import TrainingStopped, clean_stops
     from aitrain_grpo.training.trainer import build_trainer
     from aitrain_grpo.training.trl_access import generation_handles
@@ -157,7 +158,7 @@ def test_a_generation_server_that_dies_mid_run_stops_with_a_checkpoint(tmp_path,
     trainer = build_trainer(config, env=env)
     stop_ids = stop_token_ids(trainer.model, trainer.processing_class)
     backend = ServerThatDies(build_backend("hf", stop_ids, **generation_handles(trainer, "hf")), calls_before_death=2)
-    trainer.rollout.engine = RolloutEngine(env, trainer.processing_class, backend, max_new_tokens=16)
+    trainer.rollout.engine = RolloutEngine(env, trainer.processing_class, backend, EpisodeSettings(max_new_tokens=16))
     with pytest.raises(TrainingStopped) as caught:
         with clean_stops(trainer):
             trainer.train()

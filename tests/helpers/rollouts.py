@@ -12,6 +12,7 @@ from aitrain_grpo import Environment
 from aitrain_grpo.engine.backends.base import Sample, SamplingParams
 from aitrain_grpo.engine.backends.hf import HFBackend
 from aitrain_grpo.engine.rollout import RolloutBatch, RolloutEngine
+from aitrain_grpo.engine.settings import EpisodeSettings
 
 GREEDY = SamplingParams(temperature=0.0)
 NEW_TOKENS = 8
@@ -70,8 +71,9 @@ def play(model, tokenizer, schedule: str, *, env: Environment | None = None, bac
          **engine_options) -> RolloutBatch:
     env = env or StaggeredEnv()
     backend = backend or TurnEndingHF.for_model(model, tokenizer)
-    options = {"max_new_tokens": NEW_TOKENS, "sampling": GREEDY, **engine_options}
-    engine = RolloutEngine(env, tokenizer, backend, schedule=schedule, max_concurrent_episodes=slots, **options)
+    settings = EpisodeSettings(**{"max_new_tokens": NEW_TOKENS, "sampling": GREEDY, **engine_options},
+                               schedule=schedule, max_concurrent_episodes=slots)
+    engine = RolloutEngine(env, tokenizer, backend, settings)
     with engine:
         return engine.run(env.build_dataset(tokenizer))
 
