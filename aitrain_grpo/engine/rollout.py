@@ -14,8 +14,8 @@ as sampled (mask 1, with its log-probabilities), each environment reply as the c
 environment asks of the policy itself (`episode.policy_turn`: a self-play opponent) are drawn the same way
 and stay out of the sequence (engine/policy_turns.py).
 
-Budgets (engine/settings.py's `EpisodeSettings`): `max_new_tokens` per model turn, `max_turns`, and `max_completion_length` for everything
-after the prompt. A turn that hits its token limit ends the episode as truncated (`cut_turn="end"`)
+Budgets (engine/settings.py's `EpisodeSettings`): `max_new_tokens` per model turn, `max_turns`, and
+`max_completion_length` for everything after the prompt. A turn that hits its token limit ends the episode as truncated (`cut_turn="end"`)
 or is answered by the environment as it stands (`cut_turn="continue"`); a reply that would overflow
 the completion budget ends the episode as truncated; it is scored as it stands. Each episode's `stop_reason` says
 which of these ended it (or the environment, or an error).
