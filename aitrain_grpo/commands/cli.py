@@ -143,7 +143,8 @@ def grpo(**kwargs) -> None:
     except early_stops() as stop:  # signal, error rate, dead backend: stopped with a checkpoint
         for line in stop.lines(sys.argv[1:]):
             err.print(line, markup=False)
-        exit_without_waiting_for_env_calls(stop.exit_code)
+        # A signal drops the step in progress (training/signals.py): its calls are abandoned, not timed out.
+        exit_without_waiting_for_env_calls(stop.exit_code, calls="that timed out" if stop.is_error else "of the dropped step")
     except KeyboardInterrupt:  # outside the training steps, or a second Ctrl-C
         err.print("interrupted; nothing saved since the last checkpoint", markup=False)
         exit_without_waiting_for_env_calls(130)
@@ -162,7 +163,7 @@ def grpo(**kwargs) -> None:
     exit_without_waiting_for_env_calls(0)
 
 
-def exit_without_waiting_for_env_calls(code: int) -> None:
+def exit_without_waiting_for_env_calls(code: int, calls: str = "that timed out") -> None:
     """Exit with `code`. Environment calls that timed out may still be running in worker threads, and
     Python waits for such threads at exit: one stuck for good would hang a finished run forever. So
     when some are left after a short grace period, the process ends without waiting for them."""
@@ -172,7 +173,7 @@ def exit_without_waiting_for_env_calls(code: int) -> None:
         thread.join(timeout=max(0.0, deadline - time.monotonic()))
     stuck = [t for t in workers if t.is_alive()]
     if stuck:
-        err.print(f"note: {len(stuck)} environment call(s) that timed out are still running; exiting without them", markup=False)
+        err.print(f"note: {len(stuck)} environment call(s) {calls} are still running; exiting without them", markup=False)
         sys.stdout.flush()
         sys.stderr.flush()
         os._exit(code)

@@ -1,52 +1,124 @@
-"""Ctrl-C and `kill` during training: finish the step, save a checkpoint, say how to resume, exit 130/143.
+"""Ctrl-C and `kill` during training: drop the step in progress, save the last finished one, say how to
+resume, exit 130/143.
 
-`SignalStop` is a trainer callback. While `train()` runs it handles SIGINT and SIGTERM by noting the
-signal and letting the current step finish; at the end of that step it asks HF Trainer to save a
-checkpoint and stop. `stopping.clean_stops` then turns the stop into `TrainingStopped` with exit code
-128 + the signal number (130 for SIGINT, 143 for SIGTERM), the shell convention for "killed by".
+Clusters stop jobs with SIGTERM and a grace period of about 30 s before SIGKILL, and a step of a real
+model can take minutes, so a signal does not wait for the step. `SignalStop` is a trainer callback; while
+`train()` runs it handles SIGINT and SIGTERM by raising `StepAbandoned` from the handler, which Python
+runs in the main thread between two bytecodes: wherever the step is (a rollout waiting on its
+episodes, a generate loop, a loss pass between two torch calls, a wait on a server), it is left at
+once. `clean_stops` (stopping.py) catches it and calls `abandon_step`: the gradients the step had
+accumulated are zeroed, the random state is put back to what it was when the last step ended, and the
+checkpoint of that step is saved. Nothing else a checkpoint holds changes before the optimizer step,
+so that checkpoint is the one a save at the end of that step would have written, and HF's resume
+(which skips `global_step * gradient_accumulation_steps` batches of the epoch our resumable sampler
+reorders the same way: checkpoints.py) plays the dropped step's rows again, in the same order. The exit
+code is 128 + the signal number (130 for SIGINT, 143 for SIGTERM), the shell convention for "killed by".
+
+Some spans must not be cut, as their state would be half-changed: from the optimizer step to the start
+of the next step (optimizer, scheduler, step counter, the step's logs and scheduled checkpoint), a
+checkpoint write, a weight sync into vLLM. Those run inside `uninterrupted()`; a signal that lands there
+is noted and acted on when the span ends (at the end of a step: the step counts, and is saved the old
+way, by `on_step_end`). The worst case is therefore one optimizer step plus one checkpoint write.
 
 A second Ctrl-C (or SIGTERM) restores the default handlers' behaviour and stops at once, without a
-new checkpoint: someone pressing it twice does not want to wait for a slow step.
+new checkpoint: someone pressing it twice does not want to wait for a save.
 
-With several processes (torchrun), a signal may reach them at different steps; the flag is combined
-across processes at each step end, so all of them stop after the same step.
-
-Left out: SIGKILL (cannot be caught; the checkpoints already on disk are the answer), SIGHUP, and
-handling signals outside `train()` (model loading stops the usual way, with KeyboardInterrupt).
+Left out: several processes (torchrun). A rank that leaves its step while the others sit in a collective
+would hang them, so there the old behaviour stays: the signal is noted, combined across processes at
+each step end, and all of them stop after the same (finished) step. Also left out: SIGKILL (cannot be
+caught; the checkpoints already on disk are the answer), SIGHUP, and handling signals outside `train()`
+(model loading stops the usual way, with KeyboardInterrupt).
 """
 
 from __future__ import annotations
 
+import contextlib
 import os
+import random
 import signal
 import threading
+from pathlib import Path
 
+import numpy as np
 import torch
 import torch.distributed as dist
 from transformers import TrainerCallback
 
 HANDLED = (signal.SIGINT, signal.SIGTERM)
+_active: SignalStop | None = None  # the installed handler, for `uninterrupted()`
+
+
+class StepAbandoned(KeyboardInterrupt):
+    """Raised in the main thread when a signal drops the step in progress. A KeyboardInterrupt, so the
+    code it passes through treats it as an interruption: no `except Exception` (an episode's fault
+    handling) takes it for an error, and asyncio re-raises it out of the event loop at once."""
+
+    def __init__(self, signum: int):
+        super().__init__(signum)
+        self.signum = signum
+
+
+@contextlib.contextmanager
+def uninterrupted():
+    """A span a signal must not cut (see the module docstring): a signal landing in it is acted on
+    when it ends. Does nothing when no handler is installed (outside `train()`, or not the main thread)."""
+    stop = _active
+    if stop is None or threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    stop.deferred += 1
+    try:
+        yield
+    finally:
+        stop.deferred -= 1
+    stop.raise_if_pending()
+
+
+def rng_state() -> dict:
+    """The random states HF Trainer saves with a checkpoint (`_save_rng_state`)."""
+    state = {"python": random.getstate(), "numpy": np.random.get_state(), "cpu": torch.get_rng_state()}
+    if torch.cuda.is_available() and torch.cuda.is_initialized():
+        state["cuda"] = torch.cuda.get_rng_state_all()
+    return state
+
+
+def set_rng_state(state: dict) -> None:
+    random.setstate(state["python"])
+    np.random.set_state(state["numpy"])
+    torch.set_rng_state(state["cpu"])
+    if "cuda" in state:
+        torch.cuda.set_rng_state_all(state["cuda"])
 
 
 class SignalStop(TrainerCallback):
-    """Turns SIGINT/SIGTERM into "save a checkpoint and stop after this step"."""
+    """Turns SIGINT/SIGTERM into "drop this step, save the last finished one, stop"; see the module docstring."""
 
     def __init__(self):
         self.received: int | None = None  # the first signal's number
+        self.deferred = 0  # depth of `uninterrupted()` spans the main thread is in
+        self.abandon = int(os.environ.get("WORLD_SIZE", "1")) <= 1  # one process: drop the step (see above)
+        self.rng_at_step_end: dict | None = None  # the random state a checkpoint of the last step holds
+        self._raised = False
+        self._in_step_end = False
         self._previous: dict[int, object] = {}
 
     # ------------------------------------------------------------------------- handlers
 
     def install(self) -> None:
+        global _active
         if threading.current_thread() is not threading.main_thread():
             return  # Python only lets the main thread set handlers; a Python-API run in a thread keeps the defaults
         for sig in HANDLED:
             self._previous[sig] = signal.signal(sig, self._handle)
+        _active = self
 
     def uninstall(self) -> None:
+        global _active
         for sig, previous in self._previous.items():
             signal.signal(sig, previous)
         self._previous.clear()
+        if _active is self:
+            _active = None
 
     def _handle(self, signum, frame) -> None:
         if self.received is not None:
@@ -59,15 +131,52 @@ class SignalStop(TrainerCallback):
         self.received = signum
         # os.write, not print: a handler may run while the console is in the middle of a line.
         name = signal.Signals(signum).name
-        os.write(2, f"\nreceived {name}: finishing this step, then saving a checkpoint (send it again to stop now)\n".encode())
+        if not self.abandon:
+            what = "finishing this step, then saving a checkpoint"
+        elif self.deferred:
+            what = "finishing the optimizer step or save in progress, then saving a checkpoint"
+        else:
+            what = "dropping the step in progress and saving the last finished one"
+        os.write(2, f"\nreceived {name}: {what} (send it again to stop now)\n".encode())
+        self.raise_if_pending()
+
+    def raise_if_pending(self) -> None:
+        """Leave the step now if a signal asked for it and nothing in progress must finish first."""
+        if self.abandon and self.received is not None and not self._raised and self.deferred == 0:
+            self._raised = True
+            raise StepAbandoned(self.received)
 
     # ------------------------------------------------------------------------- trainer events
 
+    def on_pre_optimizer_step(self, args, state, control, **kwargs):
+        # From here to the next step's start the step is being made to count: not cut (module docstring).
+        if not self._in_step_end:
+            self._in_step_end = True
+            self.deferred += 1
+        return control
+
     def on_step_end(self, args, state, control, **kwargs):
+        self.rng_at_step_end = rng_state()  # nothing draws between here and a scheduled save
         if self._agreed_signal() is not None:
             control.should_save = True
             control.should_training_stop = True
         return control
+
+    def on_step_begin(self, args, state, control, **kwargs):
+        self._end_of_step_over(raise_pending=True)
+        return control
+
+    def on_train_end(self, args, state, control, **kwargs):
+        self._end_of_step_over(raise_pending=False)
+        self.abandon = False  # no step left to drop: a signal now lets the run end as it is ending
+        return control
+
+    def _end_of_step_over(self, *, raise_pending: bool) -> None:
+        if self._in_step_end:
+            self._in_step_end = False
+            self.deferred -= 1
+            if raise_pending:
+                self.raise_if_pending()
 
     def _agreed_signal(self) -> int | None:
         if not (dist.is_available() and dist.is_initialized()) or dist.get_world_size() == 1:
@@ -81,3 +190,14 @@ class SignalStop(TrainerCallback):
     @property
     def exit_code(self) -> int:
         return 128 + int(self.received or 0)
+
+
+def abandon_step(trainer, stop: SignalStop) -> Path | None:
+    """After `StepAbandoned`: the checkpoint of the last finished step (None when none finished). The
+    dropped step's gradients are zeroed (a checkpoint does not hold them, but nothing may step on them)
+    and the random state is the one that step ended with, so the resumed run draws as an unstopped one."""
+    with uninterrupted():
+        trainer.model.zero_grad(set_to_none=True)
+        if stop.rng_at_step_end is not None:
+            set_rng_state(stop.rng_at_step_end)
+        return trainer.save_checkpoint_now()

@@ -22,7 +22,7 @@ What each override does lives in the module of its concern; the hooks only call 
 - `_get_train_sampler`: TRL's sampler re-classed so its order after a resume is the uninterrupted
   run's (checkpoints.py).
 - `_get_output_dir`, `_save_checkpoint`: checkpoints written into a staging folder and renamed into
-  place when whole, with the run's own state (checkpoints.py).
+  place when whole, with the run's own state (checkpoints.py); a signal waits for the write (signals.py).
 - `_load_optimizer_and_scheduler`: on resume, several CPU processes load the optimizer state onto
   `cpu`, not `cpu:<rank>`, which torch cannot restore to (checkpoints.py).
 
@@ -43,6 +43,7 @@ from aitrain_grpo.training.groups import without_masked_rows
 from aitrain_grpo.training.lm_head import scoring_labelled_positions
 from aitrain_grpo.training.micro_batches import trim_padding
 from aitrain_grpo.training.shared_prefix import group_micro_batches, shared_logps
+from aitrain_grpo.training.signals import uninterrupted
 from aitrain_grpo.training.trl_access import mark_weights_pushed
 from aitrain_grpo.training.turn_credit import attach_turn_advantages, with_turn_advantages
 
@@ -129,5 +130,6 @@ class TRLHooks:
             return super()._load_optimizer_and_scheduler(checkpoint)
 
     def _save_checkpoint(self, model, trial):
-        save_checkpoint_atomically(self, trial, lambda: super(TRLHooks, self)._save_checkpoint(model, trial),
-                                   run_dir=super()._get_output_dir(trial))
+        with uninterrupted():  # a signal lets the write finish (signals.py)
+            save_checkpoint_atomically(self, trial, lambda: super(TRLHooks, self)._save_checkpoint(model, trial),
+                                       run_dir=super()._get_output_dir(trial))

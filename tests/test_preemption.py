@@ -1,0 +1,150 @@
+"""A signal mid-step (issue 39): the step in progress is dropped at once, the last finished step is saved,
+and a resume plays the dropped step again exactly as a run never stopped plays it: the same rows in the
+same order, the same rewards and losses. Real signals to this process (pytest runs tests in the main
+thread, where `train()` installs its handler), sent from inside each phase of a step: the rollout (an
+environment call in a worker thread), the loss pass, and the optimizer step (which finishes first).
+The stop latency of a real process is in test_signals.py."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import threading
+from pathlib import Path
+
+import pytest
+from transformers import TrainerCallback
+
+from aitrain_grpo.config import RunConfig
+from aitrain_grpo.training.checkpoints import complete_checkpoints
+from aitrain_grpo.training.stopping import TrainingStopped
+from envs.letters import LetterEnv
+
+
+class RecordingLetters(LetterEnv):
+    """envs.letters that records which task each episode plays, and sends this process `signum` from
+    the reset of the first episode of step `signal_at_step` (a worker thread: the rollout is waiting)."""
+
+    def __init__(self, signal_at_step: int | None = None, signum: int = signal.SIGTERM, **kwargs):
+        super().__init__(**kwargs)
+        self.tasks: list[int] = []
+        self.lock = threading.Lock()
+        self.signal_at_reset = None if signal_at_step is None else (signal_at_step - 1) * 8
+        self.signum = signum
+
+    def reset(self, episode):
+        with self.lock:
+            if len(self.tasks) == self.signal_at_reset:
+                os.kill(os.getpid(), self.signum)
+            self.tasks.append(episode.row["task"])
+
+    def per_step(self, batch: int = 8) -> list[list[int]]:
+        return [sorted(self.tasks[i:i + batch]) for i in range(0, len(self.tasks), batch)]
+
+
+def letters_config(output_dir: Path, **overrides) -> RunConfig:
+    options = dict(
+        rl_env_module="envs.letters", rl_env_class="LetterEnv", model="tiny", output_dir=str(output_dir),
+        batch_size=8, rl_max_new_tokens=16, max_steps=5, save_steps=3, lr=1e-3, seed=7,
+    )
+    return RunConfig(**{**options, **overrides})
+
+
+def metrics(output_dir: Path) -> dict[int, dict]:
+    return {r["step"]: r for r in map(json.loads, (output_dir / "metrics.jsonl").read_text().splitlines())}
+
+
+@pytest.fixture(scope="module")
+def uninterrupted(tmp_path_factory):
+    """Five steps over four tasks (two per step, so a new shuffle every two steps), never stopped."""
+    from aitrain_grpo.training.trainer import train
+
+    out = tmp_path_factory.mktemp("uninterrupted")
+    env = RecordingLetters(turns=1, num_tasks=4)
+    train(letters_config(out), env=env)
+    return out, env
+
+
+def stopped_run(out: Path, env: LetterEnv, callbacks=()) -> TrainingStopped:
+    from aitrain_grpo.training.trainer import train
+
+    with pytest.raises(TrainingStopped) as stopped:
+        train(letters_config(out), env=env, callbacks=list(callbacks))
+    return stopped.value
+
+
+def assert_resume_replays_step_5(out: Path, uninterrupted) -> None:
+    """Resumed from checkpoint-4, the run plays step 5 as the uninterrupted run did."""
+    from aitrain_grpo.training.trainer import train
+
+    first_out, first_env = uninterrupted
+    env = RecordingLetters(turns=1, num_tasks=4)
+    train(letters_config(out, resume_from_checkpoint="auto"), env=env)
+    assert env.per_step() == first_env.per_step()[4:5]  # the dropped step's rows, in its order
+    before, after = metrics(first_out), metrics(out)
+    assert sorted(after) == [1, 2, 3, 4, 5]
+    assert after[5]["reward"] == pytest.approx(before[5]["reward"], abs=1e-6)
+    assert after[5]["loss"] == pytest.approx(before[5]["loss"], abs=1e-6)
+
+
+def test_a_signal_during_the_rollout_drops_the_step_and_the_resume_plays_it_again(uninterrupted, tmp_path):
+    out = tmp_path / "run"
+    stop = stopped_run(out, RecordingLetters(signal_at_step=5, turns=1, num_tasks=4))
+    assert stop.exit_code == 143 and not stop.is_error
+    assert stop.reason == "stopped by SIGTERM during step 5, which a resume plays again"
+    # The last finished step is saved, and step 5 never counted: no log line, no checkpoint of it.
+    assert stop.checkpoint == out / "checkpoint-4" and complete_checkpoints(out)[-1].name == "checkpoint-4"
+    assert sorted(metrics(out)) == [1, 2, 3, 4]
+    assert_resume_replays_step_5(out, uninterrupted)
+
+
+def test_a_signal_during_the_loss_drops_the_step_and_the_resume_plays_it_again(uninterrupted, tmp_path, monkeypatch):
+    from aitrain_grpo.training.trainer import EpisodeGRPOTrainer
+
+    compute_loss = EpisodeGRPOTrainer.compute_loss
+
+    def signalled_in_step_5(self, *args, **kwargs):
+        if self.state.global_step == 4:
+            signal.raise_signal(signal.SIGINT)  # the handler runs here, inside the loss
+        return compute_loss(self, *args, **kwargs)
+
+    monkeypatch.setattr(EpisodeGRPOTrainer, "compute_loss", signalled_in_step_5)
+    out = tmp_path / "run"
+    stop = stopped_run(out, RecordingLetters(turns=1, num_tasks=4))
+    monkeypatch.undo()
+    assert stop.exit_code == 130 and stop.checkpoint == out / "checkpoint-4"
+    assert sorted(metrics(out)) == [1, 2, 3, 4]
+    assert_resume_replays_step_5(out, uninterrupted)
+
+
+class SignalsDuringTheOptimizerStep(TrainerCallback):
+    """Sends `signals` to this process just before step `step`'s optimizer step (after SignalStop's own
+    `on_pre_optimizer_step`, which runs first: build_trainer puts callers' callbacks last)."""
+
+    def __init__(self, step: int, signals: list[int]):
+        self.step, self.signals = step, signals
+
+    def on_pre_optimizer_step(self, args, state, control, **kwargs):
+        if state.global_step == self.step - 1:
+            for signum in self.signals:
+                signal.raise_signal(signum)
+        return control
+
+
+def test_a_signal_during_the_optimizer_step_lets_that_step_finish_and_saves_it(tmp_path):
+    out = tmp_path / "run"
+    stop = stopped_run(out, RecordingLetters(turns=1, num_tasks=4), [SignalsDuringTheOptimizerStep(2, [signal.SIGTERM])])
+    # Cut there, the weights would have moved without the step counting: the step is finished instead.
+    assert stop.reason == "stopped by SIGTERM after step 2" and stop.exit_code == 143
+    assert stop.checkpoint == out / "checkpoint-2" and sorted(metrics(out)) == [1, 2]
+
+
+def test_a_second_signal_stops_at_once_without_a_new_checkpoint(tmp_path):
+    out = tmp_path / "run"
+    from aitrain_grpo.training.trainer import train
+
+    twice = SignalsDuringTheOptimizerStep(2, [signal.SIGINT, signal.SIGINT])
+    with pytest.raises(KeyboardInterrupt):
+        train(letters_config(out), env=RecordingLetters(turns=1, num_tasks=4), callbacks=[twice])
+    assert sorted(metrics(out)) == [1] and not complete_checkpoints(out)
