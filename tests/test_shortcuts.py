@@ -5,6 +5,7 @@ or the behaviour moves alone, and is printed once during training, shown in the 
 from __future__ import annotations
 
 import io
+import json
 import random
 
 from rich.console import Console
@@ -120,3 +121,31 @@ def test_eval_names_a_large_shift_against_the_baseline():
     shifts = eval_shifts(trained, base)
     assert len(shifts) == 3 and "1.00 against the baseline's 0.12" in shifts[0]
     assert eval_shifts(dict(base, truncated=6, mean_turns=2.3), base) == []
+
+
+# ------------------------------------------------------------------------------ end to end
+
+
+def test_the_quick_start_warns_of_its_shortcut_and_the_report_shows_it(tmp_path):
+    """README's first run on the tiny model learns to fill its 16-token turn with " a a a", which is cut and
+    ends the episode: measured on seed 42, the warning comes at step 18 (steps 11-12 on seeds 1-2)."""
+    from helpers import REPO, run_cli
+
+    out = tmp_path / "run"
+    result = run_cli("grpo", "--config", "examples/quickstart.yaml", "--max-steps", "30", "--output-dir", str(out),
+                     "--log-episodes-every", "29", cwd=REPO)
+    assert result.returncode == 0, result.stderr[-3000:]
+    lines = [line for line in result.stdout.splitlines() if "possible shortcut" in line]
+    assert len(lines) == 1, result.stdout
+    assert lines[0].startswith("warning: possible shortcut: the score rose") and "env/stop/turn_tokens" in lines[0]
+    assert "episodes.jsonl" in lines[0] and "score function" in lines[0]
+    page = (out / "report.html").read_text()
+    data = json.loads(page.split('id="report-data" type="application/json">', 1)[1].split("</script>", 1)[0])
+    assert data["shortcut"]["moves"][0]["metric"] == "env/stop/turn_tokens"
+    first, last = data["shortcut_examples"]["first"], data["shortcut_examples"]["last"]
+    assert (first["step"], last["step"]) == (1, 29) and last["turns"] == 1
+    from helpers.browser import rendered_dom
+
+    dom = rendered_dom(out / "report.html", tmp_path)
+    assert "Possible shortcut" in dom and "shortcut warning: share of episodes ended by a turn cut" in dom
+    assert "Best-scoring transcript of the last logged step (step 29)" in dom

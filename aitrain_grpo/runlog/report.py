@@ -4,7 +4,9 @@ The page reads nothing from the network. Python gathers the run's data (`run_con
 `run_summary.json`, `metrics.jsonl`, `scores.jsonl`, `episodes.jsonl`) into one JSON object embedded
 in the page; a small inline script draws the charts as SVG (reward mean with its std band, the score
 distribution early vs late, turns and errors over steps, every other logged metric) and lists the
-sampled transcripts with tool calls and tool results laid out readably.
+sampled transcripts with tool calls and tool results laid out readably. When the shortcut warning fired
+(shortcuts.py), report_shortcut.js marks the charts behind it and sets the best transcripts of the first
+and last logged steps side by side.
 
 Model text is never interpreted as HTML: the JSON is embedded with `<`, `>` and `&` escaped (so no
 `</script>` inside it can end the block), and the script puts text into the page with `textContent`
@@ -29,6 +31,8 @@ from aitrain_grpo.runlog.records import json_safe, read_jsonl
 TEMPLATE = Path(__file__).with_name("report_template.html")
 DATA_MARK = "__AITRAIN_REPORT_DATA__"
 TITLE_MARK = "__AITRAIN_REPORT_TITLE__"
+SHORTCUT_MARK = "__AITRAIN_REPORT_SHORTCUT_SCRIPT__"
+SHORTCUT_SCRIPT = Path(__file__).with_name("report_shortcut.js")  # the shortcut warning's part of the page
 MAX_EPISODES = 300        # transcripts embedded in the page, spread over the run
 MAX_METRIC_POINTS = 2000  # steps kept per chart; longer runs are thinned evenly (the last step kept)
 
@@ -58,11 +62,29 @@ def _read_json(path: Path) -> dict[str, Any]:
     return data if isinstance(data, dict) else {}
 
 
+def _best_of_first_and_last_step(episodes: list[dict[str, Any]]) -> dict[str, Any]:
+    """The best-scoring logged episode of the first and of the last step with logged episodes: side by side,
+    they show what the reward paid for at the start and what it pays for now (the shortcut warning's question)."""
+    def best(step: int) -> dict[str, Any]:
+        return max((e for e in episodes if e.get("step") == step), key=lambda e: _score(e))
+
+    steps = sorted({e["step"] for e in episodes if isinstance(e.get("step"), int)})
+    if not steps:
+        return {}
+    return {"first": best(steps[0]), "last": best(steps[-1]) if len(steps) > 1 else None}
+
+
+def _score(episode: dict[str, Any]) -> float:
+    score = episode.get("score")
+    return float(score) if isinstance(score, (int, float)) and math.isfinite(score) else -math.inf
+
+
 def report_data(output_dir: str | Path) -> dict[str, Any]:
     """Everything the page shows, as one JSON-ready dict."""
     # health.py defines a trainer callback, so importing it loads transformers and torch (seconds):
     # `aitrain report` pays that only when it gets this far.
     from aitrain_grpo.runlog.health import first_warnings
+    from aitrain_grpo.runlog.shortcuts import first_shortcut
 
     output_dir = Path(output_dir)
     config = _read_json(output_dir / "run_config.json")
@@ -70,6 +92,7 @@ def report_data(output_dir: str | Path) -> dict[str, Any]:
     metrics = _by_step(read_jsonl(output_dir / "metrics.jsonl"))
     scores = _by_step(read_jsonl(output_dir / "scores.jsonl"))
     episodes = [e for e in read_jsonl(output_dir / "episodes.jsonl") if isinstance(e.get("messages"), list)]
+    shortcut = first_shortcut(metrics)
     numeric = [
         {k: v for k, v in record.items() if isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v)}
         for record in metrics
@@ -85,6 +108,8 @@ def report_data(output_dir: str | Path) -> dict[str, Any]:
         "episodes": _thin(episodes, MAX_EPISODES),
         "episodes_total": len(episodes),
         "health": [w.to_dict() for w in first_warnings(metrics)],
+        "shortcut": shortcut.to_dict() if shortcut else None,
+        "shortcut_examples": _best_of_first_and_last_step(episodes) if shortcut else {},
     }
 
 
@@ -102,7 +127,7 @@ def embed_json(data: Any) -> str:
 
 
 def render_report(data: dict[str, Any]) -> str:
-    page = TEMPLATE.read_text()
+    page = TEMPLATE.read_text().replace(SHORTCUT_MARK, SHORTCUT_SCRIPT.read_text())  # before any run text enters
     page = page.replace(TITLE_MARK, html.escape(str(data.get("title", "training report"))))
     return page.replace(DATA_MARK, embed_json(data))
 
