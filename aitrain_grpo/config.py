@@ -14,14 +14,15 @@ import dataclasses
 import functools
 import json
 import math
+import os
 from dataclasses import dataclass, field, fields
 from pathlib import Path
 from typing import Any, Mapping
 
 from aitrain_grpo.env_spec import check_environment_named, env_specs, environment_of, spec_label
 from aitrain_grpo.errors import ConfigError, one_line
-from aitrain_grpo.option_rules import (NON_NEGATIVE, POSITIVE, POSITIVE_SECONDS, Bound, at_least, reward_func_specs,
-                                        reward_weights, server_urls)
+from aitrain_grpo.option_rules import (NON_NEGATIVE, POSITIVE, POSITIVE_SECONDS, Bound, at_least, check_judge,
+                                        reward_func_specs, reward_weights, server_urls)
 
 
 _SECTION = ["options"]
@@ -71,6 +72,7 @@ ROLLOUT_SCHEDULES = ("auto", "continuous", "lockstep")
 ZERO_STD_GROUPS = ("keep", "drop", "refill")
 ADVANTAGE_MODES = ("outcome", "turn")  # training/turn_credit.py
 SHARED_PREFIX_MODES = ("auto", "on", "off")  # training/shared_prefix.py
+JUDGE_MODES = ("group", "episode")  # training/judge.py
 TOOL_PARSERS = ("auto", "hermes", "json", "llama3_json", "mistral", "pythonic")  # engine/tool_parsers.py
 DEFAULT_TOOL_PARSER = "auto"
 
@@ -119,6 +121,13 @@ class RunConfig:
     micro_batch_size: int | None = _opt(None, "Episodes per forward/backward pass: the --batch-size episodes of a step are trained in passes of this many, with the gradient of one pass (default: 2, or 1 for an odd batch; one pass with --rl-zero-std-groups drop/refill).", minimum=1)
     shared_prefix_loss: str = _opt("auto", "Forward each distinct prompt of a micro-batch once, its episodes' continuations on it, in the loss and log-prob passes (exact: the same loss and gradients): auto on a CPU where that leaves out at least 15% of the tokens and no dropout is drawn (the reference pass; the loss pass too with --lora-dropout 0), on wherever two episodes of a pass share a prompt, off for TRL's path. Keeps each group's episodes in the same passes when the loss pass shares. Setups it cannot run (gradient checkpointing in the loss pass, sliding-window caches, distributed wrappers, images) take TRL's path, said once in the log.", choices=SHARED_PREFIX_MODES)
     seed: int = _opt(42, "Random seed.", bound=Bound(low=0, high=2**32 - 1, integer=True, note='numpy takes seeds in that range'))
+    _section("judge")
+    rl_judge_rubric: str | None = _opt(None, "Add a judge's reward (training/judge.py): a language model scores each episode's transcript by this rubric (text, or @file), from 0 to 1; logged as rewards/judge/mean and weighted last in --rl-reward-weights.")
+    rl_judge_model: str | None = _opt(None, "The judge: self (a frozen copy of the run's base model, in-process), a model path or id (in-process), or with --rl-judge-url the served model's name.")
+    rl_judge_url: str | None = _opt(None, "OpenAI-compatible URL of the judge, e.g. http://127.0.0.1:8000/v1 (a vLLM server) or https://api.openai.com/v1.")
+    rl_judge_api_key_env: str | None = _opt(None, "Name of the environment variable holding the judge's API key, e.g. OPENAI_API_KEY (the key is read from it and never written).")
+    rl_judge_mode: str = _opt("group", "group: one call scores a group's episodes side by side (RULER-style); episode: one call per episode.", choices=JUDGE_MODES)
+    rl_judge_fallback: float = _opt(0.0, "Score of an episode whose judge call failed or answered no readable score (counted in judge/failures).", bound=Bound(low=0, high=1))
     _section("LoRA")
     peft: bool = _opt(True, "Train a LoRA adapter (--no-peft: full fine-tuning).")
     lora_r: int = _opt(16, "LoRA rank.", minimum=1)
@@ -271,6 +280,7 @@ class RunConfig:
             )
         if self.use_vllm and self.vllm_mode == "server" and not self.vllm_server_url:
             raise ConfigError("--vllm-mode server needs --vllm-server-url (start one with `aitrain vllm-serve --model ...`)")
+        check_judge(vars(self), [name for _, name in self.reward_specs], dict(os.environ))
         _ = self.vllm_servers, self.reward_weight_list  # parsed, and so checked, once: here
 
     # ------------------------------------------------------------------------------- parsed values
@@ -289,7 +299,7 @@ class RunConfig:
     @functools.cached_property
     def reward_weight_list(self) -> list[float] | None:
         """`--rl-reward-weights` as floats, the environment's score first; None when every weight is 1."""
-        return reward_weights(self.rl_reward_weights, len(self.reward_specs))
+        return reward_weights(self.rl_reward_weights, len(self.reward_specs), judge=bool(self.rl_judge_rubric))
 
     def _typed_values(self) -> dict[str, Any]:
         """Values from a config file arrive as YAML/JSON typed them; check each against its field, and

@@ -1,7 +1,8 @@
 """What an option's value may be, apart from which options exist (config.py): numeric ranges (`Bound`,
 declared in a field's metadata and checked by `config.check_options` with one message shape) and the
 options written as text that are parsed into lists (`server_urls`, `reward_func_specs`, `reward_weights`;
-`RunConfig` parses each once, and every user reads its parsed form).
+`RunConfig` parses each once, and every user reads its parsed form), and the judge's options
+(`check_judge`, which reads no file beyond checking the rubric's exists).
 
 Left out: rules that relate options to each other (`RunConfig.validate`).
 """
@@ -9,7 +10,9 @@ Left out: rules that relate options to each other (`RunConfig.validate`).
 from __future__ import annotations
 
 import math
+import re
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 from aitrain_grpo.errors import ConfigError
@@ -86,9 +89,9 @@ def reward_func_specs(text: str | None) -> list[tuple[str, str]]:
     return specs
 
 
-def reward_weights(text: str | None, num_funcs: int) -> list[float] | None:
-    """`--rl-reward-weights w_env,w1,...` as floats, one per reward (the environment's score first);
-    None when not given (every weight 1)."""
+def reward_weights(text: str | None, num_funcs: int, judge: bool = False) -> list[float] | None:
+    """`--rl-reward-weights w_env,w1,...` as floats, one per reward (the environment's score first, the
+    judge's last when `judge`); None when not given (every weight 1)."""
     if text is None or not str(text).strip():
         return None
     weights = []
@@ -101,10 +104,11 @@ def reward_weights(text: str | None, num_funcs: int) -> list[float] | None:
             raise ConfigError(f"--rl-reward-weights entry {entry.strip()!r} is not a number; write numbers separated "
                               f"by commas, the environment's score first, e.g. 1,0.5")
         weights.append(weight)
-    if len(weights) != num_funcs + 1:
-        raise ConfigError(f"--rl-reward-weights has {len(weights)} weight(s) for {num_funcs + 1} reward(s) (the "
-                          f"environment's score, then {num_funcs} from --rl-reward-funcs); give one per reward, "
-                          f"the environment's score first")
+    if len(weights) != num_funcs + 1 + judge:
+        then_judge = ", then the judge's" if judge else ""
+        raise ConfigError(f"--rl-reward-weights has {len(weights)} weight(s) for {num_funcs + 1 + judge} reward(s) "
+                          f"(the environment's score, then {num_funcs} from --rl-reward-funcs{then_judge}); give one "
+                          f"per reward, the environment's score first")
     return weights
 
 
@@ -118,3 +122,39 @@ def server_urls(text: str | None) -> list[str]:
     if len(set(urls)) < len(urls):
         raise ConfigError(f"--vllm-server-url names a server twice ({text}); name each server once")
     return urls
+
+
+JUDGE_OPTIONS = ("rl_judge_model", "rl_judge_url", "rl_judge_api_key_env")
+
+
+def check_judge(options: dict[str, Any], reward_names: list[str], environ: dict[str, str]) -> None:
+    """The judge's options (training/judge.py) against each other: the rubric turns the judge on, it
+    needs a model, a URL needs its form, and the API key's variable must be a name that is set. The
+    key's value is never put in a message (a key pasted in place of the name is not echoed)."""
+    rubric = options.get("rl_judge_rubric")
+    given = [name for name in JUDGE_OPTIONS if options.get(name)]
+    if not rubric:
+        if given:
+            raise ConfigError(f"--{given[0].replace('_', '-')} needs --rl-judge-rubric (the judge's rubric: text, "
+                              f"or @file)")
+        return
+    if isinstance(rubric, str) and rubric.startswith("@") and not Path(rubric[1:]).expanduser().is_file():
+        raise ConfigError(f"--rl-judge-rubric {rubric}: no such file; write the rubric as text or @path/to/rubric.txt")
+    if not options.get("rl_judge_model"):
+        raise ConfigError("--rl-judge-rubric needs --rl-judge-model: self (the run's base model), a model path, "
+                          "or with --rl-judge-url the served model's name")
+    url, key_env = options.get("rl_judge_url"), options.get("rl_judge_api_key_env")
+    if url and not str(url).startswith(("http://", "https://")):
+        raise ConfigError(f"--rl-judge-url {url!r} is not an http:// or https:// URL; write e.g. http://127.0.0.1:8000/v1")
+    if key_env:
+        if not url:
+            raise ConfigError("--rl-judge-api-key-env needs --rl-judge-url (an in-process judge takes no key)")
+        if not re.fullmatch(r"[A-Za-z_][A-Za-z0-9_]*", str(key_env)):
+            raise ConfigError("--rl-judge-api-key-env takes the name of an environment variable that holds the key "
+                              "(e.g. OPENAI_API_KEY), not the key itself")
+        if not environ.get(key_env):
+            raise ConfigError(f"--rl-judge-api-key-env {key_env}: that environment variable is not set; export it "
+                              f"before the run")
+    if "judge" in reward_names:
+        raise ConfigError("--rl-reward-funcs has a reward named 'judge', the name the judge is logged under; bind it "
+                          "to another name in your module")

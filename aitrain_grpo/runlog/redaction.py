@@ -6,7 +6,8 @@ written back as JSON); `redact_strings`, for transcripts, does the first and the
 
 - the value of a secret environment variable (`HF_TOKEN`, `WANDB_API_KEY`, anything whose name has a
   part such as TOKEN, SECRET, PASSWORD or API_KEY) pasted into an option;
-- a string under a key that names a secret (`api_key`, `hf_token`, `password`, ...);
+- a string under a key that names a secret (`api_key`, `hf_token`, `password`, ...), except a key
+  ending in `_env` (`rl_judge_api_key_env`), whose value names the variable that holds the secret;
 - credentials inside a URL (`https://user:pass@host`).
 
 Left out: guessing secrets from their shape alone (entropy checks would also hide harmless ids), and
@@ -65,7 +66,8 @@ def redact(value: Any, secrets: list[str] | None = None) -> Any:
     secrets = secret_values() if secrets is None else secrets
     if isinstance(value, dict):
         return {
-            k: REDACTED if isinstance(v, str) and v and is_secret_name(str(k)) else redact(v, secrets)
+            k: REDACTED if isinstance(v, str) and v and is_secret_name(str(k)) and not str(k).lower().endswith("_env")
+            else redact(v, secrets)
             for k, v in value.items()
         }
     if isinstance(value, (list, tuple)):

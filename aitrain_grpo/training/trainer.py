@@ -11,7 +11,8 @@ the optimizer); this module only wires our pieces into it:
 - the run's metrics sink (runlog/step_metrics.py), which the rollout, weight sync, the step timing
   callback (runlog/step_timing.py, first among the callbacks) and the trainer write into and `log` reads;
 - `episode_score` (the first reward function) hands TRL the scores the rollout computed; the rewards of
-  `--rl-reward-funcs` follow it, weighted by `--rl-reward-weights` (reward_funcs.py).
+  `--rl-reward-funcs` follow it, then the judge's (`--rl-judge-rubric`, judge.py), weighted by
+  `--rl-reward-weights` (reward_funcs.py).
 
 `EpisodeGRPOTrainer` is TRL's trainer plus what only a subclass can do: hand each batch's dataset rows
 to the rollout (TRL gives `rollout_func` only the prompts), merge the metrics sink into each log record
@@ -54,6 +55,7 @@ from aitrain_grpo.runlog.step_timing import StepTiming
 from aitrain_grpo.training import small_dataset
 from aitrain_grpo.training.checkpoints import AtomicCheckpoints, prepare_output_dir
 from aitrain_grpo.training.hf_args import lora_config, save_run, trainer_args
+from aitrain_grpo.training.judge import build_judge, judge_rewards
 from aitrain_grpo.training.generation import check_server as check_vllm_server
 from aitrain_grpo.training.generation import grpo_kwargs as generation_grpo_kwargs
 from aitrain_grpo.training.generation import sampling_warning
@@ -216,6 +218,7 @@ def build_trainer(config: RunConfig, env: Environment | None = None, *, callback
         env = as_environment(env)  # an instance handed in from Python, wrapped as load_environment would
     os.environ.setdefault("TRL_EXPERIMENTAL_SILENCE", "1")
     extra_rewards = load_reward_funcs(config.reward_specs)  # before the model: a bad one fails fast
+    judge = build_judge(config)  # --rl-judge-rubric: one more reward, weighted last (judge.py)
 
     model, tokenizer = load_model_and_tokenizer(config.model)
     check_context_length(model, config)
@@ -240,7 +243,7 @@ def build_trainer(config: RunConfig, env: Environment | None = None, *, callback
         args=grpo_config(config, plan),
         train_dataset=dataset,
         processing_class=tokenizer,
-        reward_funcs=[episode_score, *episode_rewards(extra_rewards, rollout)],
+        reward_funcs=[episode_score, *episode_rewards(extra_rewards, rollout), *judge_rewards(judge, rollout)],
         peft_config=lora_config(config),
         callbacks=[step_timing, *training_callbacks(config, plan.output_dir, rollout), SignalStop(), error_stop,
                    *(callbacks or [])],
