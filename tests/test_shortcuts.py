@@ -12,7 +12,7 @@ from rich.console import Console
 from transformers import TrainerControl, TrainerState
 
 from aitrain_grpo.runlog.health import HealthCallback, check_health, first_warnings
-from aitrain_grpo.runlog.shortcuts import eval_shifts, find_shortcut, first_shortcut
+from aitrain_grpo.runlog.shortcuts import eval_shifts, eval_warning, find_shortcut, first_shortcut
 
 
 def ramp(step: int, steps: int, start: float, end: float) -> float:
@@ -121,6 +121,27 @@ def test_eval_names_a_large_shift_against_the_baseline():
     shifts = eval_shifts(trained, base)
     assert len(shifts) == 3 and "1.00 against the baseline's 0.12" in shifts[0]
     assert eval_shifts(dict(base, truncated=6, mean_turns=2.3), base) == []
+    # Learning that stops at the turn limit less and fails fewer calls (stations, benchmarks/TOOL_USE.md).
+    start = {"episodes": 64, "truncated": 28, "mean_turns": 3.36, "tool_errors": 105}
+    assert eval_shifts({"episodes": 64, "truncated": 5, "mean_turns": 3.08, "tool_errors": 19}, start) == []
+    # A tool run that learned to call more and fail more (issue 41's second run).
+    start = {"episodes": 32, "truncated": 0, "mean_turns": 1.9, "tool_errors": 7}
+    assert len(eval_shifts({"episodes": 32, "truncated": 16, "mean_turns": 2.5, "tool_errors": 23}, start)) == 3
+    assert "turns per episode: 1.00 against the baseline's 2.10" in eval_warning([trained, base], "tiny")
+    assert eval_warning([base, base], "tiny") is None
+
+
+def test_eval_without_a_baseline_compares_a_run_folder_with_its_first_steps(tmp_path):
+    records = run(**{"env/stop/turn_tokens": (0.1, 1.0), "env/turns_mean": (2.9, 1.0)})
+    for r in records:
+        r["env/truncated_frac"] = r["env/stop/turn_tokens"]
+    (tmp_path / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in records))
+    (tmp_path / "checkpoint-8").mkdir()
+    trained = {"episodes": 32, "truncated": 32, "mean_turns": 1.0, "tool_errors": 3}
+    for folder in (tmp_path, tmp_path / "checkpoint-8"):
+        line = eval_warning([trained], str(folder))
+        assert line is not None and "against the training run's first steps'" in line and "turns per episode" in line
+    assert eval_warning([trained], "tiny") is None  # no run to compare with: nothing to say
 
 
 # ------------------------------------------------------------------------------ end to end
@@ -149,3 +170,7 @@ def test_the_quick_start_warns_of_its_shortcut_and_the_report_shows_it(tmp_path)
     dom = rendered_dom(out / "report.html", tmp_path)
     assert "Possible shortcut" in dom and "shortcut warning: share of episodes ended by a turn cut" in dom
     assert "Best-scoring transcript of the last logged step (step 29)" in dom
+    # `aitrain eval` of the run, no baseline given: against the run's first steps.
+    result = run_cli("eval", "--model", str(out), "--episodes", "8", cwd=REPO)
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert "warning: the model plays differently: " in result.stdout and "turns per episode: 1.00" in result.stdout

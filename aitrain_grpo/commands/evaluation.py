@@ -3,7 +3,9 @@
 A model is `tiny`, a model directory or hub id, or a training output directory (a full model, or a LoRA
 adapter). When the model is a training output directory, its `run_config.json` supplies the environment
 and the sampling and budget options it was trained with; flags override them. With a baseline model,
-both play the same tasks from the same seed, and the table shows the difference.
+both play the same tasks from the same seed, and the table shows the difference. A large shift of
+truncations, turns or tool errors (against the baseline, or with none against a training run's first
+steps) is named in one warning line: a score gained that way is often a shortcut (runlog/shortcuts.py).
 
 Left out: playing and measuring (evaluation/evaluate.py).
 """
@@ -28,6 +30,7 @@ from aitrain_grpo.errors import ConfigError
 from aitrain_grpo.evaluation.evaluate import EvalResult, evaluate, open_backend, write_records
 from aitrain_grpo.models.loading import load_for_generation, resolve_source
 from aitrain_grpo.outputs import check_file_output
+from aitrain_grpo.runlog.shortcuts import eval_warning
 
 # Sampling and budget flags of `aitrain eval`: not given, a training run's own value is used.
 RUN_FLAGS = ("rl_max_new_tokens", "rl_max_turns", "rl_max_completion_length", "rl_temperature", "rl_top_k",
@@ -92,6 +95,9 @@ def run_eval(*, model: str, baseline: str | None, spec: str | list[str] | None =
         del backend  # the model's memory goes before the next one loads
     named = " + ".join(env_specs(spec)) if spec else f"{module}.{class_name}"
     show_results(results, console, env_name=named, sampling=played.sampling)
+    shift = eval_warning([r.summary() for r in results], model)  # truncations, turns, tool errors moved a lot
+    if shift:
+        console.print(f"warning: {shift}", markup=False)
     if output:
         console.print(f"episodes written to {write_records(output, results)}", markup=False)
     return results

@@ -29,6 +29,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any, Callable, Sequence
 
 Record = dict[str, Any]
@@ -181,20 +182,57 @@ def first_shortcut(records: Sequence[Record]) -> Shortcut | None:
 # ------------------------------------------------------------------------------------ evaluation
 
 
-def eval_shifts(model: dict[str, float], baseline: dict[str, float]) -> list[str]:
-    """Large differences between two evaluations' summaries (evaluate.EvalResult.summary()), with the same
-    thresholds as training: a trained model that truncates, stops turning or fails its tools much more (or
-    much less) than the base has changed how it plays, which a mean score does not show."""
+def eval_shifts(model: dict[str, float], baseline: dict[str, float], against: str = "the baseline's") -> list[str]:
+    """The shortcut's moves between two evaluations' summaries (evaluate.EvalResult.summary()), with the
+    training thresholds: more episodes cut by a budget, turns collapsed to 1 or up by TURNS_DROP, tool errors
+    per episode up and doubled. Only the shortcut's direction: the stations runs of benchmarks/TOOL_USE.md
+    learn to stop at the turn limit less (28 -> 5 of 64) and to fail fewer calls (105 -> 19), which is no
+    warning, while the issue's tool run (turn limit 0 -> 16 of 32, tool errors 7 -> 23, turns 1.9 -> 2.5) is."""
     def per_episode(summary: dict[str, float], key: str) -> float | None:
         episodes = summary.get("episodes")
         return summary[key] / episodes if episodes and key in summary else None
 
+    def turns_moved(base: float, now: float) -> bool:
+        return (now <= ONE_TURN and base - now >= TURNS_DROP) or now - base >= TURNS_DROP
+
     shifts = []
-    pairs = (("truncated", "share of episodes cut by a budget", per_episode, SHARE_RISE),
-             ("mean_turns", "turns per episode", lambda s, k: s.get(k), TURNS_DROP),
-             ("tool_errors", "tool errors per episode", per_episode, TOOL_ERRORS_RISE))
-    for key, label, read, threshold in pairs:
+    checks = (("truncated", "share of episodes cut by a budget", per_episode, _share_rose),
+              ("mean_turns", "turns per episode", lambda s, k: s.get(k), turns_moved),
+              ("tool_errors", "tool errors per episode", per_episode, BEHAVIOURS[-1].moved))
+    for key, label, read, moved in checks:
         now, base = read(model, key), read(baseline, key)
-        if now is not None and base is not None and abs(now - base) >= threshold:
-            shifts.append(f"{label}: {now:.2f} against the baseline's {base:.2f}")
+        if now is not None and base is not None and moved(base, now):
+            shifts.append(f"{label}: {now:.2f} against {against} {base:.2f}")
     return shifts
+
+
+def run_start(run_dir: str | Path) -> dict[str, float] | None:
+    """A training run's first EDGE logged steps as an evaluation summary (one "episode" holding the mean
+    shares): how the model it started from played, for an eval given no baseline."""
+    from aitrain_grpo.runlog.records import read_jsonl  # only an eval of a run folder reads one
+
+    path = Path(run_dir) / "metrics.jsonl"
+    records = [r for r in read_jsonl(path) if isinstance(r.get("step"), int)] if path.is_file() else []
+    first = sorted(records, key=lambda r: r["step"])[:EDGE]
+    reads = {"truncated": TRUNCATED.read, "mean_turns": _key("env/turns_mean"), "tool_errors": _tool_errors_per_episode}
+    summary: dict[str, float] = {"episodes": 1.0}
+    for key, read in reads.items():
+        values = [v for v in (read(r) for r in first) if v is not None]
+        if values:
+            summary[key] = sum(values) / len(values)
+    return summary if len(summary) > 1 else None
+
+
+def eval_warning(summaries: Sequence[dict[str, float]], model: str) -> str | None:
+    """`aitrain eval`'s line when the model plays very differently from its baseline, or, with no baseline,
+    from the start of the training run in `model` (its metrics.jsonl); None when nothing shifted."""
+    if len(summaries) > 1:
+        shifts = eval_shifts(summaries[0], summaries[1])
+    else:
+        folder = Path(model).expanduser()
+        start = next((s for s in (run_start(folder), run_start(folder.parent)) if s), None) if folder.is_dir() else None
+        shifts = eval_shifts(summaries[0], start, "the training run's first steps'") if start else []
+    if not shifts:
+        return None
+    return ("the model plays differently: " + "; ".join(shifts) + ". A higher score that comes with this is often "
+            "a shortcut: read the transcripts (--output FILE) and check what the score function pays for")
