@@ -2,7 +2,8 @@
 and a resume plays the dropped step again exactly as a run never stopped plays it: the same rows in the
 same order, the same rewards and losses. Real signals to this process (pytest runs tests in the main
 thread, where `train()` installs its handler), sent from inside each phase of a step: the rollout (an
-environment call in a worker thread), the loss pass, and the optimizer step (which finishes first).
+environment call in a worker thread), the loss pass, an agent's request in flight, and the optimizer
+step (which finishes first).
 The stop latency of a real process is in test_signals.py."""
 
 from __future__ import annotations
@@ -11,11 +12,13 @@ import json
 import os
 import signal
 import threading
+import urllib.request
 from pathlib import Path
 
 import pytest
 from transformers import TrainerCallback
 
+from helpers import require
 from aitrain_grpo.config import RunConfig
 from aitrain_grpo.training.checkpoints import complete_checkpoints
 from aitrain_grpo.training.stopping import TrainingStopped
@@ -148,3 +151,42 @@ def test_a_second_signal_stops_at_once_without_a_new_checkpoint(tmp_path):
     with pytest.raises(KeyboardInterrupt):
         train(letters_config(out), env=RecordingLetters(turns=1, num_tasks=4), callbacks=[twice])
     assert sorted(metrics(out)) == [1] and not complete_checkpoints(out)
+
+
+def test_a_signal_during_an_agents_request_ends_its_rollout_and_closes_the_endpoint(tmp_path):
+    require("openai", "pip install openai")
+    from envs_fixtures.agents import WeatherAgent
+
+    class SignalledAgent(WeatherAgent):
+        """WeatherAgent that sends SIGTERM as a rollout of step 2 (4 episodes a step) makes a request,
+        while the other episodes of the step have theirs in flight."""
+
+        sent, started, ended, base_url = False, 0, 0, None
+
+        async def rollout(self, client, row):
+            SignalledAgent.started += 1
+            SignalledAgent.base_url = str(client.base_url)
+            try:
+                return await super().rollout(client, row)
+            finally:
+                SignalledAgent.ended += 1
+
+        async def ask(self, client, **request):
+            if SignalledAgent.started > 4 and not SignalledAgent.sent:
+                SignalledAgent.sent = True
+                os.kill(os.getpid(), signal.SIGTERM)  # the handler runs here, in this agent's coroutine
+            return await client.chat.completions.create(**request)
+
+    out = tmp_path / "run"
+    config = RunConfig(model="tiny", output_dir=str(out), batch_size=4, rl_num_generations=2, rl_max_new_tokens=24,
+                       max_steps=3)
+    from aitrain_grpo.training.trainer import train
+
+    with pytest.raises(TrainingStopped) as stopped:
+        train(config, env=SignalledAgent(episodes=8))
+    assert stopped.value.checkpoint == out / "checkpoint-1" and sorted(metrics(out)) == [1]
+    # Every agent rollout that began has ended (cancelled mid-request, its `finally` run), and the
+    # endpoint no longer answers: nothing of the dropped step runs on.
+    assert SignalledAgent.started > 4 and SignalledAgent.ended == SignalledAgent.started
+    with pytest.raises(OSError):
+        urllib.request.urlopen(SignalledAgent.base_url + "/models", timeout=5)

@@ -48,10 +48,11 @@ HANDLED = (signal.SIGINT, signal.SIGTERM)
 _active: SignalStop | None = None  # the installed handler, for `uninterrupted()`
 
 
-class StepAbandoned(KeyboardInterrupt):
-    """Raised in the main thread when a signal drops the step in progress. A KeyboardInterrupt, so the
-    code it passes through treats it as an interruption: no `except Exception` (an episode's fault
-    handling) takes it for an error, and asyncio re-raises it out of the event loop at once."""
+class StepAbandoned(BaseException):
+    """Raised in the main thread when a signal drops the step in progress. Not an `Exception`, so no
+    episode's fault handling takes it for the episode's error; not a KeyboardInterrupt either, which
+    asyncio re-raises out of the event loop from every task that awaits the one it ended, so closing
+    the rollout's loop afterwards would raise it again."""
 
     def __init__(self, signum: int):
         super().__init__(signum)
