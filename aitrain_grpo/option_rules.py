@@ -125,6 +125,7 @@ def server_urls(text: str | None) -> list[str]:
 
 
 JUDGE_OPTIONS = ("rl_judge_model", "rl_judge_url", "rl_judge_api_key_env")
+JUDGE_DEFAULTS = (("rl_judge_mode", "group"), ("rl_judge_fallback", 0.0))  # set to another value: the judge is meant
 
 
 def check_judge(options: dict[str, Any], reward_names: list[str], environ: dict[str, str]) -> None:
@@ -133,6 +134,7 @@ def check_judge(options: dict[str, Any], reward_names: list[str], environ: dict[
     key's value is never put in a message (a key pasted in place of the name is not echoed)."""
     rubric = options.get("rl_judge_rubric")
     given = [name for name in JUDGE_OPTIONS if options.get(name)]
+    given += [name for name, default in JUDGE_DEFAULTS if options.get(name) not in (None, default)]
     if not rubric:
         if given:
             raise ConfigError(f"--{given[0].replace('_', '-')} needs --rl-judge-rubric (the judge's rubric: text, "

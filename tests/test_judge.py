@@ -127,6 +127,15 @@ def test_an_http_error_or_a_refused_connection_scores_the_fallback(fake, refused
     assert scores == [0.0, 0.0] and metrics["judge/failures"] == 2
 
 
+def test_a_key_the_server_echoes_in_its_error_is_masked(fake, monkeypatch, capsys):
+    monkeypatch.setenv(KEY_ENV, KEY)
+    fake.status, fake.reply = 401, f"Incorrect API key provided: {KEY}"
+    judge = Judge("r", "episode", 0.0, 2, HttpJudge(fake.url + "/v1", "fake", KEY_ENV))
+    assert scored(judge, episodes(1))[0] == [0.0]
+    err = capsys.readouterr().err
+    assert "HTTP 401" in err and KEY not in err and fake.requests[0]["auth"] == f"Bearer {KEY}"
+
+
 def test_repeated_transcripts_hit_the_cache(fake):
     judge = judge_at(fake.url, "episode")
     scored(judge, episodes(2))
@@ -200,6 +209,7 @@ def test_the_tiny_model_judges_in_process_for_one_step(tiny_model_dir, tmp_path,
 
 @pytest.mark.parametrize("options, fragment", [
     ({"rl_judge_model": "self"}, "--rl-judge-model needs --rl-judge-rubric"),
+    ({"rl_judge_mode": "episode"}, "--rl-judge-mode needs --rl-judge-rubric"),
     ({"rl_judge_rubric": "x"}, "--rl-judge-rubric needs --rl-judge-model"),
     ({"rl_judge_rubric": "@/no/such/rubric.txt", "rl_judge_model": "self"}, "no such file"),
     ({"rl_judge_rubric": "x", "rl_judge_model": "m", "rl_judge_url": "http://h/v1", "rl_judge_api_key_env": KEY_ENV},

@@ -151,6 +151,7 @@ class HttpJudge:
             url += ("" if urlparse(url).path not in ("", "/") else "/v1") + "/chat/completions"
         self.url, self.model = url, model
         key = os.environ.get(key_env, "") if key_env else ""
+        self._key = key
         import httpx
 
         self._client = httpx.Client(timeout=HTTP_TIMEOUT, headers={"Authorization": f"Bearer {key}"} if key else {})
@@ -158,8 +159,9 @@ class HttpJudge:
     def _call(self, messages: list[dict[str, str]]) -> str:
         response = self._client.post(self.url, json={"model": self.model, "messages": messages, "temperature": 0.0,
                                                      "max_tokens": REPLY_TOKENS})
-        if response.status_code != 200:
-            raise RuntimeError(f"HTTP {response.status_code} from {self.url}: {response.text[:200]}")
+        if response.status_code != 200:  # a server may echo the key in its error: it is masked
+            text = response.text.replace(self._key, "<redacted>") if self._key else response.text
+            raise RuntimeError(f"HTTP {response.status_code} from {self.url}: {text[:200]}")
         return str(response.json()["choices"][0]["message"]["content"] or "")
 
     def complete(self, conversations: list[list[dict[str, str]]]) -> list[str | Exception]:
