@@ -70,6 +70,11 @@ def test_climbing_tool_errors_and_calls_warn():
     assert found is not None and [m.metric for m in found.moves] == ["env/tool_calls_mean"]
 
 
+def test_learning_to_call_a_tool_at_all_is_no_shortcut():
+    # A model that never called learns to look up, sometimes twice: 0 -> 1.5 calls an episode.
+    assert first_shortcut(run(**{"env/tool_calls_mean": (0.0, 1.5), "env/tool_errors": (0.5, 1.0)})) is None
+
+
 def test_the_turn_limit_share_rising_warns():
     found = first_shortcut(run(**{"env/stop/max_turns": (0.1, 0.8)}))
     assert found is not None and "env/stop/max_turns" in found.message()

@@ -45,7 +45,8 @@ PINNED_RISE = 0.15   # ... after rising this much (the quick start's seeds 1-2 s
 ONE_TURN = 1.2       # turns per episode "collapsed to 1" at or below this ...
 TURNS_DROP = 0.5     # ... after falling at least this much
 CUT_TURNS_RISE = 0.5  # model turns cut at their limit, per episode, rising this much
-TOOL_CALLS_RISE = 1.0  # tool calls per episode rising this much and by half
+TOOL_CALLS_RISE = 1.0  # tool calls per episode rising this much and by half ...
+TOOL_CALLS_NOW = 2.0   # ... to more than one call an episode: learning to call a tool at all is no shortcut
 TOOL_ERRORS_RISE = 0.3  # tool errors per episode rising this much and doubling
 
 ADVICE = ("read the best-scoring transcripts of recent steps in episodes.jsonl (report.html shows the first and "
@@ -95,7 +96,8 @@ BEHAVIOURS: tuple[Behaviour, ...] = (
     Behaviour("env/truncated_turns_mean", "model turns cut at their token limit per episode",
               _key("env/truncated_turns_mean"), lambda a, b: b - a >= CUT_TURNS_RISE, "env/truncated_turns_mean"),
     Behaviour("env/tool_calls_mean", "tool calls per episode",
-              _key("env/tool_calls_mean"), lambda a, b: b - a >= TOOL_CALLS_RISE and b >= 1.5 * a, "turns"),
+              _key("env/tool_calls_mean"),
+              lambda a, b: b - a >= TOOL_CALLS_RISE and b >= 1.5 * a and b >= TOOL_CALLS_NOW, "turns"),
     Behaviour("tool_errors_per_episode", "tool errors per episode (env/tool_errors / env/episodes)",
               _tool_errors_per_episode, lambda a, b: b - a >= TOOL_ERRORS_RISE and b >= 2 * a, "errors"),
 )
