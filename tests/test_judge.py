@@ -148,6 +148,7 @@ def test_repeated_transcripts_hit_the_cache(fake):
 @pytest.mark.parametrize("reply, count, mode, expected", [
     ("[0.1, 1, 0]", 3, "group", [0.1, 1.0, 0.0]),
     ('Here: ```json\n{"scores": [{"score": 0.2}, {"score": 0.9}]}\n```', 2, "group", [0.2, 0.9]),
+    ("Scores: [0.3, 0.7]. The second is [more] vivid.", 2, "group", [0.3, 0.7]),  # prose around the JSON
     ("[0.5, 0.5]", 3, "group", None),  # one score short
     ("[0.5, 7]", 2, "group", None),  # out of [0, 1]
     ("[true, 0]", 2, "group", None),

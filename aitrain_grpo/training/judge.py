@@ -56,7 +56,7 @@ SYSTEM = ("You are a strict, fair judge. You score transcripts of an AI assistan
           "below, from 0 (fails it entirely) to 1 (meets it fully). Reply with JSON only.\n\nRubric:\n{rubric}")
 GROUP_ASK = ("{count} conversations follow, attempts at the same task.\n\n{body}\n\nScore each conversation by the "
              "rubric, comparing them with one another. Reply with a JSON list of {count} numbers from 0 to 1, in "
-             "order, and nothing else, e.g. [{example}].")
+             "order, and nothing else (for three conversations, e.g. [0.2, 0.9, 0.5]).")
 EPISODE_ASK = ("The conversation:\n\n{body}\n\nScore it by the rubric. Reply with a JSON object and nothing else: "
                "{{\"score\": <a number from 0 to 1>}}.")
 
@@ -88,8 +88,7 @@ def group_prompt(transcripts: Sequence[Sequence[dict[str, Any]]]) -> str:
     shared = min(shared, min(len(t) for t in transcripts) - 1) if shared else 0  # each keeps one of its own
     parts = [f"=== The task (shared by all) ===\n{render(transcripts[0][:shared])}"] if shared else []
     parts += [f"=== Conversation {i} ===\n{render(t[shared:])}" for i, t in enumerate(transcripts, 1)]
-    example = ", ".join(["0.0", "1.0", "0.5", "0.8"][:len(transcripts)] + ["..."] * (len(transcripts) > 4))
-    return GROUP_ASK.format(count=len(transcripts), body="\n\n".join(parts), example=example)
+    return GROUP_ASK.format(count=len(transcripts), body="\n\n".join(parts))
 
 
 def episode_prompt(transcript: Sequence[dict[str, Any]]) -> str:
@@ -99,17 +98,21 @@ def episode_prompt(transcript: Sequence[dict[str, Any]]) -> str:
 _FENCE = re.compile(r"```(?:json)?\s*(.*?)```", re.S)
 
 
-def _json_values(text: str) -> list[Any]:
-    """Candidate JSON values in a reply: the whole text, a fenced block, then the first list or object in it."""
-    candidates = [text.strip(), *(m.group(1).strip() for m in _FENCE.finditer(text))]
-    for opening, closing in ("[]", "{}"):
-        start, end = text.find(opening), text.rfind(closing)
-        if 0 <= start < end:
-            candidates.append(text[start:end + 1])
+def _json_values(text: str, limit: int = 20) -> list[Any]:
+    """Candidate JSON values in a reply, in order: the whole text, a fenced block, then each list or object
+    that starts somewhere in it (prose around the JSON is skipped)."""
     values = []
-    for candidate in candidates:
+    for candidate in [text.strip(), *(m.group(1).strip() for m in _FENCE.finditer(text))]:
         try:
             values.append(json.loads(candidate))
+        except ValueError:
+            continue
+    decoder = json.JSONDecoder()
+    for match in re.finditer(r"[\[{]", text):
+        if len(values) >= limit:
+            break
+        try:
+            values.append(decoder.raw_decode(text, match.start())[0])
         except ValueError:
             continue
     return values
