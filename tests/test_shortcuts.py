@@ -92,8 +92,9 @@ def test_small_moves_stay_below_the_thresholds():
 
 
 def test_too_few_steps_or_missing_metrics_say_nothing():
-    records = run(**{"env/stop/turn_tokens": (0.1, 1.0), "env/turns_mean": (2.9, 1.0)}, steps=40)
-    assert find_shortcut(records[20:29]) is None   # nine steps: the window's edges would overlap
+    records = run(**{"env/stop/turn_tokens": (0.1, 1.0), "env/turns_mean": (2.9, 1.0)}, steps=16)
+    assert find_shortcut(records[:5]) is None    # five steps: too few to hold two 3-step means
+    assert find_shortcut(records[:8]) is not None  # eight steps: two 4-step means
     assert find_shortcut([{"step": s, "reward": s / 10} for s in range(1, 30)]) is None
 
 

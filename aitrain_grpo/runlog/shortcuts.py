@@ -16,7 +16,8 @@ window of steps, the score rises AND one of these moves the shortcut's way:
 (entropy collapse and "no learning signal" in health.py cover its usual sign).
 
 Each watched behaviour compares the mean of the first `EDGE` steps of the window with the mean of its
-last `EDGE` steps (means of several steps, so one noisy batch does not fire it). The thresholds were
+last `EDGE` steps (means of several steps, so one noisy batch does not fire it; of half the window when
+it is shorter, so a real model's first 6-9 steps are looked at too). The thresholds were
 measured (docs/operations.md, "Watch a run"): the quick start's letters run crosses them at step 18 of 60
 on its default seed and at step 11 on seeds 1 and 2 (its cut-turn share then goes on to rise 0.9 at its
 largest, three times SHARE_RISE); each rule asks for a move that a learning run's batch noise does not make
@@ -37,8 +38,8 @@ from typing import Any, Callable, Sequence
 Record = dict[str, Any]
 
 WINDOW = 20          # steps looked at: the last 20 (fewer at the start of a run)
-EDGE = 5             # the window's start and end are each the mean of 5 steps
-MIN_STEPS = 2 * EDGE  # a window needs its two edges apart
+EDGE = 5             # the window's start and end are each the mean of 5 steps ...
+MIN_STEPS = 6        # ... or, in a shorter window (a real model's first hour), of half of it, 3 steps at least
 REWARD_RISE = 0.05   # the score must rise at least this much (scores are in [0, 1])
 SHARE_RISE = 0.3     # a share of episodes (ended by a budget) rising this much ...
 SHARE_NOW = 0.5      # ... to at least half the batch,
@@ -141,12 +142,13 @@ class Shortcut:
 
 
 def _edges(records: Sequence[Record], read: Callable[[Record], float | None]) -> tuple[float, float] | None:
-    """Mean of the first EDGE and the last EDGE steps, when every one of them has the value."""
-    first = [read(r) for r in records[:EDGE]]
-    last = [read(r) for r in records[-EDGE:]]
+    """Mean of the first and the last EDGE steps (half the window when shorter), when each one has the value."""
+    edge = min(EDGE, len(records) // 2)
+    first = [read(r) for r in records[:edge]]
+    last = [read(r) for r in records[-edge:]]
     if any(v is None for v in first + last):
         return None
-    return sum(first) / EDGE, sum(last) / EDGE  # type: ignore[arg-type]
+    return sum(first) / edge, sum(last) / edge  # type: ignore[arg-type]
 
 
 def _score(record: Record) -> float | None:
