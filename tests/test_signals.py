@@ -72,6 +72,7 @@ def test_a_signal_mid_step_stops_within_seconds_saves_the_last_step_and_says_how
     assert f"stopped by {sig.name} during step 2, which a resume plays again" in text and "Traceback" not in text
     assert f"checkpoint saved: {out / 'checkpoint-1'}" in text and "timed out" not in text
     assert is_complete(out / "checkpoint-1") and not (out / "run_summary.json").exists()
+    assert not (out / ".aitrain.lock").exists()  # the exit handlers ran, though the interpreter's teardown did not
     command = next(line for line in text.splitlines() if line.startswith("resume with: "))
     assert command.endswith("--resume-from-checkpoint auto")
     if sig != signal.SIGTERM:

@@ -28,7 +28,6 @@ import os
 import signal
 import subprocess
 import sys
-import threading
 import time
 from pathlib import Path
 from typing import Any, Optional
@@ -39,6 +38,7 @@ from rich.console import Console
 import aitrain_grpo.commands.quiet  # noqa: F401 - silences warnings no user can act on
 from aitrain_grpo.commands.envcheck import CHECK_FLAGS, POLICIES, run_env_check
 from aitrain_grpo.commands.evaluation import RUN_FLAGS, run_eval
+from aitrain_grpo.commands.exits import exit_without_waiting_for_env_calls
 from aitrain_grpo.commands.export import EXPORT_SIGNATURE, run_export
 from aitrain_grpo.commands.sft import SFT_SIGNATURE, run_sft
 from aitrain_grpo.commands.options import (
@@ -143,11 +143,10 @@ def grpo(**kwargs) -> None:
     except early_stops() as stop:  # signal, error rate, dead backend: stopped with a checkpoint
         for line in stop.lines(sys.argv[1:]):
             err.print(line, markup=False)
-        # A signal drops the step in progress (training/signals.py): its calls are abandoned, not timed out.
-        exit_without_waiting_for_env_calls(stop.exit_code, calls="that timed out" if stop.is_error else "of the dropped step")
+        exit_without_waiting_for_env_calls(stop.exit_code, err, at_once=not stop.is_error)  # not an error: a signal
     except KeyboardInterrupt:  # outside the training steps, or a second Ctrl-C
         err.print("interrupted; nothing saved since the last checkpoint", markup=False)
-        exit_without_waiting_for_env_calls(130)
+        exit_without_waiting_for_env_calls(130, err)
     if not summary["completed"]:  # e.g. the data ran out: saved, but never a "done"
         fail(str(steps_short(summary["global_step"], summary["steps_asked"])), code=1)
     if os.environ.get("RANK", "0") != "0":  # under accelerate/torchrun, one process reports
@@ -160,25 +159,7 @@ def grpo(**kwargs) -> None:
     if config.rl_env_class != "HotelEnv":
         out.print("then the worked tool example: aitrain grpo --rl-env-module envs.hotel --rl-env-class HotelEnv "
                   "--max-steps 20", markup=False)
-    exit_without_waiting_for_env_calls(0)
-
-
-def exit_without_waiting_for_env_calls(code: int, calls: str = "that timed out") -> None:
-    """Exit with `code`. Environment calls that timed out may still be running in worker threads, and
-    Python waits for such threads at exit: one stuck for good would hang a finished run forever. So
-    when some are left after a short grace period, the process ends without waiting for them."""
-    deadline = time.monotonic() + 2.0
-    workers = [t for t in threading.enumerate() if t.name.startswith("aitrain-env")]
-    for thread in workers:  # idle workers end as soon as their pool shuts down
-        thread.join(timeout=max(0.0, deadline - time.monotonic()))
-    stuck = [t for t in workers if t.is_alive()]
-    if stuck:
-        err.print(f"note: {len(stuck)} environment call(s) {calls} are still running; exiting without them", markup=False)
-        sys.stdout.flush()
-        sys.stderr.flush()
-        os._exit(code)
-    if code:
-        raise typer.Exit(code)
+    exit_without_waiting_for_env_calls(0, err)
 
 
 grpo.__signature__ = inspect.Signature(grpo_parameters())
