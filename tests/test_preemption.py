@@ -2,8 +2,8 @@
 and a resume plays the dropped step again exactly as a run never stopped plays it: the same rows in the
 same order, the same rewards and losses. Real signals to this process (pytest runs tests in the main
 thread, where `train()` installs its handler), sent from inside each phase of a step: the rollout (an
-environment call in a worker thread), the loss pass, an agent's request in flight, and the optimizer
-step (which finishes first).
+environment call in a worker thread), the loss pass and its backward, an agent's request in flight,
+and the optimizer step (which finishes first).
 The stop latency of a real process is in test_signals.py."""
 
 from __future__ import annotations
@@ -117,6 +117,29 @@ def test_a_signal_during_the_loss_drops_the_step_and_the_resume_plays_it_again(u
     stop = stopped_run(out, RecordingLetters(turns=1, num_tasks=4))
     monkeypatch.undo()
     assert stop.exit_code == 130 and stop.checkpoint == out / "checkpoint-4"
+    assert sorted(metrics(out)) == [1, 2, 3, 4]
+    assert_resume_replays_step_5(out, uninterrupted)
+
+
+class SignalInTheBackward(TrainerCallback):
+    """Sends SIGTERM from a gradient hook during step 5's backward (a torch call the exception must leave)."""
+
+    sent = False
+
+    def on_train_begin(self, args, state, control, model=None, **kwargs):
+        def hook(grad):
+            if state.global_step == 4 and not self.sent:
+                self.sent = True
+                signal.raise_signal(signal.SIGTERM)
+
+        next(p for p in model.parameters() if p.requires_grad).register_hook(hook)
+
+
+def test_a_signal_during_the_backward_drops_the_step_and_the_resume_plays_it_again(uninterrupted, tmp_path):
+    out = tmp_path / "run"
+    backward = SignalInTheBackward()
+    stop = stopped_run(out, RecordingLetters(turns=1, num_tasks=4), [backward])
+    assert backward.sent and stop.exit_code == 143 and stop.checkpoint == out / "checkpoint-4"
     assert sorted(metrics(out)) == [1, 2, 3, 4]
     assert_resume_replays_step_5(out, uninterrupted)
 

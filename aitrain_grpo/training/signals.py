@@ -20,6 +20,12 @@ checkpoint write, a weight sync into vLLM. Those run inside `uninterrupted()`; a
 is noted and acted on when the span ends (at the end of a step: the step counts, and is saved the old
 way, by `on_step_end`). The worst case is therefore one optimizer step plus one checkpoint write.
 
+A backward pass is one torch call, and Python runs no handler until it returns: 7 s for one micro-batch
+of SmolLM2 on a busy CPU. So each trainable parameter gets a gradient hook that does nothing: a Python
+call in the middle of the backward (which runs on the calling thread on a CPU), where a pending signal's
+handler runs and its exception leaves the backward. On a GPU the backward runs in torch's device
+threads, where no handler runs, and takes far less time anyway.
+
 A second Ctrl-C (or SIGTERM) restores the default handlers' behaviour and stops at once, without a
 new checkpoint: someone pressing it twice does not want to wait for a save.
 
@@ -91,6 +97,11 @@ def set_rng_state(state: dict) -> None:
         torch.cuda.set_rng_state_all(state["cuda"])
 
 
+def _let_a_signal_in(grad):
+    """A gradient hook: being Python, it lets a pending signal's handler run inside the backward."""
+    return None
+
+
 class SignalStop(TrainerCallback):
     """Turns SIGINT/SIGTERM into "drop this step, save the last finished one, stop"; see the module docstring."""
 
@@ -101,6 +112,7 @@ class SignalStop(TrainerCallback):
         self.rng_at_step_end: dict | None = None  # the random state a checkpoint of the last step holds
         self._raised = False
         self._in_step_end = False
+        self._hooks: list = []  # gradient hooks, removed when training ends
         self._previous: dict[int, object] = {}
 
     # ------------------------------------------------------------------------- handlers
@@ -115,6 +127,7 @@ class SignalStop(TrainerCallback):
 
     def uninstall(self) -> None:
         global _active
+        self._remove_hooks()  # also after a stop, which skips on_train_end (a Python caller keeps its model)
         for sig, previous in self._previous.items():
             signal.signal(sig, previous)
         self._previous.clear()
@@ -149,6 +162,11 @@ class SignalStop(TrainerCallback):
 
     # ------------------------------------------------------------------------- trainer events
 
+    def on_train_begin(self, args, state, control, model=None, **kwargs):
+        if self.abandon and model is not None:  # the backward's way in (module docstring)
+            self._hooks = [p.register_hook(_let_a_signal_in) for p in model.parameters() if p.requires_grad]
+        return control
+
     def on_pre_optimizer_step(self, args, state, control, **kwargs):
         # From here to the next step's start the step is being made to count: not cut (module docstring).
         if not self._in_step_end:
@@ -168,9 +186,15 @@ class SignalStop(TrainerCallback):
         return control
 
     def on_train_end(self, args, state, control, **kwargs):
+        self._remove_hooks()
         self._end_of_step_over(raise_pending=False)
         self.abandon = False  # no step left to drop: a signal now lets the run end as it is ending
         return control
+
+    def _remove_hooks(self) -> None:
+        for hook in self._hooks:
+            hook.remove()
+        self._hooks = []
 
     def _end_of_step_over(self, *, raise_pending: bool) -> None:
         if self._in_step_end:
