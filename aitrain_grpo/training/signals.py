@@ -164,7 +164,8 @@ class SignalStop(TrainerCallback):
 
     def on_train_begin(self, args, state, control, model=None, **kwargs):
         if self.abandon and model is not None:  # the backward's way in (module docstring)
-            self._hooks = [p.register_hook(_let_a_signal_in) for p in model.parameters() if p.requires_grad]
+            self._hooks = [p.register_hook(_let_a_signal_in) for p in model.parameters()
+                           if p.requires_grad and p.device.type == "cpu"]  # a GPU's backward runs no handler
         return control
 
     def on_pre_optimizer_step(self, args, state, control, **kwargs):
