@@ -2,8 +2,8 @@
 and a resume plays the dropped step again exactly as a run never stopped plays it: the same rows in the
 same order, the same rewards and losses. Real signals to this process (pytest runs tests in the main
 thread, where `train()` installs its handler), sent from inside each phase of a step: the rollout (an
-environment call in a worker thread), the loss pass and its backward, an agent's request in flight,
-and the optimizer step (which finishes first).
+environment call in a worker thread), the loss pass and its backward, an agent's request in flight, a
+wait for a lost vLLM server, and the optimizer step (which finishes first).
 The stop latency of a real process is in test_signals.py."""
 
 from __future__ import annotations
@@ -12,6 +12,7 @@ import json
 import os
 import signal
 import threading
+import time
 import urllib.request
 from pathlib import Path
 
@@ -213,3 +214,51 @@ def test_a_signal_during_an_agents_request_ends_its_rollout_and_closes_the_endpo
     assert SignalledAgent.started > 4 and SignalledAgent.ended == SignalledAgent.started
     with pytest.raises(OSError):
         urllib.request.urlopen(SignalledAgent.base_url + "/models", timeout=5)
+
+
+def test_a_signal_while_waiting_for_a_lost_vllm_server_stops_at_once(tmp_path, refused_url):
+    """Two steps are played on the tiny model, then every request goes to a pool whose only server is
+    gone: the run waits for it to return (here up to 30 s). A SIGTERM during that wait stops the run
+    at once with the last finished step saved, rather than after the wait."""
+    from aitrain_grpo.engine.backends.base import GenerationBackend
+    from aitrain_grpo.engine.backends.choice import build_backend
+    from aitrain_grpo.engine.backends.server_pool import ServerPool
+    from aitrain_grpo.engine.rollout import RolloutEngine
+    from aitrain_grpo.engine.settings import EpisodeSettings
+    from aitrain_grpo.models.loading import stop_token_ids
+    from aitrain_grpo.training.stopping import clean_stops
+    from aitrain_grpo.training.trainer import build_trainer
+    from aitrain_grpo.training.trl_access import generation_handles
+
+    class ServerLostAtStep3(GenerationBackend):
+        def __init__(self, alive: GenerationBackend, pool: ServerPool):
+            self.alive, self.pool, self.calls, self.sent = alive, pool, 0, None
+            self.stop_ids = alive.stop_ids
+
+        def generate(self, prompts, max_tokens, sampling):
+            self.calls += 1
+            if self.calls <= 2:
+                return self.alive.generate(prompts, max_tokens, sampling)
+            if self.sent is None:
+                self.sent = time.monotonic()
+                threading.Timer(1.0, os.kill, (os.getpid(), signal.SIGTERM)).start()  # well into the wait
+            return self.pool.generate(prompts, max_tokens, sampling)
+
+    out = tmp_path / "run"
+    config = RunConfig(rl_env_module="envs.letters", rl_env_class="LetterEnv", output_dir=str(out), max_steps=6,
+                       batch_size=8, rl_max_new_tokens=16)
+    env = LetterEnv(turns=1, num_tasks=8)
+    trainer = build_trainer(config, env=env)
+    stop_ids = stop_token_ids(trainer.model, trainer.processing_class)
+    pool = ServerPool([refused_url], "tiny", stop_ids, wait_timeout=30)
+    pool.servers[0].live = False  # lost: the pool waits for it to answer /health again
+    backend = ServerLostAtStep3(build_backend("hf", stop_ids, **generation_handles(trainer, "hf")), pool)
+    trainer.rollout.engine = RolloutEngine(env, trainer.processing_class, backend, EpisodeSettings(max_new_tokens=16))
+    with pytest.raises(TrainingStopped) as caught:
+        with clean_stops(trainer):
+            trainer.train()
+    seconds = time.monotonic() - backend.sent
+    trainer.rollout_parts.close()
+    stop = caught.value
+    assert stop.reason == "stopped by SIGTERM during step 3, which a resume plays again", stop.reason
+    assert seconds < 10 and stop.checkpoint == out / "checkpoint-2"
