@@ -39,6 +39,7 @@ from typing import Any, Callable
 from aitrain_grpo.config import RunConfig
 from aitrain_grpo.errors import ConfigError
 from aitrain_grpo.training.groups import GroupedRollout
+from aitrain_grpo.training.signals import uninterrupted
 from aitrain_grpo.training.trl_access import importance_weights, train_batch_size, train_sampler
 
 
@@ -229,7 +230,7 @@ class AsyncRollout:
         """Step `global_step`'s episodes (played ahead where possible), and this step's metrics."""
         step = trainer.state.global_step
         metrics: dict[str, float] = {}
-        with self.backend.paused():
+        with self.backend.paused(), uninterrupted():  # a signal lets a weight sync finish (signals.py)
             seconds = self.sync(trainer) if self.sync is not None else None
             self.backend.version = step
         if seconds is not None:
@@ -262,7 +263,7 @@ class AsyncRollout:
         if training:
             played, metrics = self.take(rows, trainer)
             return played.grouped, {**played.grouped.metrics, **metrics}
-        with self.backend.paused():
+        with self.backend.paused(), uninterrupted():
             if self.sync is not None:
                 self.sync(trainer)
             self.backend.version = trainer.state.global_step
