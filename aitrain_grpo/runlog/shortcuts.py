@@ -18,7 +18,7 @@ window of steps, the score rises AND one of these moves the shortcut's way:
 Each watched behaviour compares the mean of the first `EDGE` steps of the window with the mean of its
 last `EDGE` steps (means of several steps, so one noisy batch does not fire it; of half the window when
 it is shorter, so a real model's first 6-9 steps are looked at too). The thresholds were
-measured (docs/operations.md, "Watch a run"): the quick start's letters run crosses them at step 18 of 60
+measured (benchmarks/SHORTCUTS.md): the quick start's letters run crosses them at step 18 of 60
 on its default seed and at step 11 on seeds 1 and 2 (its cut-turn share then goes on to rise 0.9 at its
 largest, three times SHARE_RISE); each rule asks for a move that a learning run's batch noise does not make
 over 5-step means.
