@@ -122,6 +122,34 @@ def test_a_signal_during_the_loss_drops_the_step_and_the_resume_plays_it_again(u
     assert_resume_replays_step_5(out, uninterrupted)
 
 
+def test_a_signal_while_a_resume_loads_its_checkpoint_lets_the_load_finish(uninterrupted, tmp_path, monkeypatch):
+    """Resumed from another folder's checkpoint-3, the run is signalled while it loads the optimizer
+    state: the checkpoint-3 it saves in its own folder holds that state, not a fresh optimizer's."""
+    import torch
+
+    from aitrain_grpo.training.trainer import EpisodeGRPOTrainer, train
+
+    first_out, _ = uninterrupted
+    load = EpisodeGRPOTrainer._load_optimizer_and_scheduler
+
+    def signalled_while_loading(self, checkpoint):
+        signal.raise_signal(signal.SIGTERM)
+        return load(self, checkpoint)
+
+    monkeypatch.setattr(EpisodeGRPOTrainer, "_load_optimizer_and_scheduler", signalled_while_loading)
+    out = tmp_path / "run"
+    with pytest.raises(TrainingStopped) as stopped:
+        train(letters_config(out, resume_from_checkpoint=str(first_out / "checkpoint-3")),
+              env=RecordingLetters(turns=1, num_tasks=4))
+    monkeypatch.undo()
+    assert stopped.value.reason == "stopped by SIGTERM during step 4, which a resume plays again"
+    assert stopped.value.checkpoint == out / "checkpoint-3"
+    saved, original = (torch.load(path / "checkpoint-3" / "optimizer.pt", weights_only=False)["state"]
+                       for path in (out, first_out))
+    assert saved.keys() == original.keys() and all(
+        torch.equal(saved[k]["exp_avg"], original[k]["exp_avg"]) for k in original)
+
+
 class SignalInTheBackward(TrainerCallback):
     """Sends SIGTERM from a gradient hook during step 5's backward (a torch call the exception must leave)."""
 

@@ -14,8 +14,9 @@ so that checkpoint is the one a save at the end of that step would have written,
 reorders the same way: checkpoints.py) plays the dropped step's rows again, in the same order. The exit
 code is 128 + the signal number (130 for SIGINT, 143 for SIGTERM), the shell convention for "killed by".
 
-Some spans must not be cut, as their state would be half-changed: from the optimizer step to the start
-of the next step (optimizer, scheduler, step counter, the step's logs and scheduled checkpoint), a
+Some spans must not be cut, as their state would be half-changed: `train()` until its loop begins
+(a resumed run loading its checkpoint: a stop then would save a half-loaded optimizer as step N), from
+the optimizer step to the start of the next step (optimizer, scheduler, step counter, the step's logs and scheduled checkpoint), a
 checkpoint write, a weight sync into vLLM. Those run inside `uninterrupted()`; a signal that lands there
 is noted and acted on when the span ends (at the end of a step: the step counts, and is saved the old
 way, by `on_step_end`). The worst case is therefore one optimizer step plus one checkpoint write.
@@ -112,6 +113,7 @@ class SignalStop(TrainerCallback):
         self.rng_at_step_end: dict | None = None  # the random state a checkpoint of the last step holds
         self._raised = False
         self._in_step_end = False
+        self._loading = False  # installed, training loop not begun yet
         self._hooks: list = []  # gradient hooks, removed when training ends
         self._previous: dict[int, object] = {}
 
@@ -121,6 +123,9 @@ class SignalStop(TrainerCallback):
         global _active
         if threading.current_thread() is not threading.main_thread():
             return  # Python only lets the main thread set handlers; a Python-API run in a thread keeps the defaults
+        if not self._loading:
+            self._loading = True
+            self.deferred += 1  # until on_train_begin: a resume loads its checkpoint (module docstring)
         for sig in HANDLED:
             self._previous[sig] = signal.signal(sig, self._handle)
         _active = self
@@ -148,7 +153,7 @@ class SignalStop(TrainerCallback):
         if not self.abandon:
             what = "finishing this step, then saving a checkpoint"
         elif self.deferred:
-            what = "finishing the optimizer step or save in progress, then saving a checkpoint"
+            what = "letting the optimizer step, save, weight sync or checkpoint load in progress finish, then stopping"
         else:
             what = "dropping the step in progress and saving the last finished one"
         os.write(2, f"\nreceived {name}: {what} (send it again to stop now)\n".encode())
@@ -166,6 +171,10 @@ class SignalStop(TrainerCallback):
         if self.abandon and model is not None:  # the backward's way in (module docstring)
             self._hooks = [p.register_hook(_let_a_signal_in) for p in model.parameters()
                            if p.requires_grad and p.device.type == "cpu"]  # a GPU's backward runs no handler
+        if self._loading:  # everything is loaded: the first step may be dropped
+            self._loading = False
+            self.deferred -= 1
+            self.raise_if_pending()
         return control
 
     def on_pre_optimizer_step(self, args, state, control, **kwargs):
