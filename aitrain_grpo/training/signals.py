@@ -16,10 +16,12 @@ code is 128 + the signal number (130 for SIGINT, 143 for SIGTERM), the shell con
 
 Some spans must not be cut, as their state would be half-changed: `train()` until its loop begins
 (a resumed run loading its checkpoint: a stop then would save a half-loaded optimizer as step N), from
-the optimizer step to the start of the next step (optimizer, scheduler, step counter, the step's logs and scheduled checkpoint), a
-checkpoint write, a weight sync into vLLM. Those run inside `uninterrupted()`; a signal that lands there
-is noted and acted on when the span ends (at the end of a step: the step counts, and is saved the old
-way, by `on_step_end`). The worst case is therefore one optimizer step plus one checkpoint write.
+the optimizer step to the start of the next step (optimizer, scheduler, step counter, the step's logs
+and scheduled checkpoint), a checkpoint write, a weight sync into vLLM. Those run inside
+`uninterrupted()` (or between the callbacks that open and close them); a signal that lands there is
+noted and acted on when the span ends (at the end of a step: the step counts, and is saved the old way,
+by `on_step_end`). The worst case is therefore one optimizer step plus one checkpoint write (plus a
+weight sync). The process's own end, in a hurry too, is commands/exits.py's.
 
 A backward pass is one torch call, and Python runs no handler until it returns: 7 s for one micro-batch
 of SmolLM2 on a busy CPU. So each trainable parameter gets a gradient hook that does nothing: a Python
@@ -33,8 +35,9 @@ new checkpoint: someone pressing it twice does not want to wait for a save.
 Left out: several processes (torchrun). A rank that leaves its step while the others sit in a collective
 would hang them, so there the old behaviour stays: the signal is noted, combined across processes at
 each step end, and all of them stop after the same (finished) step. Also left out: SIGKILL (cannot be
-caught; the checkpoints already on disk are the answer), SIGHUP, and handling signals outside `train()`
-(model loading stops the usual way, with KeyboardInterrupt).
+caught; the checkpoints already on disk are the answer), SIGHUP, handling signals outside `train()`
+(model loading stops the usual way, with KeyboardInterrupt), and hurrying the played-ahead rollout of
+`--rl-async-steps`, whose worker thread is waited for when the rollout parts close.
 """
 
 from __future__ import annotations
