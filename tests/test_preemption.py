@@ -70,26 +70,28 @@ def uninterrupted(tmp_path_factory):
     return out, env
 
 
-def stopped_run(out: Path, env: LetterEnv, callbacks=()) -> TrainingStopped:
+def stopped_run(out: Path, env: LetterEnv, callbacks=(), **overrides) -> TrainingStopped:
     from aitrain_grpo.training.trainer import train
 
     with pytest.raises(TrainingStopped) as stopped:
-        train(letters_config(out), env=env, callbacks=list(callbacks))
+        train(letters_config(out, **overrides), env=env, callbacks=list(callbacks))
     return stopped.value
 
 
-def assert_resume_replays_step_5(out: Path, uninterrupted) -> None:
-    """Resumed from checkpoint-4, the run plays step 5 as the uninterrupted run did."""
+def assert_resume_replays_the_rest(out: Path, uninterrupted, saved: int = 4, **overrides) -> None:
+    """Resumed from checkpoint-`saved`, the run plays the steps after it as the uninterrupted run did."""
     from aitrain_grpo.training.trainer import train
 
     first_out, first_env = uninterrupted
     env = RecordingLetters(turns=1, num_tasks=4)
-    train(letters_config(out, resume_from_checkpoint="auto"), env=env)
-    assert env.per_step() == first_env.per_step()[4:5]  # the dropped step's rows, in its order
+    train(letters_config(out, resume_from_checkpoint="auto", **overrides), env=env)
+    batch = len(first_env.tasks) // 5  # episodes a step (8, or 16 with two micro-batches)
+    assert env.per_step(batch) == first_env.per_step(batch)[saved:5]  # the dropped step's rows, in order, and on
     before, after = metrics(first_out), metrics(out)
     assert sorted(after) == [1, 2, 3, 4, 5]
-    assert after[5]["reward"] == pytest.approx(before[5]["reward"], abs=1e-6)
-    assert after[5]["loss"] == pytest.approx(before[5]["loss"], abs=1e-6)
+    for step in range(saved + 1, 6):
+        assert after[step]["reward"] == pytest.approx(before[step]["reward"], abs=1e-6)
+        assert after[step]["loss"] == pytest.approx(before[step]["loss"], abs=1e-6)
 
 
 def test_a_signal_during_the_rollout_drops_the_step_and_the_resume_plays_it_again(uninterrupted, tmp_path):
@@ -100,26 +102,53 @@ def test_a_signal_during_the_rollout_drops_the_step_and_the_resume_plays_it_agai
     # The last finished step is saved, and step 5 never counted: no log line, no checkpoint of it.
     assert stop.checkpoint == out / "checkpoint-4" and complete_checkpoints(out)[-1].name == "checkpoint-4"
     assert sorted(metrics(out)) == [1, 2, 3, 4]
-    assert_resume_replays_step_5(out, uninterrupted)
+    assert_resume_replays_the_rest(out, uninterrupted)
 
 
 def test_a_signal_during_the_loss_drops_the_step_and_the_resume_plays_it_again(uninterrupted, tmp_path, monkeypatch):
+    """In step 4, mid-epoch (two steps an epoch), with no checkpoint but the stop's: the resume skips the
+    epoch's first batch, not the dropped one."""
     from aitrain_grpo.training.trainer import EpisodeGRPOTrainer
 
     compute_loss = EpisodeGRPOTrainer.compute_loss
 
-    def signalled_in_step_5(self, *args, **kwargs):
-        if self.state.global_step == 4:
+    def signalled_in_step_4(self, *args, **kwargs):
+        if self.state.global_step == 3:
             signal.raise_signal(signal.SIGINT)  # the handler runs here, inside the loss
         return compute_loss(self, *args, **kwargs)
 
-    monkeypatch.setattr(EpisodeGRPOTrainer, "compute_loss", signalled_in_step_5)
+    monkeypatch.setattr(EpisodeGRPOTrainer, "compute_loss", signalled_in_step_4)
     out = tmp_path / "run"
-    stop = stopped_run(out, RecordingLetters(turns=1, num_tasks=4))
+    stop = stopped_run(out, RecordingLetters(turns=1, num_tasks=4), save_steps=100)
     monkeypatch.undo()
-    assert stop.exit_code == 130 and stop.checkpoint == out / "checkpoint-4"
-    assert sorted(metrics(out)) == [1, 2, 3, 4]
-    assert_resume_replays_step_5(out, uninterrupted)
+    assert stop.exit_code == 130 and stop.checkpoint == out / "checkpoint-3"
+    assert sorted(metrics(out)) == [1, 2, 3]
+    assert_resume_replays_the_rest(out, uninterrupted, saved=3)
+
+
+def test_a_signal_between_accumulated_micro_batches_discards_their_gradients(tmp_path, monkeypatch):
+    """Two micro-batches a step: the signal lands in step 5's second loss, after the first one's backward
+    has accumulated gradients. The resumed step 5 is the uninterrupted run's (gradients and all)."""
+    from aitrain_grpo.training.trainer import EpisodeGRPOTrainer, train
+
+    accumulate = dict(gradient_accumulation_steps=2, save_steps=100)
+    first_out = tmp_path / "uninterrupted"
+    first_env = RecordingLetters(turns=1, num_tasks=4)
+    train(letters_config(first_out, **accumulate), env=first_env)
+    compute_loss, calls = EpisodeGRPOTrainer.compute_loss, []
+
+    def signalled_in_the_second_micro_batch(self, *args, **kwargs):
+        calls.append(self.state.global_step)
+        if calls.count(4) == 2:
+            signal.raise_signal(signal.SIGTERM)
+        return compute_loss(self, *args, **kwargs)
+
+    monkeypatch.setattr(EpisodeGRPOTrainer, "compute_loss", signalled_in_the_second_micro_batch)
+    out = tmp_path / "run"
+    stop = stopped_run(out, RecordingLetters(turns=1, num_tasks=4), **accumulate)
+    monkeypatch.undo()
+    assert stop.checkpoint == out / "checkpoint-4" and sorted(metrics(out)) == [1, 2, 3, 4]
+    assert_resume_replays_the_rest(out, (first_out, first_env), **accumulate)
 
 
 def test_a_signal_while_a_resume_loads_its_checkpoint_lets_the_load_finish(uninterrupted, tmp_path, monkeypatch):
@@ -170,7 +199,7 @@ def test_a_signal_during_the_backward_drops_the_step_and_the_resume_plays_it_aga
     stop = stopped_run(out, RecordingLetters(turns=1, num_tasks=4), [backward])
     assert backward.sent and stop.exit_code == 143 and stop.checkpoint == out / "checkpoint-4"
     assert sorted(metrics(out)) == [1, 2, 3, 4]
-    assert_resume_replays_step_5(out, uninterrupted)
+    assert_resume_replays_the_rest(out, uninterrupted)
 
 
 class SignalsDuringTheOptimizerStep(TrainerCallback):
