@@ -199,9 +199,9 @@ def clean_stops(trainer) -> Iterator[None]:
         yield
     except StepAbandoned as exc:
         checkpoint = abandon_step(trainer, signals)
-        step = trainer.state.global_step
+        replayed = ", which a resume plays again" if checkpoint is not None else ""
         raise TrainingStopped(
-            f"stopped by {signal.Signals(exc.signum).name} during step {step + 1}, which a resume plays again",
+            f"stopped by {signal.Signals(exc.signum).name} during step {trainer.state.global_step + 1}{replayed}",
             signals.exit_code,
             checkpoint,
             is_error=False,
