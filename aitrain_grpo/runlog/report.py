@@ -33,6 +33,8 @@ DATA_MARK = "__AITRAIN_REPORT_DATA__"
 TITLE_MARK = "__AITRAIN_REPORT_TITLE__"
 SHORTCUT_MARK = "__AITRAIN_REPORT_SHORTCUT_SCRIPT__"
 SHORTCUT_SCRIPT = Path(__file__).with_name("report_shortcut.js")  # the shortcut warning's part of the page
+STYLE_MARK = "__AITRAIN_REPORT_STYLE__"
+STYLE = Path(__file__).with_name("report_style.css")  # the page's style sheet, inlined: the report is one file
 MAX_EPISODES = 300        # transcripts embedded in the page, spread over the run
 MAX_METRIC_POINTS = 2000  # steps kept per chart; longer runs are thinned evenly (the last step kept)
 
@@ -127,7 +129,8 @@ def embed_json(data: Any) -> str:
 
 
 def render_report(data: dict[str, Any]) -> str:
-    page = TEMPLATE.read_text().replace(SHORTCUT_MARK, SHORTCUT_SCRIPT.read_text())  # before any run text enters
+    page = TEMPLATE.read_text().replace(STYLE_MARK, STYLE.read_text())  # the page's own parts, before any run text
+    page = page.replace(SHORTCUT_MARK, SHORTCUT_SCRIPT.read_text())
     page = page.replace(TITLE_MARK, html.escape(str(data.get("title", "training report"))))
     return page.replace(DATA_MARK, embed_json(data))
 
