@@ -22,9 +22,10 @@ OMP_NUM_THREADS=1 (one core; `--pin` also binds the k-th concurrent run to core 
   docstring for the template and options TRL is given).
 The budget: `--budget` minutes after the process starts (model loading included, the same for both),
 the harness sends SIGTERM (or, on a budget shorter than loading, as soon as the run prints that training
-began); each trainer finishes the step in flight, saves a checkpoint and stops
-(aitrain's SignalStop, the TRL runner's StopOnSignal): a run overshoots its budget by less than one
-step, and the report gives each run's real minutes. Checkpoints every `--save-every` steps. Recorded in
+began); the TRL runner finishes the step in flight, saves a checkpoint and stops (its StopOnSignal),
+aitrain drops the step in flight and saves its last finished one (SignalStop; before commit 632a29b
+it finished the step too, as in the recorded runs): a run overshoots its budget by less than one step,
+and the report gives each run's real minutes. Checkpoints every `--save-every` steps. Recorded in
 <run>/run.json: the command, start and end times, exit code and the process's peak resident memory
 (`os.wait4`'s ru_maxrss: the process and its waited-for children), its CPU time, and its CPU time
 sampled every 2 s (`cpu_timeline`): on a machine shared with other work, CPU seconds are what a run

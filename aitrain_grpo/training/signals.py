@@ -36,8 +36,10 @@ Left out: several processes (torchrun). A rank that leaves its step while the ot
 would hang them, so there the old behaviour stays: the signal is noted, combined across processes at
 each step end, and all of them stop after the same (finished) step. Also left out: SIGKILL (cannot be
 caught; the checkpoints already on disk are the answer), SIGHUP, handling signals outside `train()`
-(model loading stops the usual way, with KeyboardInterrupt), and hurrying the played-ahead rollout of
-`--rl-async-steps`, whose worker thread is waited for when the rollout parts close.
+(model loading stops the usual way, with KeyboardInterrupt), and `--rl-async-steps`: a run that plays
+the next step ahead on a server pool did not end within five minutes of a dropped step (its worker
+waits on the pool and the weights the dropped step never synced), so there too the step finishes first
+(`finish_step`), as before.
 """
 
 from __future__ import annotations
@@ -109,10 +111,11 @@ def _let_a_signal_in(grad):
 class SignalStop(TrainerCallback):
     """Turns SIGINT/SIGTERM into "drop this step, save the last finished one, stop"; see the module docstring."""
 
-    def __init__(self):
+    def __init__(self, *, finish_step: bool = False):
         self.received: int | None = None  # the first signal's number
         self.deferred = 0  # depth of `uninterrupted()` spans the main thread is in
-        self.abandon = int(os.environ.get("WORLD_SIZE", "1")) <= 1  # one process: drop the step (see above)
+        # One process: drop the step; several, or async steps (`finish_step`): finish it (module docstring).
+        self.abandon = int(os.environ.get("WORLD_SIZE", "1")) <= 1 and not finish_step
         self.rng_at_step_end: dict | None = None  # the random state a checkpoint of the last step holds
         self._raised = False
         self._in_step_end = False
