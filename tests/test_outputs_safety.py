@@ -16,13 +16,8 @@ import pytest
 from typer.testing import CliRunner
 
 from aitrain_grpo.commands.cli import app
+from helpers.cli import refused as refuses
 from aitrain_grpo.outputs import publish
-
-
-def snapshot(root: Path) -> dict[str, tuple[int, int]]:
-    """Every file under `root` with its size and modification time."""
-    return {str(p.relative_to(root)): (p.stat().st_size, p.stat().st_mtime_ns)
-            for p in sorted(root.rglob("*")) if p.is_file()}
 
 
 @pytest.fixture
@@ -44,17 +39,6 @@ def workspace(tmp_path, monkeypatch, tiny_model_dir):
     return home
 
 
-def refuses(args: list[str], home: Path, *expected: str) -> str:
-    before = snapshot(home)
-    result = CliRunner().invoke(app, args)
-    output = result.output.strip()
-    assert result.exit_code == 2, f"aitrain {' '.join(args)} exited {result.exit_code}:\n{output}"
-    errors = [line for line in output.splitlines() if line.startswith("error:")]
-    assert len(errors) == 1, output
-    for text in expected:
-        assert text in errors[0], errors[0]
-    assert snapshot(home) == before, f"aitrain {' '.join(args)} changed files"
-    return errors[0]
 
 
 EVAL = ["eval", "--model", "outputs/run", "--episodes", "1", "--output"]

@@ -20,6 +20,7 @@ import pytest
 from transformers import TrainerCallback
 
 from helpers import require
+from helpers.letters import letters_config
 from aitrain_grpo.config import RunConfig
 from aitrain_grpo.training.checkpoints import complete_checkpoints
 from aitrain_grpo.training.stopping import TrainingStopped
@@ -45,14 +46,6 @@ class RecordingLetters(LetterEnv):
 
     def per_step(self, batch: int = 8) -> list[list[int]]:
         return [sorted(self.tasks[i:i + batch]) for i in range(0, len(self.tasks), batch)]
-
-
-def letters_config(output_dir: Path, **overrides) -> RunConfig:
-    options = dict(
-        rl_env_module="envs.letters", rl_env_class="LetterEnv", model="tiny", output_dir=str(output_dir),
-        batch_size=8, rl_max_new_tokens=16, max_steps=5, save_steps=3, lr=1e-3, seed=7,
-    )
-    return RunConfig(**{**options, **overrides})
 
 
 def metrics(output_dir: Path) -> dict[int, dict]:

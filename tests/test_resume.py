@@ -18,7 +18,8 @@ import pytest
 from helpers import REPO, run_cli
 
 from aitrain_grpo.training.checkpoints import checkpoint_step, complete_checkpoints, is_complete
-from aitrain_grpo.config import ConfigError, RunConfig
+from aitrain_grpo.config import ConfigError
+from helpers.letters import letters_config
 from envs.letters import LetterEnv
 
 FAULTS_DIR = REPO / "tests" / "faults"
@@ -88,14 +89,6 @@ class RecordingLetters(LetterEnv):
 
     def per_step(self, batch: int = 8) -> list[list[int]]:
         return [sorted(self.tasks[i:i + batch]) for i in range(0, len(self.tasks), batch)]
-
-
-def letters_config(output_dir: Path, **overrides) -> RunConfig:
-    options = dict(
-        rl_env_module="envs.letters", rl_env_class="LetterEnv", model="tiny", output_dir=str(output_dir),
-        batch_size=8, rl_max_new_tokens=16, max_steps=5, save_steps=3, lr=1e-3, seed=7,
-    )
-    return RunConfig(**{**options, **overrides})
 
 
 @pytest.fixture(scope="module")

@@ -16,39 +16,21 @@ import shutil
 import signal
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import pytest
-from typer.testing import CliRunner
 
 from aitrain_grpo import RunConfig
-from aitrain_grpo.commands.cli import app
 from aitrain_grpo.errors import ConfigError
 from aitrain_grpo.outputs import LOCK_NAME
 from aitrain_grpo.training import run_lock
 from aitrain_grpo.training.checkpoints import STEP_SHAPE
 from aitrain_grpo.training.plan import plan_run
+from helpers.cli import refused
 
 LETTERS = ["--rl-env-module", "envs.letters", "--rl-env-class", "LetterEnv"]
 
 
-def snapshot(root: Path) -> dict[str, tuple[int, int]]:
-    return {str(p.relative_to(root)): (p.stat().st_size, p.stat().st_mtime_ns)
-            for p in sorted(root.rglob("*")) if p.is_file()}
-
-
-def refused(args: list[str], root: Path, *expected: str) -> str:
-    before = snapshot(root)
-    result = CliRunner().invoke(app, args)
-    output = result.output.strip()
-    assert result.exit_code == 2, f"aitrain {' '.join(args)} exited {result.exit_code}:\n{output}"
-    errors = [line for line in output.splitlines() if line.startswith("error:")]
-    assert len(errors) == 1, output
-    for text in expected:
-        assert text in errors[0], errors[0]
-    assert snapshot(root) == before, f"aitrain {' '.join(args)} changed files"
-    return errors[0]
 
 
 def finished_run(folder: Path, *, steps: int = 2, env: tuple[str, str] = ("envs.letters", "LetterEnv"),
