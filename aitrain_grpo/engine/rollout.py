@@ -81,6 +81,9 @@ class RolloutBatch:
     generate_calls: int = 0
     replayed_episodes: int = 0  # episodes played again from their start after their server was lost
     agent_counts: dict[str, int] = field(default_factory=dict)  # agent environments' requests (agent_rollout.py)
+    # Per episode, the sequences it played before the one in `traces` (its history was rewritten: an
+    # agent's new segment); empty where the episode is one sequence. Same length as `episodes` once run.
+    earlier: list[list[TokenTrace]] = field(default_factory=list)
 
     @property
     def scores(self) -> list[float]:
@@ -207,7 +210,7 @@ class RolloutEngine:
         episodes = [self.runner.new_episode(row) for row in rows]
         # Tokenizer and template calls are batched per phase: each call costs more than the texts in it.
         traces = [TokenTrace(prompt_ids=ids) for ids in self._prompt_ids(episodes)]
-        batch = RolloutBatch(episodes=episodes, traces=traces)
+        batch = RolloutBatch(episodes=episodes, traces=traces, earlier=[[] for _ in episodes])
         sample, batcher = open_sampler(self.backend, self.sampling)
         give_policy_turns(episodes, sample, self.renderer_for, self.tokenizer, batch,  # engine/policy_turns.py
                           max_new_tokens=self.max_new_tokens, stop_ids=self.stop_ids)
@@ -327,8 +330,9 @@ class RolloutEngine:
 
             async with slots:
                 session = await self.agents.play(batch.episodes[i], sample=draw, new_trace=TokenTrace)
-            if session.segments:  # the sequence that trains (agent_session.py says why the last)
+            if session.segments:  # the last sequence is the episode's own; earlier ones in `batch.earlier`
                 batch.traces[i] = session.segments[-1].trace
+                batch.earlier[i] = [segment.trace for segment in session.segments[:-1]]
 
         async def play(i: int) -> None:
             if self.agents is not None:
