@@ -23,6 +23,10 @@ Score (StationEnv's weights; success = 1.0): 0.1 for any tool result shown, +0.2
 station shown, +0.3 for its reading shown, +0.4 for a later model turn without a call that states the
 number. StationEnv also gives its 0.1 for a call that failed to parse (no result shown): not here.
 
+`station_reward_per_call` is a deliberately gamed variant (benchmarks/SHORTCUTS.md): its 0.1 is paid for
+every result shown, an error included, so a failed call earns what a good one does and extra calls pay.
+It is the issue-41 tool run that the shortcut warning must catch; no default uses it.
+
 Left out: per-turn rewards (`--rl-advantage turn`; the head-to-head runs `outcome`) and malformed calls
 (wrong argument names): TRL answers those with its own `{'error': ...}` text, aitrain with a schema
 check, and neither can be changed from the environment.
@@ -105,6 +109,16 @@ def episode_score(messages: list[dict], environment: StationsTRL) -> float:
 def station_reward(completions, environments, **kwargs) -> list[float]:
     """TRL reward function: one score per completion (its messages after the prompt)."""
     return [episode_score(list(completion), env) for completion, env in zip(completions, environments)]
+
+
+def station_reward_per_call(completions, environments, **kwargs) -> list[float]:
+    """`station_reward` with its 0.1 paid per tool result shown, failed calls included (opt in; a gamed score)."""
+    scores = []
+    for completion, env in zip(completions, environments):
+        messages = list(completion)
+        shown = sum(m.get("role") == "tool" for m in messages)
+        scores.append(episode_score(messages, env) + TRIED * max(shown - 1, 0))
+    return scores
 
 
 def rows(split: str = "train", repeats: int = 4) -> list[dict]:

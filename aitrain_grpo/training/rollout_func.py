@@ -37,6 +37,7 @@ from aitrain_grpo.engine.rollout import RolloutBatch, RolloutEngine
 from aitrain_grpo.engine.stats import EpisodeSummary, episode_stats
 from aitrain_grpo.env.base import Environment, needs_policy
 from aitrain_grpo.errors import ConfigError
+from aitrain_grpo.runlog.group_replies import group_reply_metrics, model_replies
 from aitrain_grpo.runlog.step_metrics import StepMetrics
 from aitrain_grpo.runlog.step_timing import StepTiming
 from aitrain_grpo.training.groups import play_groups
@@ -122,6 +123,7 @@ class TrainingRollout:
         if trainer.accelerator.num_processes > 1:
             summaries = gather_object(summaries)
         self.metrics.update(episode_stats(summaries).env_metrics())
+        self.metrics.update(group_reply_metrics(model_replies(batch.traces), trainer.num_generations))
         self.metrics.update({f"agent/{name}": value for name, value in batch.agent_counts.items()})
         self.metrics.update(self._server_metrics(batch))
         for observe in self.observers:
