@@ -75,6 +75,12 @@ SHARED_PREFIX_MODES = ("auto", "on", "off")  # training/shared_prefix.py
 JUDGE_MODES = ("group", "episode")  # training/judge.py
 TOOL_PARSERS = ("auto", "hermes", "json", "llama3_json", "mistral", "pythonic")  # engine/tool_parsers.py
 DEFAULT_TOOL_PARSER = "auto"
+CONTEXT_STRATEGIES = ("keep", "drop-tool-results", "summarize", "compact")  # engine/context.py
+DEFAULT_CONTEXT_KEEP_LAST = 2
+# The options of how an episode's history and its budgets are kept (engine/context.py), which `aitrain eval`
+# and `aitrain env check` take as training does.
+CONTEXT_OPTIONS = ("rl_context", "rl_context_keep_last", "rl_context_threshold", "rl_context_window",
+                   "rl_max_tool_result_tokens", "rl_max_episode_tokens")
 
 
 @dataclass
@@ -94,6 +100,12 @@ class RunConfig:
     rl_max_new_tokens: int = _opt(128, "Token limit of one model turn.", bound=at_least(1))
     rl_max_turns: int | None = _opt(None, "Cap on model turns per episode (default: the environment's max_turns).", bound=at_least(1))
     rl_max_completion_length: int = _opt(1024, "Token budget of a whole episode after the prompt (model + environment).", bound=at_least(1))
+    rl_max_episode_tokens: int | None = _opt(None, "Cap on the model tokens of a whole episode, summed over its sequences when its history is rewritten (default: none beyond the turn cap).", bound=at_least(1))
+    rl_context_window: int | None = _opt(None, "The model's context window in tokens: an episode whose next turn would not fit it (after its context strategy) ends with stop reason context, scored as it stands (default: the tokenizer's model_max_length).", bound=at_least(2))
+    rl_context: str | None = _opt(None, "How an episode's history is kept as it grows: keep (all of it); drop-tool-results (past --rl-context-threshold, older tool results become a short stub, the last --rl-context-keep-last kept whole); summarize (past the threshold, the model writes a summary of the episode, which goes on from the task and that summary); compact (the environment's compact(episode) hook). Each rewrite starts a new training sequence. Default: the environment's context_strategy, else keep.", choices=CONTEXT_STRATEGIES)
+    rl_context_keep_last: int = _opt(DEFAULT_CONTEXT_KEEP_LAST, "With --rl-context drop-tool-results: the latest tool results kept whole.", minimum=0)
+    rl_context_threshold: int | None = _opt(None, "Tokens of the rendered context (prompt and episode so far) past which drop-tool-results and summarize rewrite the history; they also do when the next turn would not fit (default: three quarters of what a sequence may hold: its prompt plus --rl-max-completion-length, or the context window if smaller).", bound=at_least(1))
+    rl_max_tool_result_tokens: int | None = _opt(None, "Cut a tool or environment result longer than this many tokens to its head and tail with a marker between (counted as env/tool_results_cut; default: no cut).", bound=at_least(16))
     rl_temperature: float = _opt(1.0, "Sampling temperature.", bound=Bound(low=0, high=10, note='0 samples greedily; above 10 a sample is noise'))
     rl_top_k: int = _opt(0, "Top-k sampling (0 = off; with vLLM, filtering biases the importance-sampling ratio).", bound=Bound(low=0, integer=True, note='0 turns it off'))
     rl_top_p: float = _opt(1.0, "Nucleus sampling (1.0 = off).", bound=Bound(low=0, high=1, low_open=True))

@@ -14,11 +14,13 @@ as sampled (mask 1, with its log-probabilities), each environment reply as the c
 environment asks of the policy itself (`episode.policy_turn`: a self-play opponent) are drawn the same way
 and stay out of the sequence (engine/policy_turns.py).
 
-Budgets (engine/settings.py's `EpisodeSettings`): `max_new_tokens` per model turn, `max_turns`, and
-`max_completion_length` for everything after the prompt. A turn that hits its token limit ends the episode as truncated (`cut_turn="end"`)
-or is answered by the environment as it stands (`cut_turn="continue"`); a reply that would overflow
-the completion budget ends the episode as truncated; it is scored as it stands. Each episode's `stop_reason` says
-which of these ended it (or the environment, or an error).
+Budgets and history (engine/context.py's `ContextKeeper`, as engine/settings.py's `EpisodeSettings` say):
+`max_new_tokens` per model turn, `max_turns`, `max_completion_length` for everything after a sequence's
+prompt, the episode's model tokens and the context window; the context strategy may rewrite an episode's
+history, which starts a new sequence (`RolloutBatch.earlier`). A turn that hits its token limit ends the
+episode as truncated (`cut_turn="end"`) or is answered by the environment as it stands (`cut_turn="continue"`);
+a reply that would overflow a budget, with no rewrite that fits, ends the episode as truncated; it is
+scored as it stands. Each episode's `stop_reason` says which of these ended it (or the environment, or an error).
 
 Left out: the trainer (see training/) and anything backend-specific (see backends/).
 """
@@ -34,36 +36,14 @@ from typing import Any
 from aitrain_grpo.engine.agent_rollout import AgentLimits, AgentPlayer, renderer_cache
 from aitrain_grpo.engine.backends.base import GenerationBackend, ReplayEpisode, RequestBackend, Sample
 from aitrain_grpo.engine.chat import ChatRenderer
+from aitrain_grpo.engine.context import ContextKeeper
 from aitrain_grpo.engine.policy_turns import Draw, give_policy_turns, open_sampler
 from aitrain_grpo.env.agent import is_agent_environment
 from aitrain_grpo.env.base import Environment, Episode, Message, tools_for_row, tools_vary_by_row
 from aitrain_grpo.engine.runner import EpisodeRunner
 from aitrain_grpo.engine.settings import EpisodeSettings
 from aitrain_grpo.engine.stats import BusyClock, EpisodeSummary, episode_scores
-
-
-@dataclass
-class TokenTrace:
-    """One episode as tokens. `env_mask[i]` is 1 where the model sampled `completion_ids[i]`;
-    `turn_starts[k]` is where model turn k begins in `completion_ids`."""
-
-    prompt_ids: list[int]
-    completion_ids: list[int] = field(default_factory=list)
-    logprobs: list[float] = field(default_factory=list)
-    env_mask: list[int] = field(default_factory=list)
-    turn_starts: list[int] = field(default_factory=list)
-
-    def add_model_tokens(self, ids: list[int], logprobs: list[float]) -> None:
-        """One model turn's sampled tokens."""
-        self.turn_starts.append(len(self.completion_ids))
-        self.completion_ids.extend(ids)
-        self.logprobs.extend(logprobs)
-        self.env_mask.extend([1] * len(ids))
-
-    def add_env_tokens(self, ids: list[int]) -> None:
-        self.completion_ids.extend(ids)
-        self.logprobs.extend([0.0] * len(ids))
-        self.env_mask.extend([0] * len(ids))
+from aitrain_grpo.engine.traces import TokenTrace  # noqa: F401  (its home before engine/traces.py)
 
 
 @dataclass
@@ -81,8 +61,9 @@ class RolloutBatch:
     generate_calls: int = 0
     replayed_episodes: int = 0  # episodes played again from their start after their server was lost
     agent_counts: dict[str, int] = field(default_factory=dict)  # agent environments' requests (agent_rollout.py)
-    # Per episode, the sequences it played before the one in `traces` (its history was rewritten: an
-    # agent's new segment); empty where the episode is one sequence. Same length as `episodes` once run.
+    # Per episode, the sequences it played before the one in `traces` (its history was rewritten: a context
+    # strategy, engine/context.py; an agent's new segment); empty where the episode is one sequence. Same
+    # length as `episodes` once run.
     earlier: list[list[TokenTrace]] = field(default_factory=list)
 
     @property
@@ -101,16 +82,6 @@ class RolloutBatch:
             "env_mask": [t.env_mask for t in self.traces],
             "episode_score": self.scores,
         }
-
-
-@dataclass
-class _RecordedTurn:
-    """One model turn as recorded: the text to decode, whether it ended with a stop token, and which
-    limit cut it off (None, "turn_tokens" or "completion_budget")."""
-
-    text_ids: list[int]
-    ended_with_eos: bool
-    cut: str | None
 
 
 class RolloutEngine:
@@ -153,6 +124,7 @@ class RolloutEngine:
                                       stop_ids=self.stop_ids, host=host, port=port)
         self.schedule = schedule
         self.max_concurrent_episodes = max(1, settings.max_concurrent_episodes)
+        self.context = ContextKeeper(env, tokenizer, self.runner, settings, self.renderer_for, self.stop_ids)
 
     def renderer_for(self, episode: Episode) -> ChatRenderer:
         """The renderer of `episode`'s tools: the environment's, or its row's where they vary by row (fixed
@@ -225,7 +197,9 @@ class RolloutEngine:
                 self.runner.run(batcher.close())  # nothing of it runs on after this rollout
             for episode in episodes:
                 episode.policy_turn = None
-        for trace in traces:
+        for i, trace in enumerate(batch.traces):
+            if not trace.completion_ids and batch.earlier[i]:  # rewritten, then stopped before a turn
+                batch.traces[i] = trace = batch.earlier[i].pop()
             if not trace.completion_ids:
                 # An episode that failed before the model's first turn (reset raised) has nothing after
                 # its prompt, and TRL indexes the last completion token: give it one EOS, masked out.
@@ -235,62 +209,20 @@ class RolloutEngine:
         batch.wall_seconds = time.perf_counter() - started
         return batch
 
-    # ------------------------------------------------------------------------ one turn, both schedules
-
-    def _budget(self, episode: Episode, trace: TokenTrace) -> int:
-        """Completion tokens left; at 0 the episode stops here, scored as it stands."""
-        left = self.max_completion_length - len(trace.completion_ids)
-        if left <= 0:
-            self._stop(episode, "completion_budget")
-        return left
-
-    @staticmethod
-    def _stop(episode: Episode, reason: str) -> None:
-        episode.truncated = episode.done = True
-        episode.stop_reason = reason
-
-    def _record_turn(self, trace: TokenTrace, sample: Sample, budget: int) -> _RecordedTurn:
-        ids, logprobs = sample.token_ids, sample.logprobs
-        cut = None if sample.finish_reason == "stop" else "turn_tokens"
-        if len(ids) > budget:  # this episode's completion budget is below the call's limit
-            ids, logprobs, cut = ids[:budget], logprobs[:budget], "turn_tokens"
-        if cut and budget < self.max_new_tokens:
-            cut = "completion_budget"  # the budget, not --rl-max-new-tokens, set this turn's limit
-        trace.add_model_tokens(ids, logprobs)
-        ended_with_eos = bool(ids) and ids[-1] in self.stop_ids
-        return _RecordedTurn(ids[:-1] if ended_with_eos else ids, ended_with_eos, cut)
-
-    async def _respond(self, episode: Episode, text: str, turn: _RecordedTurn) -> list[Message] | None:
-        # A cut turn ends the episode here (runner.respond with cut_off), or with `cut_turn="continue"`
-        # is shown to the environment and counted in `episode.truncated_turns`; a turn cut by the
-        # completion budget then stops at the next budget check (no room is left for another turn).
-        reply = await self.runner.respond(episode, text, cut_off=turn.cut is not None)
-        if turn.cut is not None and episode.stop_reason == "turn_tokens":
-            episode.stop_reason = turn.cut
-        return reply
-
-    def _add_reply(self, episode: Episode, trace: TokenTrace, reply: list[Message], suffix: list[int]) -> None:
-        if len(trace.completion_ids) + len(suffix) >= self.max_completion_length:
-            # No room for the reply and a next turn: stop here, scored as it stands.
-            self._stop(episode, "completion_budget")
-            return
-        trace.add_env_tokens(suffix)
-        self.runner.accept(episode, reply)
-
     # ------------------------------------------------------------------------ lockstep
 
     def _lockstep(self, batch: RolloutBatch, wave: range) -> None:
         """One batched generate call per turn for every running episode of the wave, then every reply."""
-        runner, episodes, traces = self.runner, batch.episodes, batch.traces
+        runner, context, episodes, traces = self.runner, self.context, batch.episodes, batch.traces
         t0 = time.perf_counter()
         runner.gather(runner.reset(episodes[i]) for i in wave)
         batch.env_seconds += time.perf_counter() - t0
-        while True:
-            budgets = {i: self._budget(episodes[i], traces[i]) for i in wave if not episodes[i].done}
-            running = [i for i, budget in budgets.items() if budget > 0]
+        while True:  # `traces` is `batch.traces`, whose items a rewrite replaces
+            limits = {i: context.limit(episodes[i], traces[i]) for i in wave if not episodes[i].done}
+            running = [i for i, (left, _) in limits.items() if left > 0]
             if not running:
                 break
-            max_tokens = min(self.max_new_tokens, max(budgets[i] for i in running))
+            max_tokens = max(limits[i][0] for i in running)
             t0 = time.perf_counter()
             prompts = [traces[i].prompt_ids + traces[i].completion_ids for i in running]
             keys = {"episodes": running} if getattr(self.backend, "episode_affinity", False) else {}
@@ -298,18 +230,20 @@ class RolloutEngine:
             batch.generate_seconds += time.perf_counter() - t0
             batch.generate_calls += 1
 
-            turns = {i: self._record_turn(traces[i], sample, budgets[i]) for i, sample in zip(running, samples)}
+            turns = {i: context.record_turn(episodes[i], traces[i], sample, *limits[i]) for i, sample in zip(running, samples)}
             texts = self.tokenizer.batch_decode([turns[i].text_ids for i in running], skip_special_tokens=False,
                                                 clean_up_tokenization_spaces=False)
             t0 = time.perf_counter()
-            replies = runner.gather(self._respond(episodes[i], text, turns[i]) for i, text in zip(running, texts))
+            replies = runner.gather(context.answer(batch, i, text, turns[i]) for i, text in zip(running, texts))
             batch.env_seconds += time.perf_counter() - t0
 
-            answered = [(i, reply) for i, reply in zip(running, replies) if reply is not None]
+            answered = [(i, context.cut_results(episodes[i], reply)) for i, reply in zip(running, replies) if reply is not None]
             suffixes = self.renderer.encode_many([self.renderer_for(episodes[i]).reply_text(reply, turns[i].ended_with_eos)
                                                   for i, reply in answered])
-            for (i, reply), suffix in zip(answered, suffixes):
-                self._add_reply(episodes[i], traces[i], reply, suffix)
+            t0 = time.perf_counter()
+            runner.gather(context.place_reply(batch, i, reply, suffix, turns[i].ended_with_eos)
+                          for (i, reply), suffix in zip(answered, suffixes))
+            batch.env_seconds += time.perf_counter() - t0
         t0 = time.perf_counter()
         runner.gather(runner.score(episodes[i]) for i in wave)
         batch.env_seconds += time.perf_counter() - t0
@@ -345,27 +279,31 @@ class RolloutEngine:
                         old = batch.episodes[i]
                         batch.episodes[i] = self.runner.new_episode(old.row)
                         batch.episodes[i].policy_turn, old.policy_turn = old.policy_turn, None
-                        batch.traces[i] = TokenTrace(prompt_ids=batch.traces[i].prompt_ids)
+                        first = batch.earlier[i][0] if batch.earlier[i] else batch.traces[i]
+                        batch.traces[i], batch.earlier[i] = TokenTrace(prompt_ids=first.prompt_ids), []
                         batch.replayed_episodes += 1
 
         async def play_once(i: int) -> None:
-            episode, trace = batch.episodes[i], batch.traces[i]
+            episode, context = batch.episodes[i], self.context
             with answering.running():
                 await self.runner.reset(episode)
             while not episode.done:
-                budget = self._budget(episode, trace)
-                if budget <= 0:
+                trace = batch.traces[i]  # a rewrite starts a new one
+                left, limiter = context.limit(episode, trace)
+                if left <= 0:
                     break
                 with generating.running():
-                    drawn = await sample(i, trace.prompt_ids + trace.completion_ids, min(self.max_new_tokens, budget))
+                    drawn = await sample(i, trace.prompt_ids + trace.completion_ids, left)
                 batch.generate_calls += 1
-                turn = self._record_turn(trace, drawn, budget)
+                turn = context.record_turn(episode, trace, drawn, left, limiter)
                 text = self.tokenizer.decode(turn.text_ids, skip_special_tokens=False, clean_up_tokenization_spaces=False)
                 with answering.running():
-                    reply = await self._respond(episode, text, turn)
+                    reply = await context.answer(batch, i, text, turn)
                 if reply is not None:
+                    reply = context.cut_results(episode, reply)
                     (suffix,) = self.renderer.encode_many([self.renderer_for(episode).reply_text(reply, turn.ended_with_eos)])
-                    self._add_reply(episode, trace, reply, suffix)
+                    with answering.running():
+                        await context.place_reply(batch, i, reply, suffix, turn.ended_with_eos)
             with answering.running():
                 await self.runner.score(episode)
 

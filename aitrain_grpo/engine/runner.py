@@ -25,7 +25,7 @@ from aitrain_grpo.engine.agent_rollout import play_agent_text
 from aitrain_grpo.engine.policy_turns import text_policy_turn
 from aitrain_grpo.engine.tool_parsers import read_tool_calls, tool_names_of
 from aitrain_grpo.env.agent import is_agent_environment
-from aitrain_grpo.env.base import Environment, Episode, Message, prompt_messages, tools_for_row, tools_vary_by_row
+from aitrain_grpo.env.base import MESSAGE_ROLES, Environment, Episode, Message, prompt_messages, tools_for_row, tools_vary_by_row
 
 VALID_REPLY_ROLES = ("user", "tool", "system")
 
@@ -180,6 +180,16 @@ class EpisodeRunner:
     def accept(self, episode: Episode, reply: list[Message]) -> None:
         episode.messages.extend(reply)
 
+    async def compact(self, episode: Episode) -> list[Message] | None:
+        """The environment's `compact(episode)` (the "compact" context strategy, engine/context.py): the
+        messages the episode goes on from, or None. A hook that raises, times out or returns something
+        else ends the episode as an error (`episode.error`) and gives None."""
+        try:
+            return normalize_messages(await self._call("compact", self.env.compact, episode))
+        except Exception as exc:
+            self._fail(episode, "compact", exc)
+            return None
+
     async def score(self, episode: Episode) -> float:
         if episode.error is not None:
             episode.score = 0.0
@@ -217,6 +227,21 @@ def normalize_reply(reply: Any) -> list[Message] | None:
             raise BadReturnValue(f"returned a {message['role']} message whose content is {type(content).__name__}, not str")
         messages.append(dict(message))
     return messages
+
+
+def normalize_messages(value: Any) -> list[Message] | None:
+    """`compact`'s return value: None, or a non-empty list of messages with text content that the model
+    answers next (not ending with its own turn)."""
+    if value is None:
+        return None
+    if not isinstance(value, list) or not value:
+        raise BadReturnValue(f"returned {str(value)[:80]!r}; return a non-empty list of messages, or None")
+    for message in value:
+        if not isinstance(message, dict) or message.get("role") not in MESSAGE_ROLES or not isinstance(message.get("content"), str):
+            raise BadReturnValue(f"returned a message {str(message)[:80]!r}; each needs a role of {MESSAGE_ROLES} and text content")
+    if value[-1]["role"] == "assistant":
+        raise BadReturnValue("returned messages that end with an assistant turn; end with the message the model answers")
+    return [dict(m) for m in value]
 
 
 def check_score(value: Any) -> float:

@@ -2,7 +2,9 @@
 `env check` all take, so that what a run, an evaluation and a check mean by "an episode" is said in one
 place and travels as one object instead of a dozen keyword arguments through each caller.
 
-It holds the per-episode budgets (tokens per model turn, model turns, the completion budget), how turns
+It holds the per-episode budgets (tokens per model turn, model turns, the completion budget of a sequence,
+the model tokens of an episode, the context window), how its history is kept as it grows (the context
+strategy and its numbers, engine/context.py), how turns
 are sampled, how long an environment call may take, the schedule and how many episodes play at once, what
 a turn cut off by its token limit does, how tool calls are read, chat-template extras, and what an agent
 environment's endpoint is called and where it listens. Its defaults are the library's defaults (a Python
@@ -21,7 +23,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from aitrain_grpo.config import DEFAULT_CUT_TURN, DEFAULT_TOOL_PARSER, ROLLOUT_SCHEDULES
+from aitrain_grpo.config import DEFAULT_CONTEXT_KEEP_LAST, DEFAULT_CUT_TURN, DEFAULT_TOOL_PARSER, ROLLOUT_SCHEDULES
 from aitrain_grpo.engine.agent_endpoint import LOCAL_HOST
 from aitrain_grpo.engine.backends.base import SamplingParams
 
@@ -34,7 +36,10 @@ class EpisodeSettings:
     "continuous", "lockstep", or "auto" (continuous on a backend taking one request at a time: vLLM;
     lockstep on hf). `max_concurrent_episodes` bounds the episodes in play at once. `model_name` is the
     name an agent environment's requests must use (`client.model`); `agent_address` is where its
-    endpoint listens (port 0: any free port)."""
+    endpoint listens (port 0: any free port). The context fields are engine/context.py's: `context` None
+    is the environment's `context_strategy` (else keep), `context_threshold` None three quarters of the
+    smaller of `max_completion_length` and the window, `context_window` None the tokenizer's
+    `model_max_length`, and None for `max_tool_result_tokens` and `max_episode_tokens` is no limit."""
 
     max_new_tokens: int = 128
     max_turns: int | None = None
@@ -48,6 +53,12 @@ class EpisodeSettings:
     template_kwargs: Mapping[str, Any] | None = None  # extra chat-template arguments (e.g. enable_thinking)
     model_name: str = "policy"
     agent_address: tuple[str, int] = (LOCAL_HOST, 0)
+    context: str | None = None
+    context_keep_last: int = DEFAULT_CONTEXT_KEEP_LAST
+    context_threshold: int | None = None
+    context_window: int | None = None
+    max_tool_result_tokens: int | None = None
+    max_episode_tokens: int | None = None
 
     def __post_init__(self):
         if self.schedule not in ROLLOUT_SCHEDULES:  # a Python caller's typo; options are checked in config.py
@@ -79,4 +90,10 @@ class EpisodeSettings:
             tool_parser=get("rl_tool_parser", default.tool_parser),
             model_name=get("model", default.model_name),
             agent_address=(get("agent_host", default.agent_address[0]), get("agent_port", default.agent_address[1])),
+            context=get("rl_context", default.context),
+            context_keep_last=get("rl_context_keep_last", default.context_keep_last),
+            context_threshold=get("rl_context_threshold", default.context_threshold),
+            context_window=get("rl_context_window", default.context_window),
+            max_tool_result_tokens=get("rl_max_tool_result_tokens", default.max_tool_result_tokens),
+            max_episode_tokens=get("rl_max_episode_tokens", default.max_episode_tokens),
         )

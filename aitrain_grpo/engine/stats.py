@@ -3,8 +3,9 @@
 `EpisodeSummary` is the part of an `Episode` that numbers are computed from: small, typed and
 picklable, because training gathers every process's summaries with accelerate's `gather_object`.
 `episode_stats` turns summaries (or episodes) into `EpisodeStats`, the one place mean score, success
-rate, turns, truncations, errors, tool use, stop reasons and the environment's own metrics are
-computed. Training logs it as `env/*` (`EpisodeStats.env_metrics`), `aitrain eval` prints it per model
+rate, turns, truncations, errors, tool use, stop reasons, context rewrites (engine/context.py: rewrites and
+sequences per episode, tokens the rewrites left out, results cut to --rl-max-tool-result-tokens) and the
+environment's own metrics are computed. Training logs it as `env/*` (`EpisodeStats.env_metrics`), `aitrain eval` prints it per model
 and `aitrain env check` per policy.
 
 Left out: timing and token counts (they belong to a rollout, not to its episodes: engine/rollout.py
@@ -44,6 +45,9 @@ class EpisodeSummary:
     metrics: dict[str, float] = field(default_factory=dict)  # the environment's own numbers
     tool_forms: dict[str, int] = field(default_factory=dict)  # model turns read as calls, per form
     turn_reward: float | None = None  # the sum of its turn rewards (episode.reward_turn); None if it gave none
+    rewrites: int = 0  # times a context strategy rewrote its history (each starts a new sequence)
+    tokens_saved: int = 0  # tokens those rewrites left out of the context
+    tool_results_cut: int = 0  # tool/environment results cut to --rl-max-tool-result-tokens
 
     @classmethod
     def of(cls, episode: Episode) -> EpisodeSummary:
@@ -55,6 +59,8 @@ class EpisodeSummary:
             tool_forms=dict(Counter(form for form in episode.tool_call_forms if form)),
             metrics={k: float(v) for k, v in episode.metrics.items() if isinstance(v, (int, float)) and not isinstance(v, bool)},
             turn_reward=float(sum(episode.turn_rewards)) if episode.turn_rewards else None,
+            rewrites=len(episode.log.rewrite_turns), tokens_saved=episode.log.tokens_saved,
+            tool_results_cut=episode.log.tool_results_cut,
         )
 
 
@@ -77,6 +83,9 @@ class EpisodeStats:
     metrics: dict[str, float]  # each environment metric's mean over the episodes that reported it
     # Mean reward per model turn, over the episodes whose environment rewarded turns (None: none did).
     turn_reward_mean: float | None = None
+    rewrites_mean: float = 0.0  # context rewrites per episode (sequences per episode: one more)
+    tokens_saved_mean: float = 0.0
+    tool_results_cut: int = 0
 
     def env_metrics(self) -> dict[str, float]:
         """The per-step training metrics, named as `metrics.jsonl` and the trackers show them."""
@@ -90,6 +99,10 @@ class EpisodeStats:
             "env/tool_calls_mean": self.tool_calls_mean,
             "env/tool_errors": float(self.tool_errors),
             "env/episodes": float(self.episodes),
+            "env/context_rewrites_mean": self.rewrites_mean,
+            "env/sequences_mean": 1.0 + self.rewrites_mean,
+            "env/context_tokens_saved_mean": self.tokens_saved_mean,
+            "env/tool_results_cut": float(self.tool_results_cut),
         }
         logged.update({f"env/stop/{reason}": share for reason, share in self.stop_fractions.items()})
         logged.update({f"env/{key}": value for key, value in self.metrics.items()})
@@ -126,6 +139,9 @@ def episode_stats(items: Iterable[EpisodeSummary | Episode]) -> EpisodeStats:
         tool_forms=dict(sum((Counter(s.tool_forms) for s in summaries), Counter())),
         turn_reward_mean=(sum(s.turn_reward for s in rewarded) / max(sum(s.turns for s in rewarded), 1)
                           if rewarded else None),
+        rewrites_mean=sum(s.rewrites for s in summaries) / n,
+        tokens_saved_mean=sum(s.tokens_saved for s in summaries) / n,
+        tool_results_cut=sum(s.tool_results_cut for s in summaries),
     )
 
 

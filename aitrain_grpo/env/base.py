@@ -47,8 +47,10 @@ EnvReply = str | list[Message] | None
 # The policy being played, for an environment's own code (see `Episode.policy_turn`).
 PolicyTurn = Callable[[list[Message]], Awaitable[str]]
 # Why an episode ended: the environment ended it (`step` returned None, or a single-turn episode), the
-# turn cap, a model turn cut off by --rl-max-new-tokens, the completion token budget, or an error.
-STOP_REASONS = ("env", "max_turns", "turn_tokens", "completion_budget", "error")
+# turn cap, a model turn cut off by --rl-max-new-tokens, a token budget (a sequence's completion length,
+# the episode's model tokens), the model's context window (its next turn would not fit, even after the
+# context strategy: engine/context.py), or an error.
+STOP_REASONS = ("env", "max_turns", "turn_tokens", "completion_budget", "context", "error")
 
 
 @dataclass
@@ -75,6 +77,17 @@ class EpisodeLog:
     tool_names: Any = None
     # `await episode.policy_turn(messages)`: see `Episode.policy_turn`.
     policy_turn: PolicyTurn | None = field(default=None, repr=False, compare=False)
+    # Context strategies (engine/context.py): the turn after which each rewrite of the history happened,
+    # the messages of each sequence before the current one (as the model saw them), the tokens the
+    # rewrites left out, tool/environment results cut to --rl-max-tool-result-tokens, the tokens of the
+    # current sequence (what `Environment.compact` may look at), and whether a summary turn is asked for.
+    model_tokens: int = 0  # tokens the model sampled in this episode, over all its sequences
+    rewrite_turns: list[int] = field(default_factory=list)
+    earlier_messages: list[list[Message]] = field(default_factory=list, repr=False)
+    tokens_saved: int = 0
+    tool_results_cut: int = 0
+    context_tokens: int = 0
+    summarizing: bool = False
 
     def turn_read(self, parsed: Any, *, unreadable_are_errors: bool = False) -> None:
         """Count one model turn's tool calls as read (engine/tool_parsers.ParsedTurn: `calls`, `problems`,
@@ -207,6 +220,18 @@ class Environment:
         """JSON schemas of the tools offered to the model (rendered through the chat template)."""
         return []
 
+    #: The context strategy of this environment's episodes when `--rl-context` is not given: "keep",
+    #: "drop-tool-results", "summarize" or "compact" (None: "compact" where `compact` is overridden, else "keep").
+    context_strategy: str | None = None
+
+    def compact(self, episode: Episode) -> list[Message] | None:
+        """Optional, under the "compact" context strategy: called after each environment reply the episode
+        goes on from, with `episode.messages` holding the conversation so far (that reply included) and
+        `episode.log.context_tokens` the tokens the model's next turn would see. Return the messages the
+        episode goes on from instead (a new training sequence starts from their chat template), or None to
+        go on as it is. A hook that raises or returns something else ends that episode as an error."""
+        return None
+
     def tools_for_row(self, row: dict[str, Any]) -> list[dict[str, Any]]:
         """The tools offered in the episodes of dataset row `row`: `tools` unless overridden. A mixture of
         environments (env/adapters/mixture.py) offers each row its own environment's tools."""
@@ -230,6 +255,12 @@ def has_solve(env: Any) -> bool:
     instance sets, as a mixture does when each of its environments has one); the base class's says none."""
     solve = getattr(env, "solve", None)
     return callable(solve) and getattr(solve, "__func__", solve) is not Environment.solve
+
+
+def has_compact(env: Any) -> bool:
+    """Whether `env` has a `compact` hook of its own (an override, or a duck-typed class's method)."""
+    compact = getattr(env, "compact", None)
+    return callable(compact) and getattr(compact, "__func__", compact) is not Environment.compact
 
 
 def needs_policy(env: Any) -> bool:

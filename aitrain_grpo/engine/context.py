@@ -1,0 +1,286 @@
+"""An episode's token budgets and its context strategy: how its history is kept as it outgrows the context.
+
+Three budgets, kept apart (engine/settings.py): the tokens of one model turn (`max_new_tokens`), the
+model tokens of the whole episode (`max_episode_tokens`, summed over its sequences), and what one
+sequence may hold: its completion (`max_completion_length`, what TRL pads each training row to) and the
+model's context window (prompt plus completion). Before each turn `ContextKeeper.limit` gives the turn the
+smallest of what is left; at 0 the episode stops, scored as it stands, with the reason of the limit that
+ran out (`turn_tokens`, `completion_budget`, or `context` for the window). A tool or environment result
+longer than `max_tool_result_tokens` is cut to its head and tail with a marker between
+(`episode.log.tool_results_cut`); that is environment text, so re-encoding it breaks no token rule.
+
+The strategy (`--rl-context`, else the environment's `context_strategy`, else `keep`) decides what
+happens when an environment reply would make the sequence too long:
+- `keep`: nothing; an episode that no longer fits stops (`completion_budget` or `context`).
+- `drop-tool-results`: once the rendered context passes the threshold (or the next turn would not fit),
+  every tool result but the last `context_keep_last` becomes a short stub (`DROPPED`).
+- `summarize`: past the threshold, the reply is followed by a request for a summary (`SUMMARY_REQUEST`);
+  the model's next turn, sampled like any turn under the same weights and sampler, is that summary, a
+  model turn (mask 1) of the sequence it was asked in; the episode goes on from the task (the messages
+  before the first model turn), the summary as an assistant turn and `SUMMARY_FOLLOW_UP`. A summary cut
+  off by its token limit ends the episode as an error.
+- `compact`: the environment's `compact(episode)` hook, after every reply; None goes on unchanged. A hook
+  that raises or returns something else ends that episode as an error, never the run.
+
+A rewrite ends the episode's current `TokenTrace` (moved to `batch.earlier[i]`) and starts a new one
+whose prompt is the chat template of the rewritten messages; sampled tokens stay in the sequence they
+were sampled in, never re-tokenised. `episode.messages` becomes the rewritten messages (what the model
+sees from then on), and the log keeps each earlier sequence's messages, the turn after which it was cut,
+and the tokens the rewrites left out. The default threshold is three quarters of what a sequence may
+hold (its prompt plus `max_completion_length`, or the window if smaller), which leaves room for a summary.
+
+Left out: agent environments (their code owns its messages: a rewrite there is a new segment,
+engine/agent_session.py), text-level play (env check's oracle and empty policies, sft: no tokens, so no
+budgets or strategies), and turns the environment asks of the policy itself (not in the sequence).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Callable
+
+from aitrain_grpo.config import CONTEXT_STRATEGIES
+from aitrain_grpo.engine.backends.base import Sample
+from aitrain_grpo.engine.chat import ChatRenderer
+from aitrain_grpo.engine.runner import EpisodeRunner
+from aitrain_grpo.engine.settings import EpisodeSettings
+from aitrain_grpo.engine.traces import TokenTrace
+from aitrain_grpo.env.base import Environment, Episode, Message, has_compact
+from aitrain_grpo.errors import ConfigError
+
+_NO_LIMIT = 10**8  # a tokenizer's model_max_length above this is transformers' "not set" sentinel
+DROPPED = "[older tool result left out to save context]"
+SUMMARY_REQUEST = ("Your context is nearly full. Write a summary of this episode so far: the task, what you have "
+                   "found out, and what is left to do. It will replace the conversation so far, so keep everything "
+                   "you still need. Do not call a tool in this message.")
+SUMMARY_FOLLOW_UP = "That is your summary of the episode so far; the conversation before it is gone. Continue the task."
+
+
+def resolve_strategy(env: Environment, chosen: str | None) -> str:
+    """The strategy in force: the option's, else the environment's `context_strategy`, else `compact`
+    where the environment has the hook, else `keep`."""
+    name = type(env).__name__
+    strategy = chosen or getattr(env, "context_strategy", None) or ("compact" if has_compact(env) else "keep")
+    if strategy not in CONTEXT_STRATEGIES:
+        raise ConfigError(f"{name}.context_strategy {strategy!r} is not one of {', '.join(CONTEXT_STRATEGIES)}")
+    if strategy == "compact" and not has_compact(env):
+        raise ConfigError(f"--rl-context compact needs {name}.compact(self, episode) returning messages or None; "
+                          f"define it, or choose keep, drop-tool-results or summarize")
+    return strategy
+
+
+def task_messages(messages: list[Message]) -> list[Message]:
+    """The messages before the model's first turn: the system prompt and the task."""
+    first = next((at for at, m in enumerate(messages) if m.get("role") == "assistant"), len(messages))
+    return [dict(m) for m in messages[:first]]
+
+
+def drop_tool_results(messages: list[Message], keep_last: int) -> list[Message] | None:
+    """`messages` with every tool result but the last `keep_last` replaced by `DROPPED`; None when none is left."""
+    results = [at for at, m in enumerate(messages) if m.get("role") == "tool"]
+    older = [at for at in results[:max(len(results) - keep_last, 0)] if messages[at].get("content") != DROPPED]
+    if not older:
+        return None
+    out = [dict(m) for m in messages]
+    for at in older:
+        out[at]["content"] = DROPPED
+    return out
+
+
+def with_summary_request(reply: list[Message]) -> list[Message]:
+    """The reply followed by `SUMMARY_REQUEST`, inside its last user message where it ends with one (a
+    template that wants roles to alternate then still renders it)."""
+    last = reply[-1]
+    if last.get("role") == "user":
+        return [*reply[:-1], {**last, "content": f"{last.get('content') or ''}\n\n{SUMMARY_REQUEST}"}]
+    return [*reply, {"role": "user", "content": SUMMARY_REQUEST}]
+
+
+def summarized(messages: list[Message], summary: str) -> list[Message]:
+    """What the episode goes on from after a summary: the task, the summary, and `SUMMARY_FOLLOW_UP`."""
+    return [*task_messages(messages), {"role": "assistant", "content": summary},
+            {"role": "user", "content": SUMMARY_FOLLOW_UP}]
+
+
+def model_window(tokenizer) -> int:
+    """The tokenizer's `model_max_length`, or no limit where it sets none."""
+    length = getattr(tokenizer, "model_max_length", None)
+    return int(length) if isinstance(length, int) and 0 < length < _NO_LIMIT else _NO_LIMIT
+
+
+@dataclass
+class RecordedTurn:
+    """One model turn as recorded: the text to decode, whether it ended with a stop token, and which
+    limit cut it off (None, "turn_tokens", "completion_budget" or "context")."""
+
+    text_ids: list[int]
+    ended_with_eos: bool
+    cut: str | None
+
+
+class ContextKeeper:
+    """The budgets and context strategy of one engine's episodes (see the module docstring). The engine
+    calls, per turn: `limit`, `record_turn`, `answer`, then for a reply `cut_results` and `place_reply`."""
+
+    def __init__(self, env: Environment, tokenizer, runner: EpisodeRunner, settings: EpisodeSettings,
+                 renderer_for: Callable[[Episode], ChatRenderer], stop_ids: set[int]):
+        self.env, self.tokenizer, self.runner, self.renderer_for = env, tokenizer, runner, renderer_for
+        self.strategy = resolve_strategy(env, settings.context)
+        self.keep_last = settings.context_keep_last
+        self.max_new_tokens = settings.max_new_tokens
+        self.max_completion_length = settings.max_completion_length
+        self.max_episode_tokens = settings.max_episode_tokens
+        self.max_result_tokens = settings.max_tool_result_tokens
+        self.window = settings.context_window or model_window(tokenizer)
+        self.threshold = settings.context_threshold
+        self.stop_ids = stop_ids
+
+    @staticmethod
+    def stop(episode: Episode, reason: str) -> None:
+        episode.truncated = episode.done = True
+        episode.stop_reason = reason
+
+    def _failed(self, episode: Episode, detail: str) -> None:
+        """The strategy failed for this episode: it ends as an environment error, scored 0."""
+        episode.error = f"context strategy {self.strategy}: {detail}".replace("\n", " ")
+        episode.stop_reason = "error"
+        episode.done = True
+        episode.score = 0.0
+
+    def limit(self, episode: Episode, trace: TokenTrace) -> tuple[int, str]:
+        """Tokens the episode's next turn may take, and the limit that sets it; at 0 the episode stops
+        here (scored as it stands) for that limit's reason."""
+        limits = [(self.max_new_tokens, "turn_tokens"),
+                  (self.max_completion_length - len(trace.completion_ids), "completion_budget"),
+                  (self.window - trace.length, "context")]
+        if self.max_episode_tokens is not None:
+            limits.append((self.max_episode_tokens - episode.log.model_tokens, "completion_budget"))
+        left, reason = min(limits, key=lambda item: item[0])  # the first of equals: turn_tokens
+        if left <= 0:
+            self.stop(episode, reason)
+        return left, reason
+
+    def record_turn(self, episode: Episode, trace: TokenTrace, sample: Sample, left: int, reason: str) -> RecordedTurn:
+        """A sampled turn into the trace (at most `left` tokens), exactly as sampled."""
+        ids, logprobs = sample.token_ids, sample.logprobs
+        cut = None if sample.finish_reason == "stop" else "turn_tokens"
+        if len(ids) > left:  # a lockstep call's limit is the largest of its episodes'
+            ids, logprobs, cut = ids[:left], logprobs[:left], "turn_tokens"
+        if cut and reason != "turn_tokens":
+            cut = reason  # a budget or the window, not --rl-max-new-tokens, set this turn's limit
+        trace.add_model_tokens(ids, logprobs, turn=episode.turns)
+        episode.log.model_tokens += len(ids)
+        ended_with_eos = bool(ids) and ids[-1] in self.stop_ids
+        return RecordedTurn(ids[:-1] if ended_with_eos else ids, ended_with_eos, cut)
+
+    async def answer(self, batch, i: int, text: str, turn: RecordedTurn) -> list[Message] | None:
+        """The environment's reply to episode `i`'s turn, or None when it is over; a summary turn is not
+        shown to the environment: the episode goes on from it instead (a new sequence)."""
+        episode = batch.episodes[i]
+        if episode.log.summarizing:
+            self._summarized(batch, i, text, turn)
+            return None
+        # A cut turn ends the episode here (runner.respond with cut_off), or with `cut_turn="continue"`
+        # is shown to the environment and counted in `episode.truncated_turns`; a turn cut by a budget
+        # then stops at the next `limit` (no room is left for another turn).
+        reply = await self.runner.respond(episode, text, cut_off=turn.cut is not None)
+        if turn.cut is not None and episode.stop_reason == "turn_tokens":
+            episode.stop_reason = turn.cut
+        return reply
+
+    def cut_results(self, episode: Episode, reply: list[Message]) -> list[Message]:
+        """`reply` with each message longer than `max_tool_result_tokens` cut to its head and tail."""
+        if self.max_result_tokens is None:
+            return reply
+        limit = self.max_result_tokens
+        encoded = self.tokenizer([str(m.get("content") or "") for m in reply], add_special_tokens=False)["input_ids"]
+        out = []
+        for message, ids in zip(reply, encoded):
+            if len(ids) > limit:
+                head, tail = ids[:limit // 2], ids[len(ids) - (limit - limit // 2):]
+                text = (self._decode(head) + f"\n[... {len(ids) - limit} tokens cut ...]\n" + self._decode(tail))
+                message = {**message, "content": text}
+                episode.log.tool_results_cut += 1
+            out.append(message)
+        return out
+
+    def _decode(self, ids: list[int]) -> str:
+        return self.tokenizer.decode(ids, skip_special_tokens=False, clean_up_tokenization_spaces=False)
+
+    def _threshold(self, trace: TokenTrace) -> int:
+        if self.threshold is not None:
+            return self.threshold
+        return 3 * min(self.window, len(trace.prompt_ids) + self.max_completion_length) // 4
+
+    async def place_reply(self, batch, i: int, reply: list[Message], suffix: list[int], ended_with_eos: bool) -> None:
+        """Episode `i`'s reply (its template suffix `suffix`) into its sequence, or into a new sequence its
+        strategy rewrites the history into; where neither fits, the episode stops here, scored as it stands."""
+        episode, trace = batch.episodes[i], batch.traces[i]
+        seen = list(episode.messages)  # what the model has seen: the current sequence's messages
+        length = trace.length + len(suffix)
+        over = ("completion_budget" if len(trace.completion_ids) + len(suffix) >= self.max_completion_length
+                else "context" if length >= self.window else None)
+        self.runner.accept(episode, reply)
+        episode.log.context_tokens = length
+        rewritten = None
+        if self.strategy == "compact":
+            rewritten = await self.runner.compact(episode)
+            if episode.error is not None:  # the hook raised or returned something else
+                return
+        elif self.strategy != "keep" and (over or length > self._threshold(trace)):
+            if self.strategy == "drop-tool-results":
+                rewritten = drop_tool_results(episode.messages, self.keep_last)
+            elif self._ask_for_summary(episode, trace, reply, ended_with_eos, len(seen)):
+                return
+        if rewritten is not None:
+            if self._rewrite(batch, i, rewritten, seen, length) or episode.done:
+                return
+            over = "context"  # the rewritten messages alone do not fit
+        if over:
+            del episode.messages[len(seen):]  # the model never sees this reply
+            self.stop(episode, over)
+            return
+        trace.add_env_tokens(suffix)
+
+    def _ask_for_summary(self, episode: Episode, trace: TokenTrace, reply: list[Message], ended_with_eos: bool,
+                         seen: int) -> bool:
+        """Append the reply and `SUMMARY_REQUEST` to the sequence, where they and a turn fit."""
+        asked = with_summary_request(reply)
+        suffix = self.renderer_for(episode).reply_ids(asked, ended_with_eos)
+        if (len(trace.completion_ids) + len(suffix) >= self.max_completion_length
+                or trace.length + len(suffix) >= self.window):
+            return False
+        episode.messages[seen:] = asked
+        trace.add_env_tokens(suffix)
+        episode.log.summarizing = True
+        return True
+
+    def _summarized(self, batch, i: int, text: str, turn: RecordedTurn) -> None:
+        episode = batch.episodes[i]
+        episode.log.summarizing = False
+        if turn.cut is not None:
+            self._failed(episode, f"the summary turn was cut off by its token limit ({turn.cut}); raise "
+                                  f"--rl-max-new-tokens or lower --rl-context-threshold")
+            return
+        episode.messages.append({"role": "assistant", "content": text})
+        if not self._rewrite(batch, i, summarized(episode.messages, text), list(episode.messages),
+                             batch.traces[i].length) and not episode.done:
+            self.stop(episode, "context")
+
+    def _rewrite(self, batch, i: int, messages: list[Message], seen: list[Message], length: int) -> bool:
+        """End episode `i`'s sequence and start the next from `messages`; False when they do not fit."""
+        episode = batch.episodes[i]
+        try:
+            prompt = self.renderer_for(episode).prompt_ids(messages)
+        except Exception as exc:  # a template that refuses the rewritten conversation (roles out of order)
+            self._failed(episode, f"the chat template cannot render the rewritten messages: {type(exc).__name__}: {exc}")
+            return False
+        if len(prompt) >= self.window:
+            return False
+        episode.log.earlier_messages.append(seen)
+        episode.log.rewrite_turns.append(episode.turns)
+        episode.log.tokens_saved += max(length - len(prompt), 0)
+        batch.earlier[i].append(batch.traces[i])
+        batch.traces[i] = TokenTrace(prompt_ids=prompt)
+        episode.messages = [dict(m) for m in messages]
+        return True
