@@ -15,14 +15,14 @@ from rich.markup import escape
 from rich.table import Table
 
 from aitrain_grpo.commands.options import check_positive
-from aitrain_grpo.config import check_options
+from aitrain_grpo.config import CONTEXT_OPTIONS, check_options
 from aitrain_grpo.engine.settings import EpisodeSettings
 from aitrain_grpo.engine.tool_parsers import read_tool_calls, tool_names_of
 from aitrain_grpo.errors import ConfigError
 from aitrain_grpo.evaluation.envcheck import COMPLETION_BUDGET, POLICIES, EnvCheckReport, env_check
 
 # The episode flags of `aitrain env check` (RunConfig's names), handed to `run_env_check` as `options`.
-CHECK_FLAGS = ("rl_max_new_tokens", "rl_max_turns", "rl_temperature", "rl_env_timeout", "rl_tool_parser")
+CHECK_FLAGS = ("rl_max_new_tokens", "rl_max_turns", "rl_temperature", "rl_env_timeout", "rl_tool_parser", *CONTEXT_OPTIONS)
 
 # ------------------------------------------------------------------------------------------- display
 

@@ -19,7 +19,7 @@ from typing import Any
 from rich.table import Table
 
 from aitrain_grpo.commands.options import check_positive
-from aitrain_grpo.config import RunConfig, check_options
+from aitrain_grpo.config import CONTEXT_OPTIONS, RunConfig, check_options
 from aitrain_grpo.env_spec import env_specs, environment_of
 from aitrain_grpo.engine.backends.base import SamplingParams
 from aitrain_grpo.engine.settings import EpisodeSettings
@@ -34,7 +34,7 @@ from aitrain_grpo.runlog.shortcuts import eval_warning
 
 # Sampling and budget flags of `aitrain eval`: not given, a training run's own value is used.
 RUN_FLAGS = ("rl_max_new_tokens", "rl_max_turns", "rl_max_completion_length", "rl_temperature", "rl_top_k",
-             "rl_top_p", "rl_env_timeout", "rl_rollout_schedule", "rl_tool_parser")
+             "rl_top_p", "rl_env_timeout", "rl_rollout_schedule", "rl_tool_parser", *CONTEXT_OPTIONS)
 
 
 def format_value(name: str, value: float) -> str:

@@ -135,6 +135,17 @@ def play_model(env: Environment, rows, model, tokenizer, settings: EpisodeSettin
                         batch.agent_counts)
 
 
+def sequence_notes(result: PolicyResult) -> list[str]:
+    """Where the context strategy (engine/context.py) cut the policy's episodes into sequences, and the
+    results it cut short; nothing when it did neither."""
+    cut = [(i, ep) for i, ep in enumerate(result.episodes) if ep.log.rewrite_turns]
+    notes = [f"{len(cut)} of {len(result.episodes)} {result.name} episodes were cut into sequences by the context "
+             f"strategy: " + "; ".join(f"episode {i} after turn(s) {', '.join(map(str, ep.log.rewrite_turns))} "
+                                       f"({ep.log.tokens_saved} tokens left out)" for i, ep in cut[:3])] if cut else []
+    results = sum(ep.log.tool_results_cut for ep in result.episodes)
+    return notes + ([f"{results} tool results were cut to --rl-max-tool-result-tokens"] if results else [])
+
+
 def read_rows(env: Environment, tokenizer, report: EnvCheckReport) -> list[dict[str, Any]] | None:
     """The dataset's rows, their count and columns into `report`; None when building it failed."""
     try:
@@ -253,6 +264,7 @@ def check_environment(
             result = play_text_policy(env, "empty", rows, lambda episode: "", settings)
         else:
             result = play_model(env, rows, model, tokenizer, settings)
+            report.notes += sequence_notes(result)
         report.policies.append(result)
     if agent:
         envcheck_agent.describe_requests(report, tokenizer, rows[0])

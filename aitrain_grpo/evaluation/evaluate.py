@@ -148,7 +148,7 @@ def evaluate(
             chunk = tasks[start:start + batch_size]
             batch = engine.run([dict(rows[i]) for i in chunk])
             result.episodes.extend(batch.episodes)
-            result.generated_tokens += sum(sum(trace.env_mask) for trace in batch.traces)
+            result.generated_tokens += sum(sum(trace.env_mask) for trace in [*batch.traces, *sum(batch.earlier, [])])
             result.generate_seconds += batch.generate_seconds
     result.wall_seconds = time.perf_counter() - started
     return result

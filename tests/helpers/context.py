@@ -1,0 +1,40 @@
+"""Episodes whose history outgrows the context, for the context strategies' tests (engine/context.py):
+`Library`, whose every reply is a long tool result, and `Recording`, the tiny model's backend keeping what
+it sampled for each prompt."""
+
+from __future__ import annotations
+
+from aitrain_grpo import Environment
+from helpers.rollouts import TurnEndingHF
+
+
+class Recording(TurnEndingHF):
+    """The tiny model's backend (every turn ends on EOS), keeping what it sampled for each prompt."""
+
+    def generate(self, prompts, max_tokens, sampling, **keys):
+        samples = super().generate(prompts, max_tokens, sampling, **keys)
+        drawn = self.__dict__.setdefault("drawn", {})
+        for prompt, sample in zip(prompts, samples):
+            drawn.setdefault(tuple(prompt), []).append(list(sample.token_ids))
+        return samples
+
+
+class Library(Environment):
+    """Each turn's reply is a long tool result; 6 turns, then the score says how many were played."""
+
+    max_turns = 6
+
+    def __init__(self, words: int = 30):
+        self.words = words
+
+    def build_dataset(self, tokenizer):
+        return [{"prompt": [{"role": "system", "content": "You collect facts from documents."},
+                            {"role": "user", "content": f"Task {task}: read every document."}], "task": task}
+                for task in range(2) for _ in range(2)]
+
+    def step(self, episode, completion):
+        facts = " ".join(f"fact{episode.turns}-{k}" for k in range(self.words))
+        return [{"role": "tool", "name": "read", "content": f"document {episode.turns}: {facts}"}]
+
+    def score_episode(self, episode):
+        return episode.turns / self.max_turns
