@@ -1,5 +1,7 @@
 """reasoning-gym task families through `--rl-env reasoning_gym:TASK`: real procedural tasks from the
-package (no mocks), scored by each family's own `score_answer` on the `<answer>` the model wrote."""
+package (no mocks), scored by each family's own `score_answer` on the `<answer>` the model wrote; the
+oracle (the entry's stored answer in the prompt's format) for env check and sft, and families that store
+no answers, which have none and say so."""
 
 from __future__ import annotations
 
@@ -12,9 +14,11 @@ from helpers import require  # noqa: E402
 require("reasoning_gym", "pip install 'aitrain-grpo[reasoning-gym]'")
 
 from aitrain_grpo.engine.runner import oracle_policy, play  # noqa: E402
+from aitrain_grpo.env.base import has_solve  # noqa: E402
 from aitrain_grpo.env.adapters.reasoning_gym import ReasoningGymEnv  # noqa: E402
 from aitrain_grpo.errors import EnvLoadError  # noqa: E402
 from helpers import run_cli  # noqa: E402
+from helpers.cli import refused  # noqa: E402
 
 FAMILIES = ("basic_arithmetic", "chain_sum", "leg_counting", "letter_counting", "spell_backward")
 
@@ -56,3 +60,41 @@ def test_grpo_and_env_check_run_a_family_from_the_command_line(tmp_path):
     metrics = [json.loads(line) for line in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()]
     assert sum("env/answered" in m for m in metrics) == 2
     assert json.loads((tmp_path / "run" / "run_config.json").read_text())["rl_env"] == "reasoning_gym:chain_sum"
+
+
+def test_the_oracle_writes_the_format_the_system_prompt_asks_for():
+    env = ReasoningGymEnv("syllogism", size=10, system_prompt="DeepSeekZero")  # <think>, then <answer>
+    rows = env.build_dataset(None)[:3]
+    episodes = play(env, rows, oracle_policy(env))
+    assert [ep.score for ep in episodes] == [1.0] * 3
+    for ep, row in zip(episodes, rows):
+        assert ep.last_completion == f"<think>\n</think>\n<answer>{row['answer']}</answer>"
+
+
+def test_sft_learns_from_a_familys_answers_in_its_format(tmp_path):
+    out = tmp_path / "sft"
+    result = run_cli("sft", "--rl-env", "reasoning_gym:syllogism", "--rl-env-config", '{"size": 20}', "--episodes", "8",
+                     "--max-steps", "2", "--batch-size", "4", "--output-dir", str(out))
+    assert result.returncode == 0, result.stdout[-2000:] + result.stderr[-2000:]
+    assert "kept 8 scoring >= 1" in result.stdout
+    demos = [json.loads(line) for line in (out / "demos.jsonl").read_text().splitlines()]
+    rows = ReasoningGymEnv("syllogism", size=20).build_dataset(None)
+    for demo in demos:
+        system, _, reply = demo["messages"]
+        assert "<answer>answer here</answer>" in system["content"]
+        assert reply == {"role": "assistant", "content": f"<answer>{rows[demo['row']]['answer']}</answer>"}
+    assert {r["answer"] for r in rows[:8]} == {"Yes", "No"}  # both answers shown, not one to copy
+
+
+def test_a_family_without_stored_answers_has_no_oracle_and_says_why(tmp_path):
+    env = ReasoningGymEnv("propositional_logic", size=10)
+    assert not has_solve(env) and "propositional_logic stores no answers" in env.no_oracle
+    spec = ["--rl-env", "reasoning_gym:propositional_logic", "--rl-env-config", '{"size": 10}']
+    check = run_cli("env", "check", *spec, "--episodes", "2", "--rl-max-new-tokens", "8")
+    assert check.returncode == 0, check.stdout[-2000:] + check.stderr[-2000:]
+    assert ("note: no oracle to check with: reasoning-gym's propositional_logic stores no answers"
+            in " ".join(check.stdout.split()))
+    assert "either solve or" not in check.stdout and "oracle │" not in check.stdout
+    refused(["sft", *spec, "--output-dir", str(tmp_path / "never")], tmp_path, "no oracle to learn from",
+            "propositional_logic stores no answers", "e.g. basic_arithmetic")
+    assert not (tmp_path / "never").exists()

@@ -256,8 +256,10 @@ def check_environment(
     for name in policies:
         if name == "oracle":
             if not has_solve(env):
-                report.notes.append(f"{report.env_name} has no solve(episode) -> str, so no oracle was played; add "
-                                    f"one to check that a perfect episode scores 1.0")
+                why = getattr(env, "no_oracle", None)  # an adapter's reason (no stored answers) beats "add one"
+                report.notes.append(f"no oracle to check with: {why}" if why else f"{report.env_name} has no "
+                                    f"solve(episode) -> str, so no oracle was played; add one to check that a "
+                                    f"perfect episode scores 1.0")
                 continue
             result = play_text_policy(env, "oracle", rows, oracle_policy(env), settings, policy_name="solve")
         elif name == "empty":

@@ -79,6 +79,8 @@ def warm_start(config: RunConfig, episodes: int, min_score: float, show: Callabl
         show(replacing)
     env = load_environment(*config.environment())
     env_name = type(env).__name__
+    if not has_solve(env) and getattr(env, "no_oracle", None):  # an adapter's reason: no stored answers
+        raise ConfigError(f"no oracle to learn from: {env.no_oracle}")
     if not has_solve(env):
         raise ConfigError(f"{env_name} has no solve(episode) -> str, so there is no oracle to learn from; add "
                           f"one that returns an expert's next message (see HotelEnv.solve in envs/hotel.py)")

@@ -12,7 +12,12 @@ How reasoning-gym's notions map onto ours:
   `<answer>` tag scores 0. Metrics: `answered` (a tag was there), `correct` (score 1).
 - Seeds and splits: one dataset from `seed`; every `held_out_every`-th entry is held back, so
   `split="held_out"` gives entries `split="train"` never shows (the same entries for the same seed).
-- Oracle: `solve` answers with the entry's own `answer`, for `env check` and `sft`.
+- Oracle: `solve` writes the entry's stored `answer` in the format the prompt asks for and the score
+  reads (`<answer>X</answer>`, after an empty `<think></think>` where the system prompt asks for one,
+  as `DeepSeekZero` does), for `env check` and `sft`: demonstrations a cold model learns the format
+  from. Families that store no answers (`propositional_logic`, `graph_color`, `boxnet`, `rubiks_cube`,
+  `rush_hour`: their `score_answer` checks a reply by itself) have no oracle: no `solve`, and
+  `no_oracle` says why, for env check's note and sft's refusal.
 Rows carry the entry's index (`rg_index`) and, for transcripts, its answer as text; the entry itself
 (its metadata is not always JSON) stays in the environment.
 
@@ -31,6 +36,7 @@ from aitrain_grpo.errors import EnvLoadError
 
 INSTALL = "pip install 'aitrain-grpo[reasoning-gym]'"
 SPLITS = ("train", "held_out")
+EXAMPLE = "basic_arithmetic or syllogism"  # families whose entries store answers, for no_oracle's hint
 
 
 def _reasoning_gym():
@@ -47,6 +53,7 @@ class ReasoningGymEnv(Environment):
 
     max_turns = 1
     interface = "reasoning-gym task"
+    no_oracle: str | None = None  # why there is no solve, where there is none (read by env check and sft)
 
     def __init__(self, task: str, size: int = 200, seed: int = 0, split: str = "train", held_out_every: int = 5,
                  system_prompt: str | None = "default", config: dict[str, Any] | None = None):
@@ -68,6 +75,11 @@ class ReasoningGymEnv(Environment):
         prompts = rg.utils.SYSTEM_PROMPTS
         self.system = prompts.get(system_prompt, system_prompt) if system_prompt else None
         self.task, self.split, self.held_out_every = task, split, held_out_every
+        if self.data[0]["answer"] is None:
+            self.no_oracle = (f"reasoning-gym's {task} stores no answers (its score_answer checks a reply by "
+                              f"itself); families that do, e.g. {EXAMPLE}, have an oracle")
+        else:
+            self.solve = self._solve  # an oracle only where the entries carry answers (env/base.has_solve)
 
     def indexes(self) -> list[int]:
         held_out = self.split == "held_out"
@@ -82,8 +94,11 @@ class ReasoningGymEnv(Environment):
             rows.append({"prompt": messages, "rg_index": i, "answer": str(entry["answer"])})
         return rows
 
-    def solve(self, episode: Episode) -> str:
-        return f"<answer>{self.data[episode.row['rg_index']]['answer']}</answer>"
+    def _solve(self, episode: Episode) -> str:
+        """The entry's stored answer where the score reads it (see the module doc: Oracle)."""
+        answer = self.data[episode.row["rg_index"]]["answer"]
+        think = "<think>\n</think>\n" if self.system and "<think>" in self.system else ""
+        return f"{think}<answer>{answer}</answer>"
 
     def score_episode(self, episode: Episode) -> float:
         from reasoning_gym.utils import extract_answer
