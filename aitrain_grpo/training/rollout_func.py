@@ -10,6 +10,10 @@ keeps only what the call itself needs:
   runlog/files.py);
 - its observers, called with every batch's `EpisodeSummary`s from all processes (the error-rate stop).
 
+It returns one row per episode, its last sequence; an episode's earlier sequences (its history was
+rewritten) travel as the extra field `earlier_sequences` and become rows of their own once TRL has
+scored the batch (segments.py).
+
 What it plays with is built with the trainer and attached (`attach`): the engine, the weight sync and
 the async rollout (rollout_parts.py). What it measures goes into the run's metrics sink, which the
 trainer owns and its `log` drains (runlog/step_metrics.py): `env/*` from the episodes, `agent/*`,
@@ -42,8 +46,9 @@ from aitrain_grpo.runlog.step_metrics import StepMetrics
 from aitrain_grpo.runlog.step_timing import StepTiming
 from aitrain_grpo.training.groups import play_groups
 from aitrain_grpo.training.rollout_parts import RolloutParts
+from aitrain_grpo.training.segments import sequences_of
 from aitrain_grpo.training.step_phases import PhaseClock
-from aitrain_grpo.training.turn_credit import rollout_turn_advantages
+from aitrain_grpo.training.turn_credit import add_turn_credit
 
 SummaryObserver = Callable[[list[EpisodeSummary]], None]
 
@@ -51,7 +56,7 @@ SummaryObserver = Callable[[list[EpisodeSummary]], None]
 def rollout_timing(batch: RolloutBatch) -> dict[str, float]:
     """Where one rollout's time went, and how fast the model generated (the rollout's own wall time is
     the step clock's `time/rollout_s`)."""
-    generated = sum(sum(trace.env_mask) for trace in batch.traces)
+    generated = sum(sum(trace.env_mask) for sequences in sequences_of(batch) for trace in sequences)
     return {
         "time/generate_s": batch.generate_seconds,
         "time/env_s": batch.env_seconds,
@@ -132,8 +137,8 @@ class TrainingRollout:
         self.timing.mark("rollout")
         self.metrics.update(rollout_timing(batch))
         out = grouped.for_trl()
-        if self.config.rl_advantage == "turn":  # per-token turn credit, an extra field (turn_credit.py)
-            out["turn_advantages"] = rollout_turn_advantages(batch.episodes, batch.traces, trainer.num_generations)
+        if self.config.rl_advantage == "turn":  # per-token turn credit, extra fields (turn_credit.py)
+            add_turn_credit(out, batch, trainer.num_generations)
         return out
 
     def _server_metrics(self, batch: RolloutBatch) -> dict[str, float]:

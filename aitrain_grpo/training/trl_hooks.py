@@ -6,8 +6,9 @@ transformers change one (then re-read that method before raising the pin).
 What each override does lives in the module of its concern; the hooks only call it:
 - `_generate_and_score_completions`: hands the batch's dataset rows to the rollout first (TRL gives
   `rollout_func` only the prompts; an episode needs its row), then after TRL's scoring adds the
-  share of importance-sampling-masked tokens to the step's metrics (async_rollout.py) and the turn
-  credit of `--rl-advantage turn` to the batch (turn_credit.py).
+  share of importance-sampling-masked tokens to the step's metrics (async_rollout.py), the turn
+  credit of `--rl-advantage turn` to the batch (turn_credit.py), and a row for each sequence an
+  episode played before its last, with its episode's advantage (segments.py).
 - `_generate`: with weights synced by this package (generation.py), marks TRL's own push before each
   rollout as done, so TRL does not push them a second time.
 - `_compute_loss`: per micro-batch, cuts padding no row uses (micro_batches.py), makes the advantages
@@ -42,6 +43,7 @@ from aitrain_grpo.training.checkpoints import plain_cpu_device, resumable_sample
 from aitrain_grpo.training.groups import without_masked_rows
 from aitrain_grpo.training.lm_head import scoring_labelled_positions
 from aitrain_grpo.training.micro_batches import trim_padding
+from aitrain_grpo.training.segments import with_earlier_sequences
 from aitrain_grpo.training.shared_prefix import group_micro_batches, shared_logps
 from aitrain_grpo.training.signals import uninterrupted
 from aitrain_grpo.training.trl_access import mark_weights_pushed
@@ -89,8 +91,11 @@ class TRLHooks:
         self.rollout.take_rows(inputs)
         output = super()._generate_and_score_completions(inputs)
         self.step_metrics.update(masked_share_metrics(self, output))  # the run's metrics sink
-        # TRL leaves the rollout's per-sample extra fields in `inputs`: turn credit joins the batch here.
-        return attach_turn_advantages(output, inputs)
+        # TRL leaves the rollout's per-sample extra fields in `inputs`: turn credit joins the batch here,
+        # then each episode's earlier sequences, scored by TRL's own log-probability pass.
+        output = attach_turn_advantages(output, inputs)
+        return with_earlier_sequences(self, output, inputs, lambda model, ids, mask, keep, size: (
+            self._get_per_token_logps_and_entropies(model, ids, mask, keep, batch_size=size)[0]))
 
     def _generate(self, prompts):
         if self.external_weight_sync:

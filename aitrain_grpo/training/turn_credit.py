@@ -25,6 +25,12 @@ rest of the batch, and the loss override (trl_hooks.py `_compute_loss`) adds it 
 (batch,) advantages, giving TRL's loss the (batch, tokens) advantages it supports. Environment
 tokens carry 0 and are masked out of the loss anyway.
 
+An episode of several sequences (its history rewritten mid-episode, segments.py) counts its turns
+across them: each model turn has the episode turn its sequence numbers it with (`TokenTrace.turn_numbers`:
+a `summarize` strategy's summary turn shares the number of the turn after it), or, where the sequences
+do not number the episode's turns in order (an agent's segments), its order across the sequences; each
+sequence's tokens get their own turns' credit (`add_turn_credit`).
+
 Left out: discounting (a factor below 1 for later turns), per-turn rewards from reward functions,
 and groups spanning processes (groups are local to a process, as for --rl-zero-std-groups).
 """
@@ -34,6 +40,8 @@ from __future__ import annotations
 import math
 from bisect import bisect_right
 from typing import Any, Sequence
+
+from aitrain_grpo.training.segments import EARLIER, sequences_of
 
 STD_EPSILON = 1e-4  # TRL's: advantage = (r - mean) / (std + 1e-4)
 
@@ -81,11 +89,40 @@ def token_turn_advantages(turn_advantages: Sequence[float], turn_starts: Sequenc
     return [turn_advantages[max(bisect_right(turn_starts, j) - 1, 0)] if turn_advantages else 0.0 for j in range(num_tokens)]
 
 
-def rollout_turn_advantages(episodes, traces, group_size: int) -> list[list[float]]:
-    """Per episode of a played batch, A_turn per completion token (the `turn_advantages` extra field)."""
-    per_turn = group_turn_advantages([ep.turn_rewards for ep in episodes], [len(t.turn_starts) for t in traces], group_size)
-    return [token_turn_advantages(values, trace.turn_starts, len(trace.completion_ids))
-            for values, trace in zip(per_turn, traces)]
+def episode_turn_numbers(sequences) -> list[list[int]]:
+    """Per sequence of one episode, the episode turn of each of its model turns: the sequences' own
+    `turn_numbers` (engine/traces.py) where they number the episode's turns in order, else the turns'
+    order across the sequences."""
+    given = [list(getattr(t, "turn_numbers", None) or ()) for t in sequences]
+    flat = [n for numbers in given for n in numbers]
+    if all(len(n) == len(t.turn_starts) for n, t in zip(given, sequences)) and flat == sorted(flat):
+        return given
+    out, first = [], 0
+    for t in sequences:
+        out.append(list(range(first, first + len(t.turn_starts))))
+        first += len(t.turn_starts)
+    return out
+
+
+def rollout_turn_advantages(episodes, sequences, group_size: int) -> list[list[list[float]]]:
+    """Per episode of a played batch, per sequence of it (`sequences`: its earlier ones, then its last;
+    segments.py), A_turn per completion token."""
+    numbers = [episode_turn_numbers(seqs) for seqs in sequences]
+    turns = [1 + max((n for per in ep for n in per), default=-1) for ep in numbers]
+    per_turn = group_turn_advantages([ep.turn_rewards for ep in episodes], turns, group_size)
+    return [[token_turn_advantages([values[n] for n in per], t.turn_starts, len(t.completion_ids))
+             for t, per in zip(seqs, ep_numbers)]
+            for values, seqs, ep_numbers in zip(per_turn, sequences, numbers)]
+
+
+def add_turn_credit(out: dict[str, Any], batch, group_size: int) -> None:
+    """Put A_turn into the rollout's result `out`: the last sequence's as the extra field
+    `turn_advantages`, each earlier sequence's into its row of `earlier_sequences` (segments.py)."""
+    credit = rollout_turn_advantages(batch.episodes, sequences_of(batch), group_size)
+    out["turn_advantages"] = [per_sequence[-1] for per_sequence in credit]
+    for rows, per_sequence in zip(out.get(EARLIER) or (), credit):
+        for row, values in zip(rows, per_sequence[:-1]):
+            row["turn_advantages"] = values
 
 
 def attach_turn_advantages(output: dict[str, Any], inputs: Sequence[dict[str, Any]]) -> dict[str, Any]:

@@ -1,0 +1,148 @@
+"""Every sequence of an episode trains (training/segments.py): real TRL steps on the tiny model, whose
+episodes are cut into two sequences after playing (the first model turn, then the rest on a prompt that
+holds it), as a history rewrite cuts them. A causal model scores each sampled token the same with or
+without the cut, so with a token-level loss a step over the cut episodes must be the step over the
+uncut ones: that holds only if every earlier sequence is a row with exactly its sampled tokens and its
+episode's advantage."""
+
+from __future__ import annotations
+
+import copy
+
+import pytest
+import torch
+
+from aitrain_grpo import Environment, RunConfig
+from aitrain_grpo.env.base import Episode
+from aitrain_grpo.training.trainer import build_trainer
+from envs_fixtures.turn_rewards import TurnRewardEnv
+
+
+class TwoTurnFlatEnv(Environment):
+    """Two model turns; even tasks always score 0.5 (a flat group), odd ones by the last turn's length."""
+
+    max_turns = 2
+
+    def build_dataset(self, tokenizer):
+        return [{"prompt": [{"role": "user", "content": f"Say something about {i}."}], "task": i} for i in range(8)]
+
+    def step(self, episode: Episode, completion: str):
+        return "Now say more." if episode.turns < 2 else None
+
+    def score_episode(self, episode: Episode) -> float:
+        return 0.5 if episode.row["task"] % 2 == 0 else (len(episode.last_completion) % 5) / 4
+
+
+def cut(trace):
+    """(the first model turn's sequence, the rest on a prompt holding it); None for a one-turn trace."""
+    if len(trace.turn_starts) < 2:
+        return None
+    at = trace.turn_starts[1]
+    first, rest = copy.copy(trace), copy.copy(trace)
+    first.completion_ids, first.logprobs, first.env_mask = (v[:at] for v in (trace.completion_ids, trace.logprobs, trace.env_mask))
+    rest.prompt_ids = trace.prompt_ids + trace.completion_ids[:at]
+    rest.completion_ids, rest.logprobs, rest.env_mask = (v[at:] for v in (trace.completion_ids, trace.logprobs, trace.env_mask))
+    first.turn_starts, rest.turn_starts = trace.turn_starts[:1], [s - at for s in trace.turn_starts[1:]]
+    if hasattr(trace, "turn_numbers"):
+        first.turn_numbers, rest.turn_numbers = trace.turn_numbers[:1], trace.turn_numbers[1:]
+    return first, rest
+
+
+def cutting(run, which, keep_earlier=True):
+    """`engine.run` whose episodes in `which` (indexes) come back as two sequences."""
+    def play(rows):
+        batch = run(rows)
+        batch.earlier = [[] for _ in batch.traces]
+        for i in which:
+            parts = cut(batch.traces[i]) if i < len(batch.traces) else None
+            if parts:
+                batch.earlier[i] = [parts[0]] if keep_earlier else []
+                batch.traces[i] = parts[1]
+        return batch
+    return play
+
+
+def one_step(tiny_model_dir, out, env, which=(), keep_earlier=True, **options):
+    config = RunConfig(model=tiny_model_dir, output_dir=str(out), max_steps=1, batch_size=8, rl_num_generations=4,
+                       rl_max_new_tokens=10, seed=5, **options)
+    trainer = build_trainer(config, env)
+    engine = trainer.rollout.engine
+    engine.run = cutting(engine.run, which, keep_earlier)
+    scored = []
+    score = trainer._generate_and_score_completions
+    trainer._generate_and_score_completions = lambda inputs: scored.append(score(inputs)) or scored[-1]
+    trainer.train()
+    (log,) = [h for h in trainer.state.log_history if "loss" in h]
+    return trainer, log, scored[0]
+
+
+def rows_of(scored, index):
+    """Row `index` of TRL's scored batch: (prompt tokens, completion tokens, loss mask, sampling log-probs)."""
+    prompt = scored["prompt_ids"][index][scored["prompt_mask"][index].bool()].tolist()
+    length = int(scored["completion_mask"][index].sum())
+    return (prompt, scored["completion_ids"][index, :length].tolist(), scored["tool_mask"][index, :length].tolist(),
+            scored["sampling_per_token_logps"][index, :length].tolist())
+
+
+def test_each_earlier_sequence_is_a_row_with_its_sampled_tokens_and_its_episodes_advantage(tiny_model_dir, tmp_path):
+    trainer, log, scored = one_step(tiny_model_dir, tmp_path, TurnRewardEnv(flat_score=None), which=(0, 3, 6))
+    batch = trainer.rollout.last_batch
+    earlier = [(i, t) for i, seqs in enumerate(batch.earlier) for t in seqs]
+    assert [i for i, _ in earlier] == [0, 3, 6]
+    # 8 episodes and 3 earlier sequences; 1 blank row makes 12, four micro-batches of 3.
+    assert scored["advantages"].shape[0] == 12 and log["sequences/extra_rows"] == 3
+    assert log["sequences/per_episode"] == pytest.approx(11 / 8) and log["sequences/blank_rows"] == 1
+    for row, (i, trace) in enumerate(earlier, start=8):
+        prompt, completion, mask, logprobs = rows_of(scored, row)
+        assert prompt == trace.prompt_ids and completion == trace.completion_ids and mask == trace.env_mask
+        assert logprobs == pytest.approx(trace.logprobs)
+        assert scored["advantages"][row] == scored["advantages"][i] != 0
+    assert int(scored["completion_mask"][11].sum()) == 0 and scored["advantages"][11] == 0  # the blank row
+    # TRL's token count, dapo's normaliser, counts the earlier sequences' model tokens.
+    tokens = sum(sum(t.env_mask) for seqs in batch.earlier + [[t] for t in batch.traces] for t in seqs)
+    assert int(scored["num_items_in_batch"]) == tokens
+
+
+def test_a_cut_episode_trains_as_the_uncut_one(tiny_model_dir, tmp_path):
+    # dapo (TRL's default) weighs every model token alike, and a causal model scores a token the same
+    # on either side of the cut: the same loss and gradient, the KL's reference pass (LoRA) included.
+    _, whole, _ = one_step(tiny_model_dir, tmp_path / "whole", TurnRewardEnv(flat_score=None))
+    _, cut_up, _ = one_step(tiny_model_dir, tmp_path / "cut", TurnRewardEnv(flat_score=None), which=range(0, 8, 3))
+    _, last_only, _ = one_step(tiny_model_dir, tmp_path / "last", TurnRewardEnv(flat_score=None), which=range(0, 8, 3),
+                               keep_earlier=False)
+    assert whole["grad_norm"] > 0
+    assert cut_up["loss"] == pytest.approx(whole["loss"], rel=1e-4, abs=1e-6)
+    assert cut_up["grad_norm"] == pytest.approx(whole["grad_norm"], rel=1e-3)
+    assert last_only["grad_norm"] != pytest.approx(whole["grad_norm"], rel=1e-2)  # today's: earlier ones untrained
+
+
+def test_turn_credit_reaches_each_sequence_of_an_episode(tiny_model_dir, tmp_path):
+    # Every episode scores 0.5: only the turns' credit moves the policy, turn 1's on the earlier row.
+    options = dict(rl_advantage="turn", peft=False, rl_kl_coef=0.0)
+    _, whole, _ = one_step(tiny_model_dir, tmp_path / "whole", TurnRewardEnv(), **options)
+    _, cut_up, scored = one_step(tiny_model_dir, tmp_path / "cut", TurnRewardEnv(), which=range(8), **options)
+    assert whole["grad_norm"] > 0 and scored["advantages"].shape[0] == 16
+    assert cut_up["grad_norm"] == pytest.approx(whole["grad_norm"], rel=1e-3)
+
+
+def test_a_dropped_groups_earlier_sequences_leave_with_it(tiny_model_dir, tmp_path):
+    options = dict(rl_zero_std_groups="drop", peft=False)
+    _, whole, _ = one_step(tiny_model_dir, tmp_path / "whole", TwoTurnFlatEnv(), **options)
+    trainer, cut_up, scored = one_step(tiny_model_dir, tmp_path / "cut", TwoTurnFlatEnv(), which=range(8), **options)
+    batch = trainer.rollout.last_batch
+    flat = [i for i, ep in enumerate(batch.episodes) if ep.row["task"] % 2 == 0]
+    assert cut_up["groups/dropped_frac"] == 0.5 and len(flat) == 4
+    # Rows: 8 episodes, then the earlier sequences of the 4 informative episodes only.
+    informative = [i for i in range(8) if i not in flat]
+    assert scored["advantages"].shape[0] == 12 and cut_up["sequences/extra_rows"] == 4
+    for row, i in enumerate(informative, start=8):
+        assert rows_of(scored, row)[0] == batch.earlier[i][0].prompt_ids
+    assert cut_up["loss"] == pytest.approx(whole["loss"], rel=1e-4, abs=1e-6)
+    assert cut_up["grad_norm"] == pytest.approx(whole["grad_norm"], rel=1e-3)
+
+
+def test_one_sequence_episodes_add_nothing(tiny_model_dir, tmp_path):
+    trainer, log, scored = one_step(tiny_model_dir, tmp_path, TurnRewardEnv(flat_score=None), peft=False)
+    assert scored["advantages"].shape[0] == 8 and log["sequences/per_episode"] == 1.0
+    assert log["sequences/extra_rows"] == 0 and log["sequences/blank_rows"] == 0
+    assert isinstance(scored["num_items_in_batch"], torch.Tensor)
