@@ -15,6 +15,7 @@ import torch
 from aitrain_grpo import Environment, RunConfig
 from aitrain_grpo.env.base import Episode
 from aitrain_grpo.training.trainer import build_trainer
+from envs_fixtures.agents import SummarisingAgent
 from envs_fixtures.turn_rewards import TurnRewardEnv
 
 
@@ -63,11 +64,12 @@ def cutting(run, which, keep_earlier=True):
 
 
 def one_step(tiny_model_dir, out, env, which=(), keep_earlier=True, **options):
-    config = RunConfig(model=tiny_model_dir, output_dir=str(out), max_steps=1, batch_size=8, rl_num_generations=4,
-                       rl_max_new_tokens=10, seed=5, **options)
+    config = RunConfig(model=tiny_model_dir, output_dir=str(out), **{
+        "max_steps": 1, "batch_size": 8, "rl_num_generations": 4, "rl_max_new_tokens": 10, "seed": 5, **options})
     trainer = build_trainer(config, env)
-    engine = trainer.rollout.engine
-    engine.run = cutting(engine.run, which, keep_earlier)
+    if which:
+        engine = trainer.rollout.engine
+        engine.run = cutting(engine.run, which, keep_earlier)
     scored = []
     score = trainer._generate_and_score_completions
     trainer._generate_and_score_completions = lambda inputs: scored.append(score(inputs)) or scored[-1]
@@ -84,8 +86,14 @@ def rows_of(scored, index):
             scored["sampling_per_token_logps"][index, :length].tolist())
 
 
-def test_each_earlier_sequence_is_a_row_with_its_sampled_tokens_and_its_episodes_advantage(tiny_model_dir, tmp_path):
-    trainer, log, scored = one_step(tiny_model_dir, tmp_path, TurnRewardEnv(flat_score=None), which=(0, 3, 6))
+@pytest.fixture(scope="module")
+def cut_run(tiny_model_dir, tmp_path_factory):
+    """One step over TurnRewardEnv's episodes 0, 3 and 6 cut in two (LoRA, TRL's default dapo loss, KL on)."""
+    return one_step(tiny_model_dir, tmp_path_factory.mktemp("cut"), TurnRewardEnv(flat_score=None), which=(0, 3, 6))
+
+
+def test_each_earlier_sequence_is_a_row_with_its_sampled_tokens_and_its_episodes_advantage(cut_run):
+    trainer, log, scored = cut_run
     batch = trainer.rollout.last_batch
     earlier = [(i, t) for i, seqs in enumerate(batch.earlier) for t in seqs]
     assert [i for i, _ in earlier] == [0, 3, 6]
@@ -103,12 +111,12 @@ def test_each_earlier_sequence_is_a_row_with_its_sampled_tokens_and_its_episodes
     assert int(scored["num_items_in_batch"]) == tokens
 
 
-def test_a_cut_episode_trains_as_the_uncut_one(tiny_model_dir, tmp_path):
+def test_a_cut_episode_trains_as_the_uncut_one(cut_run, tiny_model_dir, tmp_path):
     # dapo (TRL's default) weighs every model token alike, and a causal model scores a token the same
     # on either side of the cut: the same loss and gradient, the KL's reference pass (LoRA) included.
     _, whole, _ = one_step(tiny_model_dir, tmp_path / "whole", TurnRewardEnv(flat_score=None))
-    _, cut_up, _ = one_step(tiny_model_dir, tmp_path / "cut", TurnRewardEnv(flat_score=None), which=range(0, 8, 3))
-    _, last_only, _ = one_step(tiny_model_dir, tmp_path / "last", TurnRewardEnv(flat_score=None), which=range(0, 8, 3),
+    _, cut_up, _ = cut_run
+    _, last_only, _ = one_step(tiny_model_dir, tmp_path / "last", TurnRewardEnv(flat_score=None), which=(0, 3, 6),
                                keep_earlier=False)
     assert whole["grad_norm"] > 0
     assert cut_up["loss"] == pytest.approx(whole["loss"], rel=1e-4, abs=1e-6)
@@ -139,6 +147,20 @@ def test_a_dropped_groups_earlier_sequences_leave_with_it(tiny_model_dir, tmp_pa
         assert rows_of(scored, row)[0] == batch.earlier[i][0].prompt_ids
     assert cut_up["loss"] == pytest.approx(whole["loss"], rel=1e-4, abs=1e-6)
     assert cut_up["grad_norm"] == pytest.approx(whole["grad_norm"], rel=1e-3)
+
+
+def test_an_agents_rewritten_history_trains_both_segments(tiny_model_dir, tmp_path):
+    # The engine's own split: SummarisingAgent rewrites its history once, so each episode is two segments.
+    trainer, log, scored = one_step(tiny_model_dir, tmp_path, SummarisingAgent(), batch_size=4, rl_num_generations=2,
+                                    peft=False)
+    batch = trainer.rollout.last_batch
+    assert log["agent/history_rewrites"] == 4 and log["sequences/per_episode"] == 2.0
+    assert scored["advantages"].shape[0] == 8 and log["sequences/blank_rows"] == 0
+    for row, (i, seqs) in enumerate(enumerate(batch.earlier), start=4):
+        (trace,) = seqs
+        assert rows_of(scored, row)[:3] == (trace.prompt_ids, trace.completion_ids, trace.env_mask)
+        assert "about hotels" in trainer.processing_class.decode(trace.prompt_ids)
+        assert scored["advantages"][row] == scored["advantages"][i]
 
 
 def test_one_sequence_episodes_add_nothing(tiny_model_dir, tmp_path):
