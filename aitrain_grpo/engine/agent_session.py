@@ -5,10 +5,10 @@ the previous request's messages, the reply this endpoint gave, and new messages 
 agent loop): the new messages are rendered as the chat template's suffix after the model's turn, exactly
 as an environment's reply is (engine/chat.py), and the model's sampled tokens stay as sampled. Anything
 else (the agent rewrote or summarised its history, changed its tools, or branched) starts a new segment,
-rendered from its messages, and counts as a history rewrite. An episode trains one token sequence: its
-last segment, the one that led to the scored answer; earlier segments are kept in the transcript and
-their tokens counted (`agent/untrained_tokens`), not trained (TRL's rollout returns one sequence per
-episode).
+rendered from its messages, and counts as a history rewrite. Every segment trains: the last is the
+episode's sequence (`RolloutBatch.traces`), the earlier ones (`RolloutBatch.earlier`) become training rows
+of their own with the episode's score and advantage (training/segments.py); their model tokens are
+counted in `agent/untrained_tokens`, a name from when only the last segment trained.
 
 Budgets are the run's: `--rl-max-new-tokens` per reply (a request's `max_tokens` lowers it, never raises
 it; a request asking for more is clipped and counted), `--rl-max-turns` replies, and
@@ -238,7 +238,7 @@ class AgentSession:
         return {"message": message, "finish_reason": finish}
 
     def untrained_tokens(self) -> int:
-        """Model tokens of the segments before the last (kept in transcripts, not trained)."""
+        """Model tokens of the segments before the last (trained as rows of their own: training/segments.py)."""
         return sum(sum(s.trace.env_mask) for s in self.segments[:-1])
 
 

@@ -75,9 +75,10 @@ def describe_requests(report, tokenizer, first_row: dict[str, Any]) -> None:
         shown = ", ".join(f"{counts.get(k, 0)} {k.replace('_', ' ')}" for k in COUNTS)
         report.notes.append(f"the model's episodes: {shown} (training logs them as agent/<name>)")
         if counts.get("history_rewrites"):
-            report.warnings.append(f"{counts['history_rewrites']} requests did not extend their episode's last one "
-                                   f"(the agent rewrote its history): each starts a new segment, and only an episode's "
-                                   f"last segment trains ({counts.get('untrained_tokens', 0)} model tokens untrained)")
+            report.notes.append(f"{counts['history_rewrites']} requests did not extend their episode's last one "
+                                f"(the agent rewrote its history): each starts a new training sequence of its episode, "
+                                f"with the episode's score ({counts.get('untrained_tokens', 0)} model tokens in sequences "
+                                f"before an episode's last)")
 
 
 __all__ = ["describe_requests", "first_request"]
