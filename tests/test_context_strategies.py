@@ -86,6 +86,18 @@ def test_keep_runs_out_of_the_window_and_stops_with_context(tiny_model_and_token
     assert episode_stats(batch.episodes).env_metrics()["env/stop/context"] == 1.0
 
 
+def test_a_turn_cut_off_by_the_window_ends_its_episode_with_context(tiny_model_and_tokenizer):
+    model, tokenizer = tiny_model_and_tokenizer
+    # After its first reply task 0's sequence holds 190 tokens and task 1's (longer results) 231: in a
+    # window of 236, task 1's second turn has room for 5 tokens of the 8 its lockstep call samples.
+    batch, _, _ = play(model, tokenizer, Library(longer_by_task=10), context_window=236, cut_turn="end")
+    for episode, trace in zip(batch.episodes, batch.traces):
+        assert episode.stop_reason == "context" and episode.error is None and episode.score == episode.turns / 6
+        assert len(trace.prompt_ids) + len(trace.completion_ids) <= 236
+        if episode.row["task"] == 1:
+            assert episode.turns == 2 and len(trace.completion_ids) - trace.turn_starts[-1] == 5
+
+
 def test_summarize_trains_the_summary_as_a_turn_of_the_sequence_it_was_asked_in(tiny_model_and_tokenizer):
     model, tokenizer = tiny_model_and_tokenizer
     batch, engine, backend = play(model, tokenizer, Library(), "continuous", context="summarize",

@@ -24,8 +24,8 @@ class Library(Environment):
 
     max_turns = 6
 
-    def __init__(self, words: int = 30):
-        self.words = words
+    def __init__(self, words: int = 30, longer_by_task: int = 0):
+        self.words, self.longer_by_task = words, longer_by_task
 
     def build_dataset(self, tokenizer):
         return [{"prompt": [{"role": "system", "content": "You collect facts from documents."},
@@ -33,7 +33,8 @@ class Library(Environment):
                 for task in range(2) for _ in range(2)]
 
     def step(self, episode, completion):
-        facts = " ".join(f"fact{episode.turns}-{k}" for k in range(self.words))
+        words = self.words + self.longer_by_task * episode.row["task"]
+        facts = " ".join(f"fact{episode.turns}-{k}" for k in range(words))
         return [{"role": "tool", "name": "read", "content": f"document {episode.turns}: {facts}"}]
 
     def score_episode(self, episode):
