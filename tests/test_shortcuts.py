@@ -25,7 +25,7 @@ def run(steps: int = 40, seed: int = 0, **behaviour) -> list[dict]:
     rng = random.Random(seed)
     base = {"env/stop/turn_tokens": (0.1, 0.1), "env/stop/max_turns": (0.3, 0.3), "env/stop/completion_budget": (0, 0),
             "env/turns_mean": (2.5, 2.5), "env/tool_calls_mean": (1.5, 1.5), "env/tool_errors": (3.0, 3.0),
-            "env/truncated_turns_mean": (0.0, 0.0), "env/score_mean": (0.1, 0.6)}
+            "env/truncated_turns_mean": (0.0, 0.0), "env/group_same_reply": (0.05, 0.05), "env/score_mean": (0.1, 0.6)}
     base.update(behaviour)
     records = []
     for s in range(1, steps + 1):
@@ -68,6 +68,16 @@ def test_climbing_tool_errors_and_calls_warn():
     assert found is not None and [m.metric for m in found.moves] == ["tool_errors_per_episode"]
     found = first_shortcut(run(**{"env/tool_calls_mean": (1.5, 3.5)}))
     assert found is not None and [m.metric for m in found.moves] == ["env/tool_calls_mean"]
+
+
+def test_one_reply_taking_over_the_groups_as_the_score_climbs_warns():
+    found = first_shortcut(run(**{"env/group_same_reply": (0.0, 0.9)}))
+    assert found is not None and [m.metric for m in found.moves] == ["env/group_same_reply"]
+    assert "share of a group's episodes writing its most common reply" in found.message()
+    # Not when the score is flat (the quick start's seed 42 from step 40: replies alike, score at its top) ...
+    assert first_shortcut(run(**{"env/group_same_reply": (0.0, 0.9), "env/score_mean": (0.47, 0.47)})) is None
+    # ... nor when groups stay varied while the score climbs (a SmolLM2 start at temperature 0.7: 0.09).
+    assert first_shortcut(run(**{"env/group_same_reply": (0.05, 0.25)})) is None
 
 
 def test_learning_to_call_a_tool_at_all_is_no_shortcut():

@@ -10,10 +10,9 @@ window of steps, the score rises AND one of these moves the shortcut's way:
 - episodes ended by a budget (a turn cut at its token limit, the turn limit, the completion budget) rise;
 - turns per episode collapse towards 1;
 - model turns cut at their token limit (the episode going on) climb;
-- tool calls or tool errors per episode climb.
-
-"One identical reply taking over a group" is not looked for: metrics.jsonl keeps no per-group texts
-(entropy collapse and "no learning signal" in health.py cover its usual sign).
+- tool calls or tool errors per episode climb;
+- one identical reply takes over the groups (`env/group_same_reply`, group_replies.py: the share of a
+  group's other episodes that wrote, token for token, what its most common reply wrote).
 
 Each watched behaviour compares the mean of the first `EDGE` steps of the window with the mean of its
 last `EDGE` steps (means of several steps, so one noisy batch does not fire it; of half the window when
@@ -51,6 +50,8 @@ CUT_TURNS_RISE = 0.5  # model turns cut at their limit, per episode, rising this
 TOOL_CALLS_RISE = 1.0  # tool calls per episode rising this much and by half ...
 TOOL_CALLS_NOW = 2.0   # ... to more than one call an episode: learning to call a tool at all is no shortcut
 TOOL_ERRORS_RISE = 0.3  # tool errors per episode rising this much and doubling
+SAME_REPLY_RISE = 0.3  # env/group_same_reply rising this much ...
+SAME_REPLY_NOW = 0.4   # ... to this: the quick start's seed 42 goes 0 -> 0.47 over steps 15-34 (its score 0.33 -> 0.47)
 
 ADVICE = ("read the best-scoring transcripts of recent steps in episodes.jsonl (report.html shows the first and "
           "last steps' best side by side) and check that the score function pays only for what the task means; "
@@ -103,7 +104,11 @@ BEHAVIOURS: tuple[Behaviour, ...] = (
               lambda a, b: b - a >= TOOL_CALLS_RISE and b >= 1.5 * a and b >= TOOL_CALLS_NOW, "turns"),
     Behaviour("tool_errors_per_episode", "tool errors per episode (env/tool_errors / env/episodes)",
               _tool_errors_per_episode, lambda a, b: b - a >= TOOL_ERRORS_RISE and b >= 2 * a, "errors"),
+    Behaviour("env/group_same_reply", "share of a group's episodes writing its most common reply",
+              _key("env/group_same_reply"), lambda a, b: b - a >= SAME_REPLY_RISE and b >= SAME_REPLY_NOW,
+              "env/group_same_reply"),
 )
+BY_METRIC = {behaviour.metric: behaviour for behaviour in BEHAVIOURS}
 # A run without the per-reason stop shares (older runs) still has the share cut by any budget.
 TRUNCATED = Behaviour("env/truncated_frac", "share of episodes cut by a budget",
                       _key("env/truncated_frac"), _share_rose, "env/truncated_frac")
@@ -204,7 +209,7 @@ def eval_shifts(model: dict[str, float], baseline: dict[str, float], against: st
     shifts = []
     checks = (("truncated", "share of episodes cut by a budget", per_episode, _share_rose),
               ("mean_turns", "turns per episode", lambda s, k: s.get(k), turns_moved),
-              ("tool_errors", "tool errors per episode", per_episode, BEHAVIOURS[-1].moved))
+              ("tool_errors", "tool errors per episode", per_episode, BY_METRIC["tool_errors_per_episode"].moved))
     for key, label, read, moved in checks:
         now, base = read(model, key), read(baseline, key)
         if now is not None and base is not None and moved(base, now):
