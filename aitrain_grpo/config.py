@@ -73,6 +73,7 @@ ZERO_STD_GROUPS = ("keep", "drop", "refill")
 ADVANTAGE_MODES = ("outcome", "turn")  # training/turn_credit.py
 SHARED_PREFIX_MODES = ("auto", "on", "off")  # training/shared_prefix.py
 JUDGE_MODES = ("group", "episode")  # training/judge.py
+CURRICULA = ("off", "pools")  # training/curriculum.py
 TOOL_PARSERS = ("auto", "hermes", "json", "llama3_json", "mistral", "pythonic")  # engine/tool_parsers.py
 DEFAULT_TOOL_PARSER = "auto"
 CONTEXT_STRATEGIES = ("keep", "drop-tool-results", "summarize", "compact")  # engine/context.py
@@ -116,6 +117,11 @@ class RunConfig:
     rl_async_steps: int = _opt(0, "Play the episodes of the next N steps while a step trains, on weights at most N steps old (needs a vLLM server; 0 = on-policy).", minimum=0)
     rl_zero_std_groups: str = _opt("keep", "Groups whose episodes all scored the same: keep, drop (out of the loss) or refill (play more prompts).", choices=ZERO_STD_GROUPS)
     rl_refill_max_episodes: int | None = _opt(None, "Cap on the extra episodes --rl-zero-std-groups refill plays per step (default: twice the step's episodes).", minimum=0)
+    rl_curriculum: str = _opt("off", "Which prompts a batch gets (training/curriculum.py): off draws them uniformly; pools draws a prompt whose recent groups all reached --rl-curriculum-easy (easy) or all stayed at or below --rl-curriculum-hard (hard) only at the --rl-curriculum-revisit rate. Pays when the base model solves between about 10% and 80% of the prompts.", choices=CURRICULA)
+    rl_curriculum_easy: float = _opt(1.0, "With --rl-curriculum pools: a group whose mean reward (the weighted reward TRL trains on) is at least this succeeded.")
+    rl_curriculum_hard: float = _opt(0.0, "With --rl-curriculum pools: a group whose mean reward is at most this failed.")
+    rl_curriculum_revisit: float = _opt(0.1, "With --rl-curriculum pools: the probability that an easy or hard prompt is still drawn when its turn comes.", bound=Bound(low=0, high=1, note="a probability"))
+    rl_curriculum_history: int = _opt(2, "With --rl-curriculum pools: the latest groups of a prompt that decide its pool (fewer while it has played fewer).", bound=Bound(low=1, high=1000, integer=True, note="groups remembered per prompt"))
     rl_max_error_rate: float = _opt(0.5, "Stop (after saving a checkpoint) when more than this share of the episodes of the last 4 steps failed; 1 never stops.", bound=Bound(low=0, high=1, note='a share of episodes; 1 never stops'))
     _section("GRPO")
     rl_reward_funcs: str | None = _opt(None, "Rewards added to the environment's score: module:func[,module:func...], each called with TRL's reward arguments plus `episodes` and logged as rewards/<func>/mean (--rl-zero-std-groups still looks at the environment's score alone).")
@@ -292,6 +298,12 @@ class RunConfig:
             )
         if self.use_vllm and self.vllm_mode == "server" and not self.vllm_server_url:
             raise ConfigError("--vllm-mode server needs --vllm-server-url (start one with `aitrain vllm-serve --model ...`)")
+        if self.rl_curriculum != "off" and self.rl_curriculum_easy <= self.rl_curriculum_hard:
+            raise ConfigError(f"--rl-curriculum-easy {self.rl_curriculum_easy} must be above --rl-curriculum-hard "
+                              f"{self.rl_curriculum_hard}, or every prompt would be both; e.g. 1 and 0 for a 0-1 score")
+        if self.rl_curriculum != "off" and self.rl_zero_std_groups == "refill":
+            raise ConfigError("--rl-curriculum pools with --rl-zero-std-groups refill: refill replaces the flat groups "
+                              "the pools learn from; use --rl-zero-std-groups drop (or keep) with the curriculum")
         check_judge(vars(self), [name for _, name in self.reward_specs], dict(os.environ))
         _ = self.vllm_servers, self.reward_weight_list  # parsed, and so checked, once: here
 

@@ -7,7 +7,8 @@ trains, so the server and the trainer work at the same time.
 - Which prompts: TRL hands the rollout one step's prompts when that step begins, too late to play them
   ahead. `PromptPlan` reads the same sampler TRL's data loader reads (checkpoints.py makes its order a
   function of the seed and the epoch), so it knows the rows of any step in advance; a resumed run
-  therefore plays the prompts an uninterrupted run would. Each step still checks that the planned rows
+  therefore plays the prompts an uninterrupted run would. With `--rl-curriculum pools` a step's batch is
+  drawn when it is first asked for, from the groups recorded N + 1 steps before it (curriculum.py). Each step still checks that the planned rows
   are the rows TRL handed over; on a mismatch it plays TRL's rows on the spot (counted in
   `async/plan_misses`) rather than train on other prompts.
 - Which weights: weights are synchronised to the server at the start of each step (weight_sync.py), as
@@ -171,6 +172,8 @@ class PromptPlan:
         return self._orders[epoch]
 
     def rows(self, step: int) -> list[dict[str, Any]]:
+        if hasattr(self.sampler, "step_indices"):  # --rl-curriculum pools: drawn now, from the state known now
+            return [dict(self.dataset[i]) for i in self.sampler.step_indices(step)]
         per_epoch = max(len(self._order(0)) // (self.batch * self.repeat), 1)
         epoch, index = divmod(step, per_epoch)
         start = index * self.batch * self.repeat

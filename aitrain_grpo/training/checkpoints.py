@@ -10,7 +10,8 @@ What this module adds:
   `.partial-checkpoint-N/checkpoint-N` and renamed into place once every file is there (a rename within
   one filesystem is atomic): a folder named `checkpoint-N` is always complete.
 - `aitrain_state.json` in each checkpoint: the run's own counters (the error-rate window, episode
-  totals) and the settings that define what a step is, checked again on resume.
+  totals), the difficulty curriculum's groups (`--rl-curriculum pools`, curriculum.py) and the settings
+  that define what a step is, checked again on resume.
 - The sampler position. TRL's `RepeatSampler` draws every epoch's order from one generator, so a run
   resumed in epoch k would replay epoch 0's order. `ResumableRepeatSampler` derives epoch k's order
   from the seed and k alone (the same order an uninterrupted run gets); HF Trainer's restored position
@@ -320,6 +321,9 @@ def save_checkpoint_atomically(trainer, trial, save, *, run_dir: str) -> None:
             "settings": {key: getattr(trainer.run_config, key) for key in STEP_SHAPE},
             "parts": {key: cb.state_dict() for key, cb in trainer.stateful_callbacks().items()},
         }
+        curriculum = trainer.__dict__.get("curriculum")  # --rl-curriculum pools (curriculum.py)
+        if curriculum is not None:
+            state["curriculum"] = curriculum.state_dict()
         (written / RUN_STATE_FILE).write_text(json.dumps(state, indent=2) + "\n")
         # The same step may be saved twice (a stop right after a scheduled save): publish replaces it.
         publish(written, run_dir / name)
@@ -353,6 +357,10 @@ class AtomicCheckpoints:
             for key, cb in self.stateful_callbacks().items():
                 if key in parts:
                     cb.load_state_dict(parts[key])
+            # The curriculum's groups: loaded by curriculum.curriculum_of when it makes the curriculum.
+            self.resumed_curriculum = state.get("curriculum")
+            if self.__dict__.get("curriculum") is not None and self.resumed_curriculum is not None:
+                self.curriculum.load_state_dict(self.resumed_curriculum)
             if self.accelerator.is_main_process:
                 print(f"resuming from {resume_from_checkpoint} (step {state.get('global_step', '?')})", flush=True)
         return super().train(resume_from_checkpoint, *args, **kwargs)

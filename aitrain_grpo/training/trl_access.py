@@ -22,7 +22,10 @@ The touches, by who needs them:
   the training loop, and TRL's `RepeatSampler` (its `shuffle`, `seed`, `generator`, `num_samples`),
   which checkpoints.py subclasses and re-classes in place;
 - the shared-prefix loss (shared_prefix.py): TRL's micro-batch buffer `_buffered_inputs` and its step
-  counter `_step`.
+  counter `_step`;
+- the difficulty curriculum (curriculum.py): the rewards of the batch TRL scored last, from all processes
+  (its completion log `_logs`), and the `RepeatSampler`'s batch shape (`batch_size`, `repeat_count`,
+  `mini_repeat_count`).
 
 Left out: public API (`accelerator`, `args`, `state`, `processing_class`, `num_generations`, callbacks),
 the batch keys the loss-side modules read from TRL's inputs (groups, micro_batches, turn_credit,
@@ -44,11 +47,11 @@ PINNED_METHODS = {
 }
 # Trainer instance attributes read or set here: each is assigned `self.<name> = ...` by TRL or transformers.
 PINNED_ATTRIBUTES = ("_train_batch_size", "_last_loaded_step", "_buffered_inputs", "_step", "use_vllm",
-                     "vllm_generation", "model_wrapped")
+                     "vllm_generation", "model_wrapped", "_logs")
 # Attributes of TRL's `VLLMGeneration` (`trainer.vllm_generation`) read here.
 PINNED_VLLM_GENERATION = ("llm", "tp_group", "tensor_parallel_size")
 # Attributes of TRL's `RepeatSampler` that checkpoints.ResumableRepeatSampler reads.
-PINNED_SAMPLER = ("shuffle", "seed", "generator", "num_samples")
+PINNED_SAMPLER = ("shuffle", "seed", "generator", "num_samples", "batch_size", "repeat_count", "mini_repeat_count")
 # Keys of the batch TRL's `_generate_and_score_completions` returns, read by `importance_weights`.
 PINNED_OUTPUT_KEYS = ("completion_mask", "tool_mask", "importance_sampling_ratio")
 # TRL functions called here: dotted name -> the leading parameter names passed.
@@ -57,7 +60,7 @@ PINNED_FUNCTIONS = {
 }
 
 __all__ = ["RepeatSampler", "buffered_micro_batches", "generation_handles", "importance_weights",
-           "mark_weights_pushed", "model_for_generation", "run_output_dir", "save_checkpoint", "set_buffered_micro_batches",
+           "last_rewards", "mark_weights_pushed", "model_for_generation", "run_output_dir", "save_checkpoint", "set_buffered_micro_batches",
            "step_in_generation", "train_batch_size", "train_sampler", "turn_on_importance_sampling", "wrapped_model"]
 
 
@@ -131,6 +134,21 @@ def importance_weights(output: dict[str, Any]):
     if "tool_mask" in output:
         mask = mask * output["tool_mask"]
     return ratio, mask
+
+
+def last_rewards(trainer) -> list[float]:
+    """The reward of each episode of the generation batch TRL scored last, every process's in the sampler's
+    order (TRL gathers them): its reward functions weighted and summed as TRL does, NaN where none scored.
+    Read from TRL's completion log, which holds exactly one generation batch."""
+    import math
+
+    columns = [list(trainer._logs["rewards"][name]) for name in trainer.reward_func_names]
+    weights = [float(w) for w in trainer.reward_weights]
+    rewards = []
+    for values in zip(*columns):
+        scored = [w * v for w, v in zip(weights, values) if not math.isnan(v)]
+        rewards.append(sum(scored) if scored else math.nan)
+    return rewards
 
 
 def buffered_micro_batches(trainer):

@@ -21,7 +21,8 @@ What each override does lives in the module of its concern; the hooks only call 
   prompt are put next to each other while the shared-prefix loss is on, so a micro-batch holds whole
   groups to share (shared_prefix.py, micro_batches.py).
 - `_get_train_sampler`: TRL's sampler re-classed so its order after a resume is the uninterrupted
-  run's (checkpoints.py).
+  run's (checkpoints.py), and with `--rl-curriculum pools` so the curriculum draws its batches
+  (curriculum.py), which `_generate_and_score_completions` feeds each scored batch's rewards.
 - `_get_output_dir`, `_save_checkpoint`: checkpoints written into a staging folder and renamed into
   place when whole, with the run's own state (checkpoints.py); a signal waits for the write (signals.py).
 - `_load_optimizer_and_scheduler`: on resume, several CPU processes load the optimizer state onto
@@ -40,6 +41,7 @@ from __future__ import annotations
 
 from aitrain_grpo.training.async_rollout import masked_share_metrics
 from aitrain_grpo.training.checkpoints import plain_cpu_device, resumable_sampler, save_checkpoint_atomically
+from aitrain_grpo.training.curriculum import curriculum_sampler, record_groups
 from aitrain_grpo.training.groups import without_masked_rows
 from aitrain_grpo.training.lm_head import scoring_labelled_positions
 from aitrain_grpo.training.micro_batches import trim_padding
@@ -91,6 +93,7 @@ class TRLHooks:
         self.rollout.take_rows(inputs)
         output = super()._generate_and_score_completions(inputs)
         self.step_metrics.update(masked_share_metrics(self, output))  # the run's metrics sink
+        self.step_metrics.update(record_groups(self))  # --rl-curriculum pools (curriculum.py)
         # TRL leaves the rollout's per-sample extra fields in `inputs`: turn credit joins the batch here,
         # then each episode's earlier sequences, scored by TRL's own log-probability pass.
         output = attach_turn_advantages(output, inputs)
@@ -123,7 +126,7 @@ class TRLHooks:
         return group_micro_batches(self, super()._prepare_inputs(generation_batch))
 
     def _get_train_sampler(self, dataset=None):
-        return resumable_sampler(super()._get_train_sampler(dataset))
+        return curriculum_sampler(self, resumable_sampler(super()._get_train_sampler(dataset)))
 
     def _get_output_dir(self, trial):
         if self._staging_dir is not None:
