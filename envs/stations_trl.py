@@ -24,7 +24,8 @@ station shown, +0.3 for its reading shown, +0.4 for a later model turn without a
 number. StationEnv also gives its 0.1 for a call that failed to parse (no result shown): not here.
 
 `station_reward_per_call` is a deliberately gamed variant (benchmarks/SHORTCUTS.md): its 0.1 is paid for
-every result shown, an error included, so a failed call earns what a good one does and extra calls pay.
+every result shown, an error included (the total capped at 1.0), so a failed call earns what a good one
+does and an episode that will not reach the answer earns more by calling on than by answering wrong.
 It is the issue-41 tool run that the shortcut warning must catch; no default uses it.
 
 Left out: per-turn rewards (`--rl-advantage turn`; the head-to-head runs `outcome`) and malformed calls
@@ -112,12 +113,12 @@ def station_reward(completions, environments, **kwargs) -> list[float]:
 
 
 def station_reward_per_call(completions, environments, **kwargs) -> list[float]:
-    """`station_reward` with its 0.1 paid per tool result shown, failed calls included (opt in; a gamed score)."""
+    """`station_reward` with its 0.1 paid per tool result shown, failed calls included, at most 1.0 (opt in)."""
     scores = []
     for completion, env in zip(completions, environments):
         messages = list(completion)
         shown = sum(m.get("role") == "tool" for m in messages)
-        scores.append(episode_score(messages, env) + TRIED * max(shown - 1, 0))
+        scores.append(min(1.0, episode_score(messages, env) + TRIED * max(shown - 1, 0)))  # scores are in [0, 1]
     return scores
 
 
