@@ -15,6 +15,7 @@ import torch
 from aitrain_grpo import Environment, RunConfig
 from aitrain_grpo.env.base import Episode
 from aitrain_grpo.training.trainer import build_trainer
+from aitrain_grpo.training.trl_access import turn_on_importance_sampling
 from envs_fixtures.agents import SummarisingAgent
 from envs_fixtures.turn_rewards import TurnRewardEnv
 
@@ -63,10 +64,12 @@ def cutting(run, which, keep_earlier=True):
     return play
 
 
-def one_step(tiny_model_dir, out, env, which=(), keep_earlier=True, **options):
+def one_step(tiny_model_dir, out, env, which=(), keep_earlier=True, prepare=None, **options):
     config = RunConfig(model=tiny_model_dir, output_dir=str(out), **{
         "max_steps": 1, "batch_size": 8, "rl_num_generations": 4, "rl_max_new_tokens": 10, "seed": 5, **options})
     trainer = build_trainer(config, env)
+    if prepare is not None:
+        prepare(trainer)
     if which:
         engine = trainer.rollout.engine
         engine.run = cutting(engine.run, which, keep_earlier)
@@ -131,6 +134,37 @@ def test_turn_credit_reaches_each_sequence_of_an_episode(tiny_model_dir, tmp_pat
     _, cut_up, scored = one_step(tiny_model_dir, tmp_path / "cut", TurnRewardEnv(), which=range(8), **options)
     assert whole["grad_norm"] > 0 and scored["advantages"].shape[0] == 16
     assert cut_up["grad_norm"] == pytest.approx(whole["grad_norm"], rel=1e-3)
+
+
+def as_on_a_vllm_server(trainer):
+    """TRL's importance-sampling correction on, as trainer.py turns it on for a vLLM server (token level),
+    with sampler log-probabilities that differ from the trainer's, as a server's do."""
+    run = trainer.rollout.engine.run
+
+    def play(rows):
+        batch = run(rows)
+        for trace in batch.traces:
+            trace.logprobs = [p + 0.4 * (j % 3 - 1) for j, p in enumerate(trace.logprobs)]
+        return batch
+
+    trainer.rollout.engine.run = play
+    trainer.external_weight_sync = True
+    turn_on_importance_sampling(trainer)
+    trainer.vllm_importance_sampling_correction, trainer.vllm_importance_sampling_mode = True, "token_truncate"
+
+
+def test_the_importance_sampling_correction_covers_the_earlier_rows(tiny_model_dir, tmp_path):
+    # The correction needs every row's old log-probabilities and ratio, computed as TRL computes its own.
+    options = dict(peft=False, prepare=as_on_a_vllm_server)
+    _, whole, _ = one_step(tiny_model_dir, tmp_path / "whole", TurnRewardEnv(flat_score=None), **options)
+    _, cut_up, scored = one_step(tiny_model_dir, tmp_path / "cut", TurnRewardEnv(flat_score=None), which=(0, 3, 6),
+                                 **options)
+    ratio, old = scored["importance_sampling_ratio"], scored["old_per_token_logps"]
+    assert ratio.shape == old.shape == scored["completion_ids"].shape and ratio.shape[0] == 12
+    mask = (scored["completion_mask"] * scored["tool_mask"]).bool()
+    assert old[8:][mask[8:]].abs().sum() > 0 and not torch.isnan(ratio).any()
+    assert cut_up["grad_norm"] == pytest.approx(whole["grad_norm"], rel=1e-3)
+    assert cut_up["loss"] == pytest.approx(whole["loss"], rel=1e-4, abs=1e-6)
 
 
 def test_a_dropped_groups_earlier_sequences_leave_with_it(tiny_model_dir, tmp_path):
