@@ -262,7 +262,7 @@ class ContextKeeper:
             self._failed(episode, f"the summary turn was cut off by its token limit ({turn.cut}); raise "
                                   f"--rl-max-new-tokens or lower --rl-context-threshold")
             return
-        episode.messages.append({"role": "assistant", "content": text})
+        episode.messages.append({"role": "assistant", "content": text, "summary": True})  # for transcripts
         if not self._rewrite(batch, i, summarized(episode.messages, text), list(episode.messages),
                              batch.traces[i].length) and not episode.done:
             self.stop(episode, "context")

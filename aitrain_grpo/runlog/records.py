@@ -39,10 +39,15 @@ def json_safe(value: Any) -> Any:
     return value
 
 
+def _shown(messages: list) -> list[dict[str, Any]]:
+    return [{k: v for k, v in m.items() if isinstance(v, (str, int, float, bool, type(None)))} for m in messages]
+
+
 def episode_record(episode: Episode, **extra: Any) -> dict[str, Any]:
     """One episode as a JSON-ready dict: the whole conversation, score, turns, why it stopped, error,
     metrics, and the dataset row's short scalar columns (task ids, answers) so a transcript can be
-    traced to its task."""
+    traced to its task. Where a context strategy rewrote its history (engine/context.py), `messages` is
+    the last sequence's and `earlier_messages` each earlier sequence's, with the turns it was cut after."""
     row = {
         k: v for k, v in episode.row.items()
         if k != "prompt" and (isinstance(v, (int, float, bool)) or (isinstance(v, str) and len(v) <= ROW_TEXT_LIMIT))
@@ -53,8 +58,9 @@ def episode_record(episode: Episode, **extra: Any) -> dict[str, Any]:
         "row": row,
         "tool_call_forms": list(episode.tool_call_forms),  # per model turn: the form its calls were read in
         "turn_rewards": list(episode.turn_rewards),  # per model turn: the environment's reward (episode.reward_turn)
-        "messages": [{k: v for k, v in m.items() if isinstance(v, (str, int, float, bool, type(None)))}
-                     for m in episode.messages],
+        "messages": _shown(episode.messages),
+        **({"earlier_messages": [_shown(seen) for seen in episode.log.earlier_messages],
+            "rewrite_turns": list(episode.log.rewrite_turns)} if episode.log.rewrite_turns else {}),
     }))
 
 
