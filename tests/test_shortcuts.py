@@ -190,3 +190,17 @@ def test_the_quick_start_warns_of_its_shortcut_and_the_report_shows_it(tmp_path)
     result = run_cli("eval", "--model", str(out), "--episodes", "8", cwd=REPO)
     assert result.returncode == 0, result.stderr[-3000:]
     assert "warning: the model plays differently: " in result.stdout and "turns per episode: 1.00" in result.stdout
+
+
+def test_the_gamed_stations_score_pays_failed_calls_and_stays_in_range():
+    """envs.stations_trl:station_reward_per_call, the issue's tool run: each result shown earns 0.1, an error too."""
+    import pytest
+
+    from envs.stations_trl import StationsTRL, station_reward, station_reward_per_call
+
+    env = StationsTRL()
+    env.reset(city="Oslo")
+    failed = [{"role": "assistant", "content": "<tool_call>x</tool_call>"}, {"role": "tool", "content": "Error: x"}]
+    assert station_reward([failed * 3], [env]) == [0.1]  # the default pays for trying once
+    assert station_reward_per_call([failed * 3], [env]) == [pytest.approx(0.3)]
+    assert station_reward_per_call([failed * 30], [env]) == [1.0]  # scores stay in [0, 1]
