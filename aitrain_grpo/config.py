@@ -100,7 +100,7 @@ class RunConfig:
     rl_num_generations: int = _opt(4, "Episodes per prompt (the GRPO group size).", minimum=1)
     rl_max_new_tokens: int = _opt(128, "Token limit of one model turn.", bound=at_least(1))
     rl_max_turns: int | None = _opt(None, "Cap on model turns per episode (default: the environment's max_turns).", bound=at_least(1))
-    rl_max_completion_length: int = _opt(1024, "Token budget of a whole episode after the prompt (model + environment).", bound=at_least(1))
+    rl_max_completion_length: int = _opt(1024, "Token budget after the prompt (model + environment), per training sequence, which is what TRL pads a row to: the whole episode, or each of its sequences when --rl-context rewrites its history.", bound=at_least(1))
     rl_max_episode_tokens: int | None = _opt(None, "Cap on the model tokens of a whole episode, summed over its sequences when its history is rewritten (default: none beyond the turn cap).", bound=at_least(1))
     rl_context_window: int | None = _opt(None, "The model's context window in tokens: an episode whose next turn would not fit it (after its context strategy) ends with stop reason context, scored as it stands (default: the tokenizer's model_max_length).", bound=at_least(2))
     rl_context: str | None = _opt(None, "How an episode's history is kept as it grows: keep (all of it); drop-tool-results (past --rl-context-threshold, older tool results become a short stub, the last --rl-context-keep-last kept whole); summarize (past the threshold, the model writes a summary of the episode, which goes on from the task and that summary); compact (the environment's compact(episode) hook). Each rewrite starts a new training sequence. Default: the environment's context_strategy, else keep.", choices=CONTEXT_STRATEGIES)
