@@ -29,8 +29,10 @@ being rows (docs/architecture.md, "Token rules"). Token-level losses (`dapo`, TR
 would had its tokens been one sequence; per-sequence losses (`grpo`, `sapo`, `luspo`) give each
 sequence weight 1, so an episode of k sequences counts k times.
 
-Metrics (training): `sequences/per_episode` (rows of the step's episodes over its episodes, all
-processes), `sequences/extra_rows` (rows added) and `sequences/blank_rows`.
+Metrics (training): `sequences/per_episode` (the rows the step's episodes train over its episodes, all
+processes: an agent's segments as well as a context strategy's rewrites, which `env/sequences_mean`
+counts as played; a dropped group's episode as one), `sequences/extra_rows` (rows added) and
+`sequences/blank_rows`.
 
 Left out: multimodal batches (an extra row carries no image; refused), TRL's
 `mask_truncated_completions` (no run sets it), and a row's completion longer than TRL's padded batch
