@@ -21,7 +21,7 @@ from typing import Any, Mapping
 
 from aitrain_grpo.env_spec import check_environment_named, env_specs, environment_of, spec_label
 from aitrain_grpo.errors import ConfigError, one_line
-from aitrain_grpo.option_rules import (NON_NEGATIVE, POSITIVE, POSITIVE_SECONDS, Bound, at_least, check_judge,
+from aitrain_grpo.option_rules import (NON_NEGATIVE, POSITIVE, POSITIVE_SECONDS, Bound, at_least, check_judge, count,
                                         reward_func_specs, reward_weights, server_urls)
 
 
@@ -94,10 +94,10 @@ class RunConfig:
     rl_env_module: str = _opt("", "Python module of the environment, e.g. envs.hotel (resolved from the current directory).")
     rl_env_class: str = _opt("", "Environment class in that module, e.g. HotelEnv.")
     rl_env_config: Any = _opt(None, "JSON object of keyword arguments for the environment, or @file.json.")
-    rl_env: str | list[str] | None = _opt(None, "The environment as KIND:NAME instead of --rl-env-module/--rl-env-class: textarena:Wordle-v0, reasoning_gym:basic_arithmetic, trl:module:Class, skyrl:module:Class, or module:Class. Repeat it to train on a mixture (--rl-env-config then takes a JSON array, one object per environment).")
+    rl_env: str | list[str] | None = _opt(None, "The environment as KIND:NAME instead of --rl-env-module/--rl-env-class: textarena:GuessTheNumber-v0, reasoning_gym:basic_arithmetic, trl:module:Class, skyrl:module:Class, or module:Class. Repeat it to train on a mixture (--rl-env-config then takes a JSON array, one object per environment).")
     rl_env_weights: str | None = _opt(None, "With --rl-env repeated: each environment's share of the dataset, comma-separated in the same order, e.g. 0.7,0.3 (default: the rows each builds).")
     _section("episodes")
-    rl_num_generations: int = _opt(4, "Episodes per prompt (the GRPO group size).", minimum=1)
+    rl_num_generations: int = _opt(4, "Episodes per prompt (the GRPO group size).", bound=count(65536, "episodes of one prompt"))
     rl_max_new_tokens: int = _opt(128, "Token limit of one model turn.", bound=at_least(1))
     rl_max_turns: int | None = _opt(None, "Cap on model turns per episode (default: the environment's max_turns).", bound=at_least(1))
     rl_max_completion_length: int = _opt(1024, "Token budget after the prompt (model + environment), per training sequence, which is what TRL pads a row to: the whole episode, or each of its sequences when --rl-context rewrites its history.", bound=at_least(1))
@@ -134,9 +134,9 @@ class RunConfig:
     lr: float = _opt(1e-5, "Learning rate.", bound=POSITIVE)
     max_steps: int | None = _opt(None, "Optimizer steps to run (default: --epochs over the dataset).", minimum=1)
     epochs: float = _opt(1.0, "Passes over the dataset when --max-steps is not set.", bound=POSITIVE)
-    batch_size: int = _opt(8, "Episodes per device in one generation batch (its GRPO groups); a multiple of --rl-num-generations. An optimizer step takes --gradient-accumulation-steps such batches.", minimum=1)
-    gradient_accumulation_steps: int = _opt(1, "Generation batches (each --batch-size episodes) per optimizer step.", minimum=1)
-    micro_batch_size: int | None = _opt(None, "Episodes per forward/backward pass: the --batch-size episodes of a step are trained in passes of this many, with the gradient of one pass (default: 2, or 1 for an odd batch; one pass with --rl-zero-std-groups drop/refill).", minimum=1)
+    batch_size: int = _opt(8, "Episodes per device in one generation batch (its GRPO groups); a multiple of --rl-num-generations. An optimizer step takes --gradient-accumulation-steps such batches.", bound=count(65536, "episodes per device in one generation batch"))
+    gradient_accumulation_steps: int = _opt(1, "Generation batches (each --batch-size episodes) per optimizer step.", bound=count(65536, "generation batches per optimizer step"))
+    micro_batch_size: int | None = _opt(None, "Episodes per forward/backward pass: the --batch-size episodes of a step are trained in passes of this many, with the gradient of one pass (default: 2, or 1 for an odd batch; one pass with --rl-zero-std-groups drop/refill).", bound=count(65536, "episodes per forward/backward pass"))
     shared_prefix_loss: str = _opt("auto", "Forward each distinct prompt of a micro-batch once, its episodes' continuations on it, in the loss and log-prob passes (exact: the same loss and gradients): auto on a CPU where that leaves out at least 15% of the tokens and no dropout is drawn (the reference pass; the loss pass too with --lora-dropout 0), on wherever two episodes of a pass share a prompt, off for TRL's path. Keeps each group's episodes in the same passes when the loss pass shares. Setups it cannot run (gradient checkpointing in the loss pass, sliding-window caches, distributed wrappers, images) take TRL's path, said once in the log.", choices=SHARED_PREFIX_MODES)
     seed: int = _opt(42, "Random seed.", bound=Bound(low=0, high=2**32 - 1, integer=True, note='numpy takes seeds in that range'))
     _section("judge")
@@ -148,7 +148,7 @@ class RunConfig:
     rl_judge_fallback: float = _opt(0.0, "Score of an episode whose judge call failed or answered no readable score (counted in judge/failures).", bound=Bound(low=0, high=1))
     _section("LoRA")
     peft: bool = _opt(True, "Train a LoRA adapter (--no-peft: full fine-tuning).")
-    lora_r: int = _opt(16, "LoRA rank.", minimum=1)
+    lora_r: int = _opt(16, "LoRA rank.", bound=count(4096, "a rank past the model's width adds nothing"))
     lora_alpha: int = _opt(32, "LoRA alpha.", minimum=1)
     lora_dropout: float = _opt(0.0, "LoRA dropout (off by default, as in peft: with it, --shared-prefix-loss auto leaves the loss pass to TRL's path).", bound=Bound(low=0, high=1, high_open=True))
     target_modules: str = _opt("all-linear", "LoRA target modules: all-linear or a comma-separated list.")
@@ -173,7 +173,7 @@ class RunConfig:
     vllm_server_timeout: float = _opt(240.0, "Seconds to wait for a vLLM server to answer: before training, and mid-run when no server is left (then the run stops with a checkpoint).", bound=POSITIVE_SECONDS)
     _section("agent environments")
     agent_host: str = _opt("127.0.0.1", "Address an agent environment's OpenAI-compatible endpoint listens on: 127.0.0.1 serves this machine only; 0.0.0.0 (or one interface's address) also serves agents in containers or on other hosts, each request authorised by its episode's key.")
-    agent_port: int = _opt(0, "Port of that endpoint (0: any free port).", minimum=0)
+    agent_port: int = _opt(0, "Port of that endpoint (0: any free port).", bound=Bound(low=0, high=65535, integer=True, note="a TCP port; 0 takes any free one"))
     _section("output")
     debug: bool = _opt(False, "Show full tracebacks.")
 
@@ -275,6 +275,9 @@ class RunConfig:
         check_options(vars(self))
         if self.resume_from_checkpoint is not None and not self.resume_from_checkpoint.strip():
             raise ConfigError("--resume-from-checkpoint needs a value: auto, or a checkpoint-N folder")
+        if self.output_dir is not None and not self.output_dir.strip():  # '' used to mean "not given"
+            raise ConfigError("--output-dir needs a value: a folder path, or leave the option out for "
+                              "outputs/<environment>")
 
     def _check_grpo_rules(self) -> None:
         """GRPO's rules that relate options to each other, or hold for training but not for eval."""

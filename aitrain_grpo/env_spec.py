@@ -4,7 +4,7 @@ A spec is expanded into what the rest of the package already knows, a module, a 
 arguments, before anything else reads the options. So run_config.json, resume checks, `eval` on a
 training run and `sft` see an ordinary environment, and the adapter's own class does the mapping:
 
-    textarena:Wordle-v0              -> aitrain_grpo.env.adapters.textarena.TextArenaEnv(game="Wordle-v0", ...)
+    textarena:GuessTheNumber-v0      -> aitrain_grpo.env.adapters.textarena.TextArenaEnv(game="GuessTheNumber-v0", ...)
     reasoning_gym:basic_arithmetic   -> aitrain_grpo.env.adapters.reasoning_gym.ReasoningGymEnv(task=..., ...)
     trl:my_module:MyEnv              -> aitrain_grpo.env.adapters.trl_factory.TRLFactoryEnv(env_class="my_module:MyEnv", ...)
     skyrl:my_module:MyEnv            -> aitrain_grpo.env.adapters.skyrl.SkyRLEnv(env_class="my_module:MyEnv", ...)
@@ -45,7 +45,7 @@ class EnvKind:
 
 
 KINDS = {
-    "textarena": EnvKind("aitrain_grpo.env.adapters.textarena", "TextArenaEnv", "game", "textarena:Wordle-v0"),
+    "textarena": EnvKind("aitrain_grpo.env.adapters.textarena", "TextArenaEnv", "game", "textarena:GuessTheNumber-v0"),
     "reasoning_gym": EnvKind("aitrain_grpo.env.adapters.reasoning_gym", "ReasoningGymEnv", "task",
                              "reasoning_gym:basic_arithmetic"),
     "trl": EnvKind("aitrain_grpo.env.adapters.trl_factory", "TRLFactoryEnv", "env_class", "trl:my_envs:SearchEnv", True),

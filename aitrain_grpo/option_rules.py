@@ -37,6 +37,8 @@ class Bound:
     def describe(self) -> str:
         if self.integer and self.high is None:
             return "a positive integer" if self.low == 1 else f"an integer >= {_number(self.low)}"
+        if self.integer and self.low == 1:
+            return f"a positive integer up to {_number(self.high)}"
         if self.high is None:
             if self.low == 0:
                 word = "positive" if self.low_open else ">= 0"
@@ -63,6 +65,13 @@ def _number(value: float) -> str:
 def at_least(low: int) -> Bound:
     """An integer option's smallest value."""
     return Bound(low=low, integer=True)
+
+
+def count(high: int, note: str) -> Bound:
+    """A count (episodes, passes, a rank, a port) from 1 up to `high`: a value past it is a typo or a size
+    no machine holds (`--batch-size 1000000000000` filled memory before saying anything), so it is
+    refused in one line before anything loads."""
+    return Bound(low=1, high=high, integer=True, note=note)
 
 
 POSITIVE = Bound(low=0, low_open=True)

@@ -101,10 +101,15 @@ def special_folder(path: Path) -> str | None:
 
 def check_file_output(path: str | Path, *, flag: str, suffixes: tuple[str, ...],
                       reads: Iterable[str | Path] = ()) -> Path:
-    """`path` as a file this call may write: new, or an existing file ending in one of `suffixes`
-    outside every folder in `reads` (the runs and models the command reads)."""
-    target = Path(path).expanduser()
+    """`path` as a file this call may write: new (in a folder that exists), or an existing file ending in one
+    of `suffixes` outside every folder in `reads` (the runs and models the command reads)."""
     example = f"results{suffixes[0]}"
+    if not str(path).strip():  # '' once meant "not given"
+        raise ConfigError(f"{flag} needs a value: a file path, e.g. {example} (or leave the option out)")
+    target = Path(path).expanduser()
+    if not target.parent.is_dir():
+        raise ConfigError(f"{flag} {path}: the folder {target.parent} does not exist; create it first (mkdir -p "
+                          f"{target.parent}) or pass a path in an existing folder")
     special = special_folder(target)
     if special or target.is_dir():
         what = special or "a folder"

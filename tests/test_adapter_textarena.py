@@ -87,16 +87,36 @@ def test_grpo_trains_a_game_from_the_command_line(tmp_path, game, config, metric
     assert sum(metric in m for m in metrics) == 2
 
 
-def test_a_game_that_downloads_data_is_refused_in_one_line():
+def test_a_game_that_downloads_data_is_refused_in_one_line(capfd, tmp_path):
+    """Offline, Wordle printed seven lines of nltk download errors before its refusal; now its downloads
+    are answered from the installed data, so the refusal is the one line and nothing is fetched or written."""
     nltk = pytest.importorskip("nltk")
     try:
         nltk.data.find("corpora/words")
-        pytest.skip("nltk's word list is installed here, so Wordle runs")
+        nltk.data.find("taggers/averaged_perceptron_tagger_eng")
+        pytest.skip("nltk's data is installed here, so Wordle runs")
     except LookupError:
         pass
-    with pytest.raises(EnvLoadError, match="Wordle-v0 needs data it downloads at run time") as refused:
-        TextArenaEnv("Wordle-v0")
-    assert "\n" not in str(refused.value)
+    for game in ("Wordle-v0", "Hangman-v0"):
+        with pytest.raises(EnvLoadError, match=f"{game} needs data it downloads at run time") as refused:
+            TextArenaEnv(game)
+        assert "\n" not in str(refused.value) and "nltk.downloader" in str(refused.value)
+    captured = capfd.readouterr()
+    assert "nltk_data" not in captured.out + captured.err
+    from helpers.cli import refused as refused_command
+
+    refused_command(["grpo", "--rl-env", "textarena:Wordle-v0", "--output-dir", str(tmp_path / "run")], tmp_path,
+                    "Wordle-v0 needs data it downloads at run time", "textarena:GuessTheNumber-v0")
+    assert not (tmp_path / "run").exists()
+
+
+def test_the_game_every_help_names_runs_here():
+    """`--rl-env`'s help (every command's) names a TextArena game; it must build offline, with no extra data."""
+    from aitrain_grpo.config import RunConfig
+    from aitrain_grpo.env_spec import KINDS
+
+    named = re.findall(r"textarena:([\w-]+)", RunConfig.help_for("rl_env") + KINDS["textarena"].example)
+    assert named and all(TextArenaEnv(game, num_tasks=2).build_dataset(None) for game in named)
 
 
 def first_listed_move(episode) -> str:

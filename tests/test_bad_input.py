@@ -1,7 +1,8 @@
 """Bad input before training: one line, `error: ...`, naming the problem and the fix, exit code 2, no
 traceback, and nothing loaded or written. (tests/test_cli.py covers environment load errors and
 --rl-num-generations 1, a batch size that is not a multiple of the group, --vllm-mode foo,
---vllm-mode server without a URL and a finished run in the output directory; this file the rest.)
+--vllm-mode server without a URL and a finished run in the output directory; test_bad_input_more.py
+absurd sizes, empty paths, and environment classes and configs that do not fit; this file the rest.)
 
 The CLI runs in-process here (typer's runner) to keep the many cases quick; one case runs as a real
 process to show the same holds for the installed entry point."""
@@ -49,14 +50,14 @@ def assert_one_line_error(result, *fragments: str) -> str:
         (["--report-to", "mlflow"], ["--report-to 'mlflow' is not one of none, tensorboard, wandb, trackio"]),
         (["--rl-loss-type", "ppo"], ["--rl-loss-type 'ppo' is not one of grpo"]),
         (["--rl-advantage", "turns"], ["--rl-advantage 'turns' is not one of outcome, turn"]),
-        (["--batch-size", "0"], ["--batch-size must be a positive integer, got 0"]),
-        (["--batch-size", "-8"], ["--batch-size must be a positive integer, got -8"]),
+        (["--batch-size", "0"], ["--batch-size must be a positive integer up to 65536", "got 0"]),
+        (["--batch-size", "-8"], ["--batch-size must be a positive integer up to 65536", "got -8"]),
         (["--max-steps", "0"], ["--max-steps must be a positive integer, got 0"]),
         (["--save-steps", "-1"], ["--save-steps must be a positive integer, got -1"]),
         (["--save-total-limit", "0"], ["--save-total-limit must be a positive integer, got 0"]),
         (["--rl-max-turns", "0"], ["--rl-max-turns must be a positive integer"]),
-        (["--gradient-accumulation-steps", "0"], ["--gradient-accumulation-steps must be a positive integer"]),
-        (["--lora-r", "-2"], ["--lora-r must be a positive integer"]),
+        (["--gradient-accumulation-steps", "0"], ["--gradient-accumulation-steps must be a positive integer up to 65536"]),
+        (["--lora-r", "-2"], ["--lora-r must be a positive integer up to 4096"]),
         (["--rl-env-timeout", "0"], ["--rl-env-timeout must be positive seconds"]),
         (["--epochs", "0"], ["--epochs must be positive"]),
         (["--rl-max-error-rate", "1.5"], ["--rl-max-error-rate must be in [0, 1]", "1 never stops"]),

@@ -328,7 +328,7 @@ def report_command(
     if not (Path(output_dir) / "metrics.jsonl").is_file():
         fail(f"{output_dir} has no metrics.jsonl; pass the --output-dir of a training run that has logged a step")
     with reported_errors(False):
-        if output:  # a page may replace a page; never a folder, '.', or another kind of file
+        if output is not None:  # a page may replace a page; never a folder, '.', or another kind of file
             check_file_output(output, flag="--output", suffixes=(".html", ".htm"))
         out.print(f"report written to {write_report(output_dir, output)}", markup=False)
 

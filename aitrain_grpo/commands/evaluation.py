@@ -65,7 +65,7 @@ def run_eval(*, model: str, baseline: str | None, spec: str | list[str] | None =
     check_positive(episodes=episodes, rl_num_generations=samples, batch_size=batch_size)
     check_options(options)
     sources = [resolve_source(model)] + ([resolve_source(baseline)] if baseline else [])
-    if output:  # before anything loads: never over a folder, '.', or a file of a run being read
+    if output is not None:  # before anything loads: never over a folder, '.', or a file of a run being read
         read = [p for s in sources for p in (s.weights, s.adapter) if p and Path(p).expanduser().is_dir()]
         output = str(check_file_output(output, flag="--output", suffixes=(".jsonl",), reads=read))
     run_config = sources[0].run_config
@@ -88,7 +88,11 @@ def run_eval(*, model: str, baseline: str | None, spec: str | list[str] | None =
         if needs_policy(env):  # its score_episode takes the model (vLLM: load it in HF too)
             env.use_policy(model_ if model_ is not None else load_for_generation(source)[0], tokenizer)
         if rows is None:  # both models play the same tasks, built once
-            rows = build_rows(env, tokenizer)[:episodes]
+            rows = build_rows(env, tokenizer)
+            if episodes > len(rows):  # said, so that a table of fewer episodes than asked is not a surprise
+                console.print(f"note: --episodes {episodes} is more than the {len(rows)} tasks the environment "
+                              f"builds; playing those {len(rows)}", markup=False)
+            rows = rows[:episodes]
         console.print(f"playing {len(rows)} tasks x {samples} with {source.spec} ...", markup=False)
         results.append(evaluate(env, backend, tokenizer, rows, label=source.spec, settings=played, samples=samples,
                                 batch_size=batch_size, seed=seed))

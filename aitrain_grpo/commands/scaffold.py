@@ -17,6 +17,7 @@ single-turn: the README's examples and envs/ show those), and editing a project'
 from __future__ import annotations
 
 import keyword
+import os
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -75,16 +76,38 @@ def write_scaffold(name: str, directory: str | Path = ".") -> Scaffold:
     for path in (env_file, test_file):
         if path.exists():
             raise UserError(f"{path} already exists; init never overwrites: pick another name, or move the file away")
+    check_writable(root)
     package = root / "envs" / "__init__.py"
-    created = []
+    created: list[Path] = []
     files = [(env_file, ENV_TEMPLATE), (test_file, TEST_TEMPLATE)]
     if not package.exists():
         files.insert(0, (package, PACKAGE_TEMPLATE))
-    for path, template in files:
-        path.parent.mkdir(parents=True, exist_ok=True)
-        path.write_text(template.replace("__NAME__", name).replace("__CLASS__", class_name), encoding="utf-8")
-        created.append(path)
+    new_folders = [p for p in (env_file.parent, test_file.parent, *root.absolute().parents, root.absolute())
+                   if not p.exists()]
+    try:
+        for path, template in files:
+            path.parent.mkdir(parents=True, exist_ok=True)
+            path.write_text(template.replace("__NAME__", name).replace("__CLASS__", class_name), encoding="utf-8")
+            created.append(path)
+    except OSError as exc:  # a folder /proc-like or full: take back what was written, then say so
+        for path in created:
+            path.unlink(missing_ok=True)
+        for folder in sorted(new_folders, key=lambda p: len(p.absolute().parts), reverse=True):
+            if folder.is_dir() and not any(folder.iterdir()):
+                folder.rmdir()
+        raise UserError(f"cannot write {path} ({exc.strerror or exc}); pass a --dir you can write to") from None
     return Scaffold(env_file, test_file, created, next_commands(name, class_name))
+
+
+def check_writable(root: Path) -> None:
+    """Refuse, before anything is written, a --dir under a file or under a folder this user cannot write."""
+    existing = root.absolute()
+    while not existing.exists():
+        existing = existing.parent
+    if not existing.is_dir():
+        raise UserError(f"{root} is under {existing}, a file, not a folder; pass a project folder with --dir")
+    if not os.access(existing, os.W_OK | os.X_OK):
+        raise UserError(f"cannot write in {existing} (permission denied); pass a --dir you can write to")
 
 
 def print_next_steps(scaffold: Scaffold, directory: str, console) -> None:

@@ -68,7 +68,7 @@ def sft_run_config(options: dict[str, Any]) -> RunConfig:
     rules of GRPO's groups, sampling and loss (RunConfig.validate(grpo=False))."""
     fields = {k: v for k, v in options.items() if k not in _COMMAND_ONLY and v is not None}
     config = RunConfig(**fields)
-    if not config.output_dir and (config.rl_env_class or config.rl_env):
+    if config.output_dir is None and (config.rl_env_class or config.rl_env):  # "" is refused, not the default
         config.output_dir = f"{config.resolved_output_dir()}-sft"
     config = config.validate(grpo=False)
     check_model_option(config.model)

@@ -16,8 +16,9 @@ prints or exits.
 
 Left out on purpose: loading classes from file paths (`envs/hotel.py`; we ask for the dotted name
 instead), reloading modules that are already imported (a same-named package imported earlier answers
-first; the not-found message shows which folder it came from), type-checking config values against annotations
-(the constructor is the judge of its own values), and validating columns other than `prompt`.
+first; the not-found message shows which folder it came from), and validating columns other than `prompt`.
+Config values are checked against the constructor's annotations (env/config_types.py), and the instance's
+`max_turns` against its range (`check_max_turns`), before a model loads.
 """
 
 from __future__ import annotations
@@ -37,6 +38,7 @@ from aitrain_grpo.env.adapters.aitraining import (AITRAINING_SIGNATURE, OUR_SIGN
                                                   scores_with_policy)
 from aitrain_grpo.env.agent import AgentEnvironment
 from aitrain_grpo.env.base import Environment
+from aitrain_grpo.env.config_types import check_config_types
 from aitrain_grpo.env.tools import ToolEnvironment
 from aitrain_grpo.errors import EnvLoadError, describe_exception, one_line, raised_message, user_location
 
@@ -306,11 +308,13 @@ def load_environment(module: str, class_name: str, config: str | Mapping | None 
     cls = _find_class(mod, class_name)
     aitraining_style = _check_is_environment(cls, mod.__name__)
     _check_arguments(cls, kwargs)
+    check_config_types(cls, kwargs)
     try:
         env = cls(**kwargs)
     except Exception as exc:
         raise EnvLoadError(f"{raised_message(f'{cls.__name__}(**config)', exc)}; fix the config values or the "
                            f"constructor") from exc
+    check_max_turns(env)
     if isinstance(env, ToolEnvironment):
         env.tool_specs  # builds (and caches) the schemas: a bad tool definition is an EnvLoadError now
     if aitraining_style:
@@ -322,12 +326,27 @@ def load_environment(module: str, class_name: str, config: str | Mapping | None 
     return env
 
 
+MAX_TURNS_LIMIT = 10_000  # turns of one episode; past it, a typo (an episode's tokens end it far sooner)
+
+
+def check_max_turns(env: Any) -> None:
+    """An environment's `max_turns` (a class attribute, or set in __init__) must be an integer from 1 to
+    `MAX_TURNS_LIMIT`: -3 once played one turn, 0 ten (the default), and 10**12 passed without a word."""
+    turns = getattr(env, "max_turns", None)
+    if turns is None:
+        return
+    if isinstance(turns, bool) or not isinstance(turns, int) or not 1 <= turns <= MAX_TURNS_LIMIT:
+        raise EnvLoadError(f"{type(env).__name__}.max_turns is {turns!r}; set it to the most model turns one "
+                           f"episode may take, an integer from 1 to {MAX_TURNS_LIMIT}")
+
+
 def as_environment(obj: Any) -> Environment:
     """`obj` as the engine plays it: an instance written to AITraining's interface wrapped into a one-turn
     `Environment` (its tool schemas read and checked now: `EnvLoadError`), anything else as it is (ours,
     an adapter, a duck-typed class with our methods). `load_environment` applies it to what it builds;
     a caller handing in an instance it built itself applies it too. Raises `EnvLoadError` for a
     `score_episode` that is neither interface's."""
+    check_max_turns(obj)
     return adapt(obj) if scores_with_policy(type(obj)) else obj
 
 

@@ -36,7 +36,7 @@ from aitrain_grpo.engine.demos import Demonstration, demo_tokens
 from aitrain_grpo.models.loading import load_model_and_tokenizer
 from aitrain_grpo.runlog.redaction import redact
 from aitrain_grpo.training.checkpoints import prepare_output_dir
-from aitrain_grpo.training.hf_args import lora_config, save_run, trainer_args
+from aitrain_grpo.training.hf_args import check_target_modules, lora_config, save_run, trainer_args
 from aitrain_grpo.training.micro_batches import BatchShape
 
 def demo_dataset(tokenizer, demos: list[Demonstration]) -> Dataset:
@@ -84,6 +84,7 @@ def train_sft(config: RunConfig, demos: list[Demonstration], output_dir: Path,
     os.environ.setdefault("TRL_EXPERIMENTAL_SILENCE", "1")
     datasets.disable_progress_bars()  # a bar per dataset pass over a few dozen rows is noise
     model, tokenizer = load_model_and_tokenizer(config.model)
+    check_target_modules(model, config)
     dataset = demo_dataset(tokenizer, demos)
     prepare_output_dir(output_dir, None)
     (output_dir / "run_config.json").write_text(json.dumps(redact(config.to_dict()), indent=2, default=str) + "\n")

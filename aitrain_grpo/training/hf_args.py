@@ -22,6 +22,7 @@ import torch
 from peft import LoraConfig
 
 from aitrain_grpo.config import RunConfig
+from aitrain_grpo.errors import ConfigError
 from aitrain_grpo.training.micro_batches import BatchShape
 
 # HF Trainer asks DDP to search for parameters a forward pass left unused whenever activation checkpointing
@@ -75,6 +76,23 @@ def lora_config(config: RunConfig) -> LoraConfig | None:
         r=config.lora_r, lora_alpha=config.lora_alpha, lora_dropout=config.lora_dropout,
         target_modules=targets, task_type="CAUSAL_LM",
     )
+
+
+def check_target_modules(model, config: RunConfig) -> None:
+    """Each `--target-modules` name must match a module of `model` as peft matches a list (the module's
+    name, or the end of its dotted path), checked before anything is written: peft's own refusal came as
+    a traceback after run_config.json. The message lists the model's linear modules, the usual targets."""
+    if not config.peft or config.target_modules.strip() == "all-linear":
+        return
+    wanted = [t.strip() for t in config.target_modules.split(",") if t.strip()]
+    paths = [name for name, _ in model.named_modules()]
+    linear = sorted({name.rsplit(".", 1)[-1] for name, module in model.named_modules()
+                     if isinstance(module, torch.nn.Linear) or type(module).__name__ == "Conv1D"} - {"lm_head"})
+    missing = [t for t in wanted if not any(p == t or p.endswith("." + t) for p in paths)]
+    if missing or not wanted:
+        named = f"{', '.join(missing)} names no module" if missing else "names no module"
+        raise ConfigError(f"--target-modules {named} of {config.model}; its linear modules: {', '.join(linear)}; "
+                          f"pass some of those, comma-separated, or all-linear")
 
 
 def save_run(trainer, config: RunConfig, output_dir: Path, started: float, **extra: Any) -> dict[str, Any]:

@@ -54,7 +54,7 @@ from aitrain_grpo.runlog.step_metrics import StepMetrics
 from aitrain_grpo.runlog.step_timing import StepTiming
 from aitrain_grpo.training import small_dataset
 from aitrain_grpo.training.checkpoints import AtomicCheckpoints, prepare_output_dir
-from aitrain_grpo.training.hf_args import lora_config, save_run, trainer_args
+from aitrain_grpo.training.hf_args import check_target_modules, lora_config, save_run, trainer_args
 from aitrain_grpo.training.judge import build_judge, judge_rewards
 from aitrain_grpo.training.generation import check_server as check_vllm_server
 from aitrain_grpo.training.generation import grpo_kwargs as generation_grpo_kwargs
@@ -221,6 +221,7 @@ def build_trainer(config: RunConfig, env: Environment | None = None, *, callback
     judge = build_judge(config)  # --rl-judge-rubric: one more reward, weighted last (judge.py)
 
     model, tokenizer = load_model_and_tokenizer(config.model)
+    check_target_modules(model, config)
     check_context_length(model, config)
     warn_if_a_step_may_not_fit(model, config, plan.batch)
     rows = build_rows(env, tokenizer)

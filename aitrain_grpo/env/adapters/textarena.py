@@ -33,7 +33,9 @@ How TextArena's notions map onto ours:
   TRL's rollout trains one sequence per episode, and the two seats' turns are two conversations. A model
   opponent (a URL or self) cannot open the game (e.g. `player: 1` in TicTacToe): the prompt is fixed
   when rows are built, before any model plays; that is refused in one line too.
-Games that need data TextArena downloads at run time (nltk corpora) are refused with a one-line error.
+Games that need data TextArena downloads at run time (nltk corpora: Wordle, Hangman, WordLadder, ...) run
+when that data is installed and are refused in one line when it is not: their `nltk.download` calls are
+answered from the installed data (`installed_nltk_data_only`), never the network, so nothing is printed.
 `reset` and `step` are async (self-play awaits the policy); the game's own calls are quick and run on the
 event loop, an opponent's function or HTTP request in a worker thread.
 
@@ -43,7 +45,8 @@ Left out: training both seats, TextArena's online play, and per-step rewards.
 from __future__ import annotations
 
 import asyncio
-from typing import Any
+import contextlib
+from typing import Any, Iterator
 
 from aitrain_grpo.env.adapters.common import clamp01
 from aitrain_grpo.env.adapters.textarena_opponents import game_reply, opponent_factory
@@ -53,6 +56,44 @@ from aitrain_grpo.errors import EnvLoadError, one_line
 INSTALL = "pip install 'aitrain-grpo[textarena]'"
 SPLITS = ("train", "held_out")
 GAME_KEY = "ta_game"
+
+
+NLTK_PACKAGES = ("words", "averaged_perceptron_tagger_eng")  # what TextArena's word games ask nltk for
+_NLTK_FOLDERS = ("corpora", "taggers", "tokenizers", "chunkers", "grammars", "misc", "models", "stemmers")
+
+
+@contextlib.contextmanager
+def installed_nltk_data_only() -> Iterator[None]:
+    """Within the block, `nltk.download(name)` answers from the data installed here: True when each
+    package is found, else a `LookupError` naming the first missing one. TextArena's word games call it
+    when imported and built; the real one went to the network (offline: seven lines of `[nltk_data]`
+    errors, then the game failed anyway, and even installed data was checked online)."""
+    try:
+        import nltk
+    except ImportError:  # a game that needs it fails on its own import, as a missing package
+        yield
+        return
+
+    def installed(info_or_id=None, *args, **kwargs) -> bool:
+        names = [info_or_id] if isinstance(info_or_id, str) else list(info_or_id or [])
+        for name in names:
+            if not any(_nltk_found(nltk, f"{folder}/{name}") for folder in _NLTK_FOLDERS):
+                raise LookupError(f"nltk data {name!r} is not installed")
+        return True
+
+    original, nltk.download = nltk.download, installed
+    try:
+        yield
+    finally:
+        nltk.download = original
+
+
+def _nltk_found(nltk, resource: str) -> bool:
+    try:
+        nltk.data.find(resource)
+    except LookupError:
+        return False
+    return True
 
 
 def _textarena():
@@ -69,7 +110,7 @@ class TextArenaEnv(Environment):
     interface = "TextArena game"
 
     def __init__(self, game: str, num_tasks: int = 64, seed: int = 0, split: str = "train", held_out_every: int = 5,
-                 max_turns: int = 20, opponent: str | dict | None = None, player: int = 0):
+                 max_turns: int = 20, opponent: str | dict | None = None, player: int | str = 0):
         ta = _textarena()
         from textarena.envs.registration import ENV_REGISTRY
 
@@ -100,8 +141,9 @@ class TextArenaEnv(Environment):
         """A fresh game reset with `seed`, a fixed opponent's opening moves, and the model's first observation."""
         players = 1 if self.opponent is None else 2
         try:
-            env = self.ta.make(self.game)
-            env.reset(num_players=players, seed=seed)
+            with installed_nltk_data_only():
+                env = self.ta.make(self.game)
+                env.reset(num_players=players, seed=seed)
         except AssertionError as exc:
             hint = ("give an opponent: --rl-env-config '{\"opponent\": \"random\"}' (or \"self\", \"module:function\", "
                     "{\"base_url\": ..., \"model\": ...})"
@@ -110,7 +152,9 @@ class TextArenaEnv(Environment):
                                f"({one_line(str(exc), 120)}); {hint}") from None
         except LookupError as exc:
             raise EnvLoadError(f"TextArena's {self.game} needs data it downloads at run time "
-                               f"({one_line(str(exc).strip(' *' + chr(10)), 120)}); pick a game that runs offline") from None
+                               f"({one_line(str(exc).strip(' *' + chr(10)), 120)}); install it where there is a "
+                               f"network (python -m nltk.downloader {' '.join(NLTK_PACKAGES)}) or pick a game "
+                               f"that runs offline, e.g. textarena:GuessTheNumber-v0") from None
         if self.opponent is not None:
             env.aitrain_opponent = opponent = self.opponent(seed)
             if opponent.answer is None and _state(env).current_player_id != self.player:
