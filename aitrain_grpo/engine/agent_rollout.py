@@ -14,17 +14,20 @@ A sync `rollout` (agent code on a blocking client) runs in a worker thread with 
 `openai.OpenAI` client; an async one gets `openai.AsyncOpenAI`. Either carries `client.model`, the name
 the endpoint serves.
 
-Left out: a timeout on the whole rollout (see env/agent.py).
+Waits: each reply the agent waits for is bounded by the run's budgets; the agent's own code between replies
+(its tools, a sandbox) by `--rl-env-timeout`, as any environment call is: past it the episode fails with
+that named (`AgentIdle`). Left out: a timeout on the whole rollout (a long episode of quick steps is fine).
 """
 
 from __future__ import annotations
 
+import asyncio
 import inspect
 import json
 from typing import TYPE_CHECKING, Callable
 
 from aitrain_grpo.engine.agent_endpoint import LOCAL_HOST, AgentEndpoint
-from aitrain_grpo.engine.agent_session import AgentLimits, AgentSession, Policy, Sampler
+from aitrain_grpo.engine.agent_session import Activity, AgentLimits, AgentSession, Policy, Sampler
 from aitrain_grpo.engine.backends.base import GenerationBackendError
 from aitrain_grpo.engine.chat import ChatRenderer
 from aitrain_grpo.env.agent import AGENT_SCORE_KEY, split_result
@@ -33,6 +36,10 @@ from aitrain_grpo.errors import ConfigError
 
 if TYPE_CHECKING:  # the runner hands itself in: this module is below it (runner.play_text plays agents here)
     from aitrain_grpo.engine.runner import EpisodeRunner
+
+class AgentIdle(Exception):
+    """The agent's own code went `--rl-env-timeout` seconds without a request (`AgentPlayer._watched`)."""
+
 
 # Seconds a client waits for one reply: a CPU turn of a full batch can take minutes.
 CLIENT_TIMEOUT_S = 3600.0
@@ -66,6 +73,7 @@ class AgentPlayer:
         self.renderer_for, self.stop_ids = renderer_for, stop_ids
         self.endpoint = AgentEndpoint(limits.model_name, host=host, port=port, allow_remote=allow_remote)
         self.counts: dict[str, int] = {}
+        self.activity = Activity()  # requests in flight across this player's episodes (AgentSession.idle_for)
         self._http: dict[bool, object] = {}  # one HTTP client (blocking or not) shared by the episodes' clients
 
     def _http_client(self, blocking: bool):
@@ -82,19 +90,23 @@ class AgentPlayer:
         await self.endpoint.start()
         env, runner = self.runner.env, self.runner
         session = AgentSession(episode, self.limits, self.tokenizer, self.renderer_for, sample=sample,
-                               policy=policy, stop_ids=self.stop_ids, new_trace=new_trace)
+                               policy=policy, stop_ids=self.stop_ids, new_trace=new_trace, activity=self.activity)
         key = self.endpoint.open(session)
         blocking = not inspect.iscoroutinefunction(env.rollout)
         client = agent_client(self.endpoint.base_url(key), key, self.limits.model_name, blocking=blocking,
                               http_client=self._http_client(blocking))
         try:
             if blocking:
-                result = await runner.loop.run_in_executor(runner.executor, env.rollout, client, episode.row)
+                work = runner.loop.run_in_executor(runner.executor, env.rollout, client, episode.row)
             else:
-                result = await env.rollout(client, episode.row)
+                work = asyncio.ensure_future(env.rollout(client, episode.row))
+            result = await self._watched(work, session, runner.timeout)
             score, metrics = split_result(result)
             episode.state[AGENT_SCORE_KEY] = score
             episode.metrics.update(metrics)
+        except AgentIdle as idle:
+            runner._fail(episode, "rollout", idle)
+            episode.error = f"{type(env).__name__}.rollout {idle}"
         except Exception as exc:
             if not isinstance(session.failure, GenerationBackendError):
                 runner._fail(episode, "rollout", exc)
@@ -111,6 +123,24 @@ class AgentPlayer:
             self.counts[name] = self.counts.get(name, 0) + value
         await runner.score(episode)
         return session
+
+    @staticmethod
+    async def _watched(work: asyncio.Future, session: AgentSession, limit: float | None):
+        """`work`'s result, or `AgentIdle` once the agent's own code has gone `limit` seconds (--rl-env-timeout)
+        without a request since the last reply: a hung tool or sandbox inside the agent once held the
+        whole rollout without a word. An async rollout is cancelled; a blocking one's thread runs on, its
+        client's next request refused once the session closes."""
+        if not limit:
+            return await work
+        while True:
+            done, _ = await asyncio.wait({work}, timeout=max(limit - session.idle_for(), 0.05))
+            if done:
+                return work.result()
+            if session.idle_for() >= limit:
+                work.cancel()
+                raise AgentIdle(f"made no request for {limit:g}s after the model's last reply (--rl-env-timeout "
+                                f"{limit:g}s); the agent's own code (a tool, a sandbox, a lock) is waiting on "
+                                f"something, or raise the timeout")
 
     def take_counts(self) -> dict[str, int]:
         """The counts summed over the episodes played since the last call (logged as `agent/<name>`)."""

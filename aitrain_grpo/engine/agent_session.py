@@ -26,6 +26,7 @@ Left out: `n > 1` and logprobs in the response (both refused by the endpoint), s
 from __future__ import annotations
 
 import re
+import time
 from dataclasses import dataclass, field
 from typing import Any, Awaitable, Callable
 
@@ -70,12 +71,21 @@ def _native(renderer: ChatRenderer) -> bool:
     return renderer.tools_route is not None and renderer.tools_route.startswith("tools reach")
 
 
+@dataclass
+class Activity:
+    """Requests being answered across a player's sessions, and when the latest ended (`idle_for`)."""
+
+    in_flight: int = 0
+    last_reply: float = 0.0
+
+
 class AgentSession:
     """The requests of one episode. `sample` draws a model turn from token ids (training, eval); without
     it, `policy` writes each reply as text (an environment's `solve`, for env check and sft)."""
 
     def __init__(self, episode: Episode, limits: AgentLimits, tokenizer, renderer_for: Callable[[list | None], ChatRenderer] | None,
-                 *, sample: Sampler | None = None, policy: Policy | None = None, stop_ids=(), new_trace=None):
+                 *, sample: Sampler | None = None, policy: Policy | None = None, stop_ids=(), new_trace=None,
+                 activity: Activity | None = None):
         self.episode, self.limits, self.tokenizer = episode, limits, tokenizer
         self.renderer_for, self.sample, self.policy = renderer_for, sample, policy
         self.stop_ids = set(stop_ids)
@@ -88,10 +98,29 @@ class AgentSession:
         # An exception raised while answering (the backend gone, the oracle raising): the agent only sees an
         # error response, so the episode's player re-raises or reports this one.
         self.failure: BaseException | None = None
+        self.activity = activity or Activity()
+        self.idle_since = time.monotonic()  # when this episode's last request was answered (or it started)
 
     # ------------------------------------------------------------------------------- a request
 
     async def complete(self, body: dict[str, Any]) -> dict[str, Any]:
+        self.activity.in_flight += 1
+        try:
+            return await self._complete(body)
+        finally:
+            self.activity.in_flight -= 1
+            self.activity.last_reply = self.idle_since = time.monotonic()
+
+    def idle_for(self) -> float:
+        """Seconds the agent's own code has run since a reply (0 while any episode's request is answered):
+        the time `AgentPlayer` bounds by `--rl-env-timeout`, the environment's side of an agent episode.
+        Counted from the latest reply to any episode of the player, so an agent that waited for the event
+        loop while the model generated for the others is not counted idle."""
+        if self.activity.in_flight:
+            return 0.0
+        return time.monotonic() - max(self.idle_since, self.activity.last_reply)
+
+    async def _complete(self, body: dict[str, Any]) -> dict[str, Any]:
         if self.closed:
             raise EndpointError(409, "this episode has been scored; its requests are closed", code="episode_closed")
         model = body.get("model")
