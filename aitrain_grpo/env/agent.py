@@ -26,8 +26,8 @@ its episodes.
 
 Streamed requests (`stream: true`) are answered with the finished reply sent as stream events.
 
-Left out: `n > 1`, and a timeout on the whole rollout (each generation is bounded by
-the run's token budgets; a hung tool inside the agent is the agent's to time out).
+Left out: `n > 1`, and a timeout on the whole rollout (each generation is bounded by the run's token
+budgets, and the agent's own code between two requests by `--rl-env-timeout`: engine/agent_rollout.py).
 """
 
 from __future__ import annotations
