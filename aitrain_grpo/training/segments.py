@@ -19,9 +19,10 @@ sequences join afterwards:
   none past a multiple of it. So every process pads its batch to the same number of rows, a multiple of
   `steps_per_generation`, with blank rows (one prompt token, no completion, loss mask 0): processes run
   the same number of forwards (collective under FSDP), and no row is left out. Blank rows count where
-  TRL counts an all-masked row: in the `grpo`/`sapo`/`luspo`/`dr_grpo` per-row denominators (at most
-  `steps_per_generation` - 1 of them); `--rl-zero-std-groups drop|refill` takes them out with the
-  dropped groups (groups.py).
+  TRL counts an all-masked row: in the `grpo`/`sapo`/`luspo`/`dr_grpo` per-row denominators (fewer
+  than `steps_per_generation` a step, plus, with several processes, the extra rows another process has
+  more); `--rl-zero-std-groups drop|refill` takes them out with the dropped groups (groups.py). A
+  micro-batch thus holds more rows than `--micro-batch-size` episodes (micro_batches.py).
 
 How the loss weighs an episode of several sequences against one of one: TRL's loss type decides, rows
 being rows (docs/architecture.md, "Token rules"). Token-level losses (`dapo`, TRL's default, `cispo`,
@@ -35,8 +36,7 @@ counts as played; a dropped group's episode as one), `sequences/extra_rows` (row
 `sequences/blank_rows`.
 
 Left out: multimodal batches (an extra row carries no image; refused), TRL's
-`mask_truncated_completions` (no run sets it), and a row's completion longer than TRL's padded batch
-by itself is no limit (the batch widens to it).
+`mask_truncated_completions` (no run sets it), and a per-row weight (docs/architecture.md says why).
 """
 
 from __future__ import annotations
