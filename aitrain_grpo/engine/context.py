@@ -216,6 +216,9 @@ class ContextKeeper:
         """Episode `i`'s reply (its template suffix `suffix`) into its sequence, or into a new sequence its
         strategy rewrites the history into; where neither fits, the episode stops here, scored as it stands."""
         episode, trace = batch.episodes[i], batch.traces[i]
+        if self.max_episode_tokens is not None and episode.log.model_tokens >= self.max_episode_tokens:
+            self.stop(episode, "completion_budget")  # no turn is left to answer it: no rewrite for nothing
+            return
         seen = list(episode.messages)  # what the model has seen: the current sequence's messages
         length = trace.length + len(suffix)
         over = ("completion_budget" if len(trace.completion_ids) + len(suffix) >= self.max_completion_length
