@@ -15,6 +15,7 @@ from aitrain_grpo import RunConfig
 from aitrain_grpo.training.trainer import build_trainer
 from helpers import REPO, run_cli
 from envs_fixtures.flat_groups import FlatGroupsEnv
+from envs_fixtures.graded import Graded, pooled_before
 
 FLAT = ["--rl-env-module", "envs_fixtures.flat_groups", "--rl-env-class", "FlatGroupsEnv"]
 
@@ -54,14 +55,14 @@ class StepRecorder(TrainerCallback):
         self.versions[step] = list(self.rollout.last_weight_versions)
 
 
-def async_run(tiny_model_dir, out, url, *, steps_ahead=1, max_steps=4, **options):
+def async_run(tiny_model_dir, out, url, *, steps_ahead=1, max_steps=4, env=None, **options):
     config = RunConfig(
         model=tiny_model_dir, output_dir=str(out), rl_env_module="envs_fixtures.flat_groups",
         rl_env_class="FlatGroupsEnv", max_steps=max_steps, batch_size=8, rl_num_generations=4, rl_max_new_tokens=16,
         seed=5, lr=1e-2, use_vllm=True, vllm_mode="server", vllm_server_url=url, vllm_sync="lora",
         rl_async_steps=steps_ahead, **options,
     )
-    trainer = build_trainer(config, FlatGroupsEnv(num_tasks=32, flat_every=1000))
+    trainer = build_trainer(config, env or FlatGroupsEnv(num_tasks=32, flat_every=1000))
     recorder = StepRecorder(trainer.rollout)
     trainer.add_callback(recorder)
     try:
@@ -96,6 +97,17 @@ def test_async_episodes_carry_weight_versions_at_most_n_steps_old(vllm_server, t
         assert record["staleness"] == record["step"] - 1 - record["weight_version"] in (0, 1)
     assert any(r["staleness"] == 1 for r in records)
     assert '"weight_version"' in (tmp_path / "report.html").read_text()
+
+
+def test_a_curriculum_plays_ahead_the_batches_trl_draws_from_the_pools_known_then(vllm_server, tiny_model_dir, tmp_path):
+    """--rl-curriculum pools: a batch played one step ahead is drawn from the groups of the steps up to two
+    before it, the same batch TRL's sampler yields when its step comes (no plan misses)."""
+    recorder, logs = async_run(tiny_model_dir, tmp_path, vllm_server, max_steps=8, env=Graded(), rl_curriculum="pools",
+                               rl_curriculum_revisit=0.0, rl_curriculum_history=1)
+    assert all(log["async/plan_misses"] == 0 for log in logs)
+    steps = [set(recorder.tasks[step]) for step in sorted(recorder.tasks)]
+    assert pooled_before(steps) == [set()] * 8
+    assert logs[-1]["curriculum/easy"] + logs[-1]["curriculum/hard"] >= 3
 
 
 def test_resumed_async_run_replays_the_same_prompts(vllm_server, tiny_model_dir, tmp_path):

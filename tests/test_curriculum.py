@@ -6,7 +6,6 @@ uninterrupted run draws."""
 from __future__ import annotations
 
 import json
-import threading
 from collections import Counter
 
 import pytest
@@ -15,7 +14,7 @@ from aitrain_grpo.config import ConfigError, RunConfig
 from aitrain_grpo.training.checkpoints import ResumableRepeatSampler
 from aitrain_grpo.training.curriculum import Curriculum, CurriculumSampler
 from aitrain_grpo.training.trl_access import RepeatSampler
-from envs.letters import LetterEnv
+from envs_fixtures.graded import EASY, HARD, Graded, pooled_before
 from helpers.letters import letters_config
 
 
@@ -130,29 +129,6 @@ def test_bad_curriculum_options_are_refused_in_one_line(options, fragment):
 
 # ------------------------------------------------------------------------------------------ real runs
 
-EASY, HARD = {0, 4}, {1, 5}  # of eight tasks; the others score 0.5 every time (always normal)
-
-
-class Graded(LetterEnv):
-    """envs.letters whose score depends on the task alone, recording the task each episode plays."""
-
-    def __init__(self, **kwargs):
-        super().__init__(**{"turns": 1, "num_tasks": 8, **kwargs})
-        self.tasks: list[int] = []
-        self.lock = threading.Lock()
-
-    def reset(self, episode):
-        with self.lock:
-            self.tasks.append(episode.row["task"])
-
-    def score_episode(self, episode):
-        task = episode.row["task"]
-        return 1.0 if task in EASY else 0.0 if task in HARD else 0.5
-
-    def per_step(self) -> list[set[int]]:  # two prompts of four episodes a step
-        return [set(self.tasks[i:i + 8]) for i in range(0, len(self.tasks), 8)]
-
-
 def graded_config(out, **overrides) -> RunConfig:
     options = dict(rl_curriculum="pools", rl_curriculum_revisit=0.0, rl_curriculum_history=1, max_steps=8, save_steps=3)
     return letters_config(out, **{**options, **overrides})
@@ -177,10 +153,9 @@ def test_a_run_moves_prompts_into_pools_and_its_batches_turn_away_from_them(pool
     steps = env.per_step()
     logged = metrics(out)
     assert len(steps) == 8
+    assert pooled_before(steps) == [set()] * 8  # no step drew a prompt solved or failed two steps before
     seen_by: dict[int, int] = {}
     for step, tasks in enumerate(steps):
-        pooled_before = {t for t, first in seen_by.items() if first <= step - 2 and t in EASY | HARD}
-        assert not tasks & pooled_before, f"step {step + 1} drew {tasks & pooled_before}, solved or failed before"
         for task in tasks:
             seen_by.setdefault(task, step)
         record = logged[step + 1]
