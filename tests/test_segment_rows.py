@@ -183,6 +183,16 @@ def test_a_dropped_groups_earlier_sequences_leave_with_it(tiny_model_dir, tmp_pa
     assert cut_up["grad_norm"] == pytest.approx(whole["grad_norm"], rel=1e-3)
 
 
+def test_refilled_groups_bring_their_own_earlier_sequences(tiny_model_dir, tmp_path):
+    trainer, log, scored = one_step(tiny_model_dir, tmp_path, TwoTurnFlatEnv(), which=range(8), peft=False,
+                                    rl_zero_std_groups="refill")
+    batch = trainer.rollout.last_batch
+    assert log["groups/refill_rollouts"] > 0 and all(ep.row["task"] % 2 for ep in batch.episodes)
+    for (first,), last in zip(batch.earlier, batch.traces):  # each episode's own first part, not a replaced one's
+        assert first.prompt_ids + first.completion_ids == last.prompt_ids
+    assert log["sequences/extra_rows"] == 8 and scored["advantages"].shape[0] == 16
+
+
 def test_an_agents_rewritten_history_trains_both_segments(tiny_model_dir, tmp_path):
     # The engine's own split: SummarisingAgent rewrites its history once, so each episode is two segments.
     trainer, log, scored = one_step(tiny_model_dir, tmp_path, SummarisingAgent(), batch_size=4, rl_num_generations=2,
