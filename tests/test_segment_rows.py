@@ -8,12 +8,15 @@ episode's advantage."""
 from __future__ import annotations
 
 import copy
+import math
+from types import SimpleNamespace
 
 import pytest
 import torch
 
 from aitrain_grpo import Environment, RunConfig
 from aitrain_grpo.env.base import Episode
+from aitrain_grpo.training.segments import importance_ratio
 from aitrain_grpo.training.trainer import build_trainer
 from aitrain_grpo.training.trl_access import turn_on_importance_sampling
 from envs_fixtures.agents import SummarisingAgent
@@ -165,6 +168,15 @@ def test_the_importance_sampling_correction_covers_the_earlier_rows(tiny_model_d
     assert old[8:][mask[8:]].abs().sum() > 0 and not torch.isnan(ratio).any()
     assert cut_up["grad_norm"] == pytest.approx(whole["grad_norm"], rel=1e-3)
     assert cut_up["loss"] == pytest.approx(whole["loss"], rel=1e-4, abs=1e-6)
+
+
+def test_the_sequence_level_ratio_of_trls_default_mode_masks_a_row_out_of_bounds():
+    # TRL's default (sequence_mask): one ratio per row over its model tokens, 0 outside [min, max].
+    trainer = SimpleNamespace(vllm_importance_sampling_mode="sequence_mask", vllm_importance_sampling_clip_min=0.5,
+                              vllm_importance_sampling_clip_max=3.0)
+    old, sampling = torch.tensor([[-1.0, -2.0, -3.0], [-1.0, -1.0, 0.0]]), torch.tensor([[-1.5, -2.0, -9.0], [-3.0, -1.0, 0.0]])
+    ratio = importance_ratio(trainer, old, sampling, torch.tensor([[1, 1, 0], [1, 1, 0]]))
+    assert ratio.shape == (2, 1) and ratio[0, 0] == pytest.approx(math.exp(0.5)) and ratio[1, 0] == 0
 
 
 def test_a_dropped_groups_earlier_sequences_leave_with_it(tiny_model_dir, tmp_path):
