@@ -101,7 +101,7 @@ def test_a_rewritten_history_splits_the_episode_and_the_last_segment_trains(tiny
     with engine:
         batch = engine.run(env.build_dataset(tokenizer))
     assert batch.agent_counts["history_rewrites"] == 4  # one per episode
-    assert batch.agent_counts["untrained_tokens"] > 0
+    assert batch.agent_counts["earlier_segment_tokens"] > 0
     for trace in batch.traces:
         prompt = tokenizer.decode(trace.prompt_ids)
         assert "Earlier you said" in prompt and "about hotels" not in prompt

@@ -113,7 +113,7 @@ def test_framework_agent_plays_the_tiny_model(name, tiny_model_and_tokenizer):
         assert len(trace.completion_ids) == len(trace.env_mask) == len(trace.logprobs)
         assert f"Episode {episode.row['id']}." in episode.messages[0]["content"]
     counts = batch.agent_counts
-    assert counts["requests"] >= 4 and counts["history_rewrites"] == 0 and counts["untrained_tokens"] == 0
+    assert counts["requests"] >= 4 and counts["history_rewrites"] == 0 and counts["earlier_segment_tokens"] == 0
 
 
 @pytest.mark.parametrize("name", NAMES)
@@ -126,7 +126,7 @@ def test_framework_tool_loop_is_one_append_only_sequence(name, tiny_model_and_to
     backend = ExpertBackend(tokenizer)
     batch = run_engine(env, tokenizer, backend, max_new_tokens=64)
     counts = batch.agent_counts
-    assert counts["requests"] == 6 and counts["history_rewrites"] == 0 and counts["untrained_tokens"] == 0
+    assert counts["requests"] == 6 and counts["history_rewrites"] == 0 and counts["earlier_segment_tokens"] == 0
     for episode, trace in zip(batch.episodes, batch.traces):
         city, number = episode.row["city"], str(TEMPERATURES[episode.row["city"]])
         assert episode.error is None, episode.error

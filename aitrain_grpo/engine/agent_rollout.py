@@ -118,7 +118,7 @@ class AgentPlayer:
             runner._fail(episode, runner.policy_name if policy else "rollout", session.failure)
         episode.done = True
         episode.stop_reason = episode.stop_reason or "env"
-        session.counts["untrained_tokens"] = session.untrained_tokens()
+        session.counts["earlier_segment_tokens"] = session.earlier_segment_tokens()
         for name, value in session.counts.items():
             self.counts[name] = self.counts.get(name, 0) + value
         await runner.score(episode)

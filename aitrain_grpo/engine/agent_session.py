@@ -8,7 +8,7 @@ else (the agent rewrote or summarised its history, changed its tools, or branche
 rendered from its messages, and counts as a history rewrite. Every segment trains: the last is the
 episode's sequence (`RolloutBatch.traces`), the earlier ones (`RolloutBatch.earlier`) become training rows
 of their own with the episode's score and advantage (training/segments.py); their model tokens are
-counted in `agent/untrained_tokens`, a name from when only the last segment trained.
+counted in `agent/earlier_segment_tokens`.
 
 Budgets are the run's: `--rl-max-new-tokens` per reply (a request's `max_tokens` lowers it, never raises
 it; a request asking for more is clipped and counted), `--rl-max-turns` replies, and
@@ -266,7 +266,7 @@ class AgentSession:
             finish = "tool_calls"
         return {"message": message, "finish_reason": finish}
 
-    def untrained_tokens(self) -> int:
+    def earlier_segment_tokens(self) -> int:
         """Model tokens of the segments before the last (trained as rows of their own: training/segments.py)."""
         return sum(sum(s.trace.env_mask) for s in self.segments[:-1])
 

@@ -25,7 +25,7 @@ from aitrain_grpo.errors import TemplateError
 TOOLS_NOTE = ("tools come with each request of an agent environment (the agent sends them), not from env.tools: "
               "those listed are the ones its requests sent")
 # The counts training logs as agent/<name>, in the order shown.
-COUNTS = ("requests", "history_rewrites", "clipped_requests", "ignored_sampling", "untrained_tokens")
+COUNTS = ("requests", "history_rewrites", "clipped_requests", "ignored_sampling", "earlier_segment_tokens")
 
 
 def first_request(episode: Episode) -> list[Message]:
@@ -77,7 +77,7 @@ def describe_requests(report, tokenizer, first_row: dict[str, Any]) -> None:
         if counts.get("history_rewrites"):
             report.notes.append(f"{counts['history_rewrites']} requests did not extend their episode's last one "
                                 f"(the agent rewrote its history): each starts a new training sequence of its episode, "
-                                f"with the episode's score ({counts.get('untrained_tokens', 0)} model tokens in sequences "
+                                f"with the episode's score ({counts.get('earlier_segment_tokens', 0)} model tokens in sequences "
                                 f"before an episode's last)")
 
 
