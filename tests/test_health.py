@@ -61,6 +61,21 @@ def test_low_score_only_after_twenty_steps():
     assert low_score(with_changes(healthy_run(30), 1, **{"env/score_mean": 0.3})) is None
 
 
+def test_a_low_score_that_is_climbing_is_not_a_low_score_warning():
+    # README's quick start on seed 1 (benchmarks/FIRST_RUN.md): 0.08 over steps 1-5, 0.146 over steps 16-20 (here 0.09 and 0.145),
+    # 0.87 by the end. Below 0.15 at step 20, but climbing: no advice to check the environment.
+    climbing = [{"step": s, "reward": 0.08 + 0.0036 * s, "env/score_mean": 0.08 + 0.0036 * s} for s in range(1, 31)]
+    assert low_score(climbing[:20]) is None
+    assert "low_score" not in [w.key for w in first_warnings(climbing)]
+    # Climbing by less than 0.05 over the window is still low: it warns, naming where it started.
+    slow = [dict(r, **{"env/score_mean": 0.05 + 0.001 * r["step"]}) for r in climbing]
+    warning = low_score(slow[:20])
+    assert warning is not None and "0.068 after 20 steps (0.053 at steps 1-5)" in warning.message
+    # A score that fell to zero (a collapsed run) warns as before.
+    fallen = [dict(r, **{"env/score_mean": 0.0 if r["step"] > 10 else 0.06}) for r in climbing]
+    assert low_score(fallen[:20]) is not None
+
+
 def test_entropy_collapse():
     collapsed = with_changes(healthy_run(10), 8, entropy=0.004)
     warning = entropy_collapse(collapsed)
