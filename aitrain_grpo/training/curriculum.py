@@ -96,7 +96,7 @@ class Curriculum:
         coin = random.Random(f"aitrain-curriculum/{self.seed}/{batch}")
         chosen: list[int] = []
         passed: list[int] = []
-        for row in [*order[start:], *order[:start]]:
+        for row in (order[(start + j) % len(order)] for j in range(len(order))):  # lazily: most batches stop early
             if len(chosen) == size:
                 break
             if not quotas[self.envs[row]]:
@@ -195,7 +195,8 @@ class CurriculumSampler(ResumableRepeatSampler):
                 generator.manual_seed(self.seed)
                 for _ in range(epoch + 1):
                     order = torch.randperm(self.num_samples, generator=generator).tolist()
-            cache.clear()
+            for old in [e for e in cache if e < epoch - 1]:  # steps played ahead span two epochs at most
+                del cache[old]
             cache[epoch] = order
         return cache[epoch]
 
