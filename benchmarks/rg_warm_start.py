@@ -15,11 +15,12 @@ that format, so `aitrain sft` can teach it. Two phases, every step through the C
   `env/answered`), the mean score, the share solved, and the share of groups with a signal (not every
   episode of the group scored the same: what GRPO learns from).
 - `grpo`: `aitrain grpo --model <sft output>` on the train split with LEARNING.md's SmolLM2 recipe and a
-  checkpoint every step; prints the mean score of each finished step (metrics.jsonl), so a run stopped
-  early still reports what it did.
+  checkpoint every step, stopped after `--minutes` if given; prints the mean score of each finished step
+  (metrics.jsonl), so a run stopped early still reports what it did, and evaluates its newest checkpoint
+  greedily on the held-back rows.
 Each phase prints a Markdown section (and writes it to OUT/<phase>.md) for benchmarks/SIGNAL.md.
 
-Left out: several seeds, held-back evaluation of the GRPO checkpoints (run `aitrain eval --model
+Left out: several seeds, held-back evaluation of every GRPO checkpoint (run `aitrain eval --model
 OUT/grpo/checkpoint-N` with the held-out config), families without stored answers (no oracle).
 """
 
@@ -44,13 +45,15 @@ GRPO = ("--lr", "1e-3", "--rl-kl-coef", "0", "--rl-temperature", "0.7", "--batch
         "--rl-num-generations", "4", "--rl-max-new-tokens", "96", "--save-steps", "1")
 
 
-def aitrain(*args: str, log: Path) -> float:
-    """Run `python -m aitrain_grpo ARGS` with its output in `log`; the seconds it took."""
+def aitrain(*args: str, log: Path, minutes: float = 0) -> float:
+    """Run `python -m aitrain_grpo ARGS` with its output in `log` (stopped after `minutes`, if given:
+    `subprocess.TimeoutExpired`); the seconds it took."""
     print("$ aitrain " + " ".join(shlex.quote(a) for a in args), flush=True)
     started = time.perf_counter()
     with log.open("w") as handle:
         code = subprocess.run([sys.executable, "-m", "aitrain_grpo", *args], cwd=REPO, stdout=handle,
-                              stderr=subprocess.STDOUT, env=dict(os.environ, OMP_NUM_THREADS="1")).returncode
+                              stderr=subprocess.STDOUT, env=dict(os.environ, OMP_NUM_THREADS="1"),
+                              timeout=minutes * 60 or None).returncode
     if code:
         sys.exit(f"aitrain {args[0]} failed (exit {code}); see {log}")
     return time.perf_counter() - started
@@ -102,15 +105,22 @@ def grpo(args, out: Path) -> list[str]:
     try:
         aitrain("grpo", "--model", str(out / "sft"), "--rl-env", f"reasoning_gym:{args.family}", "--rl-env-config",
                 json.dumps(TRAIN), *GRPO, "--max-steps", str(args.steps), "--seed", "1", "--overwrite",
-                "--output-dir", str(run), log=out / "grpo.log")
+                "--output-dir", str(run), log=out / "grpo.log", minutes=args.minutes)
         ending = "finished"
-    except (SystemExit, KeyboardInterrupt) as stopped:
-        ending = f"stopped ({stopped})"
+    except subprocess.TimeoutExpired:
+        ending = f"stopped at the {args.minutes:g}-minute budget"
     metrics = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines() if line.strip()]
     means = [float(m["env/score_mean"]) for m in metrics if "env/score_mean" in m]
-    return [f"`aitrain grpo --model <sft start> {' '.join(GRPO)} --max-steps {args.steps} --seed 1` on "
-            f"`{json.dumps(TRAIN)}`: {ending} after {len(means)} steps, {time.perf_counter() - started:.0f} s.", "",
-            "Mean score of each step's 16 episodes: " + " ".join(f"{m:.2f}" for m in means)]
+    lines = [f"`aitrain grpo --model <sft start> {' '.join(GRPO)} --max-steps {args.steps} --seed 1` on "
+             f"`{json.dumps(TRAIN)}`: {ending} after {len(means)} steps, {time.perf_counter() - started:.0f} s.", "",
+             "Mean score of each step's 16 episodes: " + " ".join(f"{m:.2f}" for m in means)]
+    checkpoints = sorted((p for p in run.glob("checkpoint-*") if (p / "trainer_state.json").is_file()),  # whole ones
+                         key=lambda p: int(p.name.split("-")[1]))
+    if checkpoints:  # the newest checkpoint on the held-back rows, as the start's greedy row
+        figures = evaluate(str(checkpoints[-1]), args, out, checkpoints[-1].name, greedy=True)
+        lines += ["", f"Held-back rows, greedy, {checkpoints[-1].name}: {figures['format']:.0%} in the format, "
+                      f"mean score {figures['mean']:.3f}, {figures['solved']:.0%} solved ({figures['episodes']} episodes)."]
+    return lines
 
 
 def main() -> None:
@@ -125,6 +135,7 @@ def main() -> None:
     parser.add_argument("--groups", type=int, default=20, help="held-back rows sampled 4 times each")
     parser.add_argument("--max-new-tokens", type=int, default=96)
     parser.add_argument("--steps", type=int, default=10, help="GRPO steps (phase grpo)")
+    parser.add_argument("--minutes", type=float, default=0, help="stop GRPO after this long (0: never)")
     parser.add_argument("--out", default="/work/runs/warmstart", help="where the runs go")
     args = parser.parse_args()
     out = Path(args.out).resolve()
