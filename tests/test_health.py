@@ -45,6 +45,14 @@ def test_no_learning_signal_when_most_recent_steps_have_zero_reward_std():
     assert no_learning_signal(with_changes(healthy_run(12), 10, reward_std=0.0, frac_reward_zero_std=1.0)) is None
 
 
+def test_no_learning_signal_is_silent_when_every_episode_scored_full_marks():
+    # README's quick start on seed 42 (benchmarks/FIRST_RUN.md): steps 49-53 score 1.0 in every episode.
+    solved = with_changes(healthy_run(12), 8, reward=1.0, reward_std=0.0, frac_reward_zero_std=1.0,
+                          **{"env/score_mean": 1.0})
+    assert no_learning_signal(solved) is None
+    assert no_learning_signal(with_changes(solved, 8, **{"env/score_mean": 0.9})) is not None
+
+
 def test_no_learning_signal_when_every_group_is_flat_even_if_the_batch_varies():
     # Different tasks score differently, but every group of attempts at one task scores the same.
     records = with_changes(healthy_run(10), 1, reward_std=0.3, frac_reward_zero_std=1.0)

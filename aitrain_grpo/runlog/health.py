@@ -27,6 +27,7 @@ Record = dict[str, Any]
 
 RECENT_STEPS = 5          # "recent" means the last five logged steps
 ZERO_STD = 1e-6
+SOLVED = 1.0 - 1e-9       # a step's mean score this high: every episode scored 1.0 (stats.SUCCESS's bar)
 LOW_SCORE = 0.15
 LOW_SCORE_AFTER_STEPS = 20
 # A low score that is still climbing is a run learning, not an environment to check: README's quick start
@@ -70,12 +71,17 @@ def _step(records: Sequence[Record]) -> int:
 
 
 def no_learning_signal(records: Sequence[Record], window: int = RECENT_STEPS) -> HealthWarning | None:
-    """Most recent steps had equal rewards within every group: GRPO's advantages are all zero."""
+    """Most recent steps had equal rewards within every group: GRPO's advantages are all zero. A step on which
+    every episode scored full marks (1.0) does not count: the run has learned those tasks, nothing is wrong
+    (README's quick start does so from about step 45 on some seeds)."""
     recent = records[-window:]
     if len(recent) < window:
         return None
 
     def flat(record: Record) -> bool:
+        score = _number(record, "env/score_mean")
+        if score is not None and score >= SOLVED:
+            return False
         std, zero_groups = _number(record, "reward_std"), _number(record, "frac_reward_zero_std")
         return (std is not None and std < ZERO_STD) or (zero_groups is not None and zero_groups >= 0.999)
 
