@@ -41,3 +41,9 @@ def test_training_logs_it_and_greedy_groups_write_one_reply(tmp_path):
         assert record["env/group_same_reply"] == 1.0 and record["env/group_one_reply_frac"] == 1.0
     for record in steps(sampled):
         assert record["env/group_same_reply"] < 0.5 and record["env/group_one_reply_frac"] == 0.0
+
+
+def test_a_reply_with_full_marks_taking_over_is_the_task_solved():
+    # The quick start's model that learned "A a a a." writes it in every episode: success, not a shortcut.
+    replies, scores = ["A a a a."] * 4 + [" a a a"] * 4, [1.0] * 4 + [0.5] * 4
+    assert group_reply_metrics(replies, 4, scores) == {"env/group_same_reply": 0.5, "env/group_one_reply_frac": 0.5}

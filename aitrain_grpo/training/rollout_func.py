@@ -128,7 +128,7 @@ class TrainingRollout:
         if trainer.accelerator.num_processes > 1:
             summaries = gather_object(summaries)
         self.metrics.update(episode_stats(summaries).env_metrics())
-        self.metrics.update(group_reply_metrics(model_replies(batch.traces), trainer.num_generations))
+        self.metrics.update(group_reply_metrics(model_replies(batch.traces), trainer.num_generations, batch.scores))
         self.metrics.update({f"agent/{name}": value for name, value in batch.agent_counts.items()})
         self.metrics.update(self._server_metrics(batch))
         for observe in self.observers:
