@@ -1,5 +1,11 @@
 """Training through `train()` makes the tiny model better at a multi-turn task, on every seed tried.
 
+Since issue 35 the recipe is README's quick start as it is now (examples/quickstart.yaml): envs.letters
+pays nothing for a turn cut at its token limit, and credit per turn (`rl_advantage="turn"`). Measured on
+seeds 0, 1, 2 (benchmarks/FIRST_RUN.md), first 10 -> last 10 steps: 0.17 -> 0.96, 0.15 -> 0.96,
+0.11 -> 0.94; hence a 0.5 bar. What follows is the history of the earlier recipe (outcome credit, the old
+score that paid a cut turn), kept for its measurements of the tiny model.
+
 The recipe: envs.letters (score = share of 'a' in the model's words, 3 turns), 60 steps, batch 8,
 group 4, 16 new tokens per turn, lr 3e-3 with no learning-rate warm-up (transformers' default
 schedule: linear decay to 0 from the first step), no KL, top-k off, temperature 1. The rise of a run
@@ -37,7 +43,7 @@ import pytest
 from aitrain_grpo import RunConfig, train
 
 SEEDS = (0, 1, 2)
-MIN_RISE = 0.25
+MIN_RISE = 0.5
 STEPS = 60
 
 
@@ -48,6 +54,7 @@ def letter_run(model: str, output_dir, seed: int) -> list[dict]:
         rl_max_new_tokens=16, lr=3e-3, rl_kl_coef=0.0, rl_top_k=0, rl_temperature=1.0, seed=seed,
         # Tuned with a cut turn ending its episode (the default was `end` then); kept so the figures hold.
         rl_cut_turn="end",
+        rl_advantage="turn",  # README's quick start since issue 35 (examples/quickstart.yaml)
     )
     summary = train(config)
     assert summary["global_step"] == STEPS

@@ -163,13 +163,16 @@ def test_eval_without_a_baseline_compares_a_run_folder_with_its_first_steps(tmp_
 # ------------------------------------------------------------------------------ end to end
 
 
-def test_the_quick_start_warns_of_its_shortcut_and_the_report_shows_it(tmp_path):
-    """README's first run on the tiny model learns to fill its 16-token turn with " a a a", which is cut and
-    ends the episode: measured on seed 42, the warning comes at step 18 (steps 11-12 on seeds 1-2)."""
+def test_the_old_quick_start_warns_of_its_shortcut_and_the_report_shows_it(tmp_path):
+    """README's first run as it was before issue 35 (envs.letters' old score, `pay_cut_turns`, which pays a
+    turn cut at its limit; outcome advantages): the tiny model learns to fill its 16-token turn with " a a a",
+    which is cut and ends the episode: measured on seed 42, the warning comes at step 18 (steps 11-12 on
+    seeds 1-2)."""
     from helpers import REPO, run_cli
 
     out = tmp_path / "run"
     result = run_cli("grpo", "--config", "examples/quickstart.yaml", "--max-steps", "30", "--output-dir", str(out),
+                     "--rl-env-config", '{"letter": "a", "turns": 3, "pay_cut_turns": true}', "--rl-advantage", "outcome",
                      "--log-episodes-every", "29", cwd=REPO)
     assert result.returncode == 0, result.stderr[-3000:]
     lines = [line for line in result.stdout.splitlines() if "possible shortcut" in line]
