@@ -143,6 +143,9 @@ def test_eval_names_a_large_shift_against_the_baseline():
     # A tool run that learned to call more and fail more (issue 41's second run).
     start = {"episodes": 32, "truncated": 0, "mean_turns": 1.9, "tool_errors": 7}
     assert len(eval_shifts({"episodes": 32, "truncated": 16, "mean_turns": 2.5, "tool_errors": 23}, start)) == 3
+    # The quick start learned (benchmarks/FIRST_RUN.md): all three turns played, none cut, where the base was cut.
+    start = {"episodes": 32, "truncated": 27, "mean_turns": 2.0, "tool_errors": 0}
+    assert eval_shifts({"episodes": 32, "truncated": 0, "mean_turns": 3.0, "tool_errors": 0}, start) == []
     assert "turns per episode: 1.00 against the baseline's 2.10" in eval_warning([trained, base], "tiny")
     assert eval_warning([base, base], "tiny") is None
 

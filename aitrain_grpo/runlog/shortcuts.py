@@ -195,16 +195,22 @@ def first_shortcut(records: Sequence[Record]) -> Shortcut | None:
 
 def eval_shifts(model: dict[str, float], baseline: dict[str, float], against: str = "the baseline's") -> list[str]:
     """The shortcut's moves between two evaluations' summaries (evaluate.EvalResult.summary()), with the
-    training thresholds: more episodes cut by a budget, turns collapsed to 1 or up by TURNS_DROP, tool errors
-    per episode up and doubled. Only the shortcut's direction: the stations runs of benchmarks/TOOL_USE.md
-    learn to stop at the turn limit less (28 -> 5 of 64) and to fail fewer calls (105 -> 19), which is no
-    warning, while the issue's tool run (turn limit 0 -> 16 of 32, tool errors 7 -> 23, turns 1.9 -> 2.5) is."""
+    training thresholds: more episodes cut by a budget, turns collapsed to 1 (or up by TURNS_DROP while more
+    episodes are cut by a budget), tool errors per episode up and doubled. Only the shortcut's direction: the
+    stations runs of benchmarks/TOOL_USE.md learn to stop at the turn limit less (28 -> 5 of 64) and to fail
+    fewer calls (105 -> 19), which is no warning, while the issue's tool run (turn limit 0 -> 16 of 32, tool
+    errors 7 -> 23, turns 1.9 -> 2.5) is. More turns with fewer cut is a task learned, not a shortcut: the
+    quick start's model plays all three of its turns where the base ended early on cut ones (2 -> 3 turns,
+    27 -> 0 of 32 cut, benchmarks/FIRST_RUN.md)."""
     def per_episode(summary: dict[str, float], key: str) -> float | None:
         episodes = summary.get("episodes")
         return summary[key] / episodes if episodes and key in summary else None
 
+    cut_now, cut_base = per_episode(model, "truncated"), per_episode(baseline, "truncated")
+    more_cut = cut_now is not None and cut_base is not None and cut_now > cut_base
+
     def turns_moved(base: float, now: float) -> bool:
-        return (now <= ONE_TURN and base - now >= TURNS_DROP) or now - base >= TURNS_DROP
+        return (now <= ONE_TURN and base - now >= TURNS_DROP) or (more_cut and now - base >= TURNS_DROP)
 
     shifts = []
     checks = (("truncated", "share of episodes cut by a budget", per_episode, _share_rose),
