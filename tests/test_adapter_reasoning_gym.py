@@ -98,3 +98,15 @@ def test_a_family_without_stored_answers_has_no_oracle_and_says_why(tmp_path):
     refused(["sft", *spec, "--output-dir", str(tmp_path / "never")], tmp_path, "no oracle to learn from",
             "propositional_logic stores no answers", "e.g. basic_arithmetic")
     assert not (tmp_path / "never").exists()
+
+
+def test_a_mixture_with_a_family_without_stored_answers_says_which_and_why():
+    from aitrain_grpo.env.adapters.mixture import MixtureEnv
+
+    mixed = MixtureEnv([{"spec": "reasoning_gym:syllogism", "config": {"size": 10}},
+                        {"spec": "reasoning_gym:propositional_logic", "config": {"size": 10}}])
+    assert not has_solve(mixed)
+    assert "propositional_logic stores no answers" in mixed.no_oracle
+    both = MixtureEnv([{"spec": "reasoning_gym:syllogism", "config": {"size": 10}},
+                       {"spec": "reasoning_gym:basic_arithmetic", "config": {"size": 10}}])
+    assert has_solve(both) and getattr(both, "no_oracle", None) is None

@@ -62,6 +62,9 @@ class MixtureEnv(Environment):
         self._rows: dict[str, list[dict[str, Any]]] = {}
         if all(has_solve(env) for env in self.members.values()):
             self.solve = self._solve  # an oracle only where every environment has one (sft, env check)
+        else:  # a member's own reason for having none (reasoning-gym: no stored answers) is the mixture's
+            self.no_oracle = next((f"{name}: {env.no_oracle}" for name, env in self.members.items()
+                                   if not has_solve(env) and getattr(env, "no_oracle", None)), None)
 
     # ------------------------------------------------------------------------------- the dataset
 
