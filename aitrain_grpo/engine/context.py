@@ -9,8 +9,10 @@ ran out (`turn_tokens`, `completion_budget`, or `context` for the window). A too
 longer than `max_tool_result_tokens` is cut to its head and tail with a marker between
 (`episode.log.tool_results_cut`); that is environment text, so re-encoding it breaks no token rule.
 
-The strategy (`--rl-context`, else the environment's `context_strategy`, else `keep`) decides what
-happens when an environment reply would make the sequence too long:
+The strategy (`--rl-context`, else the environment's `context_strategy`, else `compact` where it has the
+hook, else `keep`) decides what happens when an environment reply would make the sequence too long. It is
+per episode: a mixture's episode has its own member's strategy and hook (`resolve_strategies`), so a
+long-horizon environment can summarize while a short one beside it keeps; `--rl-context` wins over all.
 - `keep`: nothing; an episode that no longer fits stops (`completion_budget` or `context`).
 - `drop-tool-results`: once the rendered context passes the threshold (or the next turn would not fit),
   every tool result but the last `context_keep_last` becomes a short stub (`DROPPED`).
@@ -69,6 +71,15 @@ def resolve_strategy(env: Environment, chosen: str | None) -> str:
     return strategy
 
 
+def resolve_strategies(env: Environment, chosen: str | None) -> dict[str | None, str]:
+    """The strategy of each environment that plays episodes, resolved (and refused) before any is played:
+    a mixture's members by name (env/adapters/mixture.py: `members`, `member(row)`), else `env`'s under None."""
+    members = getattr(env, "members", None)
+    if isinstance(members, dict) and callable(getattr(env, "member", None)):
+        return {name: resolve_strategy(member, chosen) for name, member in members.items()}
+    return {None: resolve_strategy(env, chosen)}
+
+
 def task_messages(messages: list[Message]) -> list[Message]:
     """The messages before the model's first turn: the system prompt and the task."""
     first = next((at for at, m in enumerate(messages) if m.get("role") == "assistant"), len(messages))
@@ -125,7 +136,7 @@ class ContextKeeper:
     def __init__(self, env: Environment, tokenizer, runner: EpisodeRunner, settings: EpisodeSettings,
                  renderer_for: Callable[[Episode], ChatRenderer], stop_ids: set[int]):
         self.env, self.tokenizer, self.runner, self.renderer_for = env, tokenizer, runner, renderer_for
-        self.strategy = resolve_strategy(env, settings.context)
+        self.strategies = resolve_strategies(env, settings.context)
         self.keep_last = settings.context_keep_last
         self.max_new_tokens = settings.max_new_tokens
         self.max_completion_length = settings.max_completion_length
@@ -135,6 +146,15 @@ class ContextKeeper:
         self.threshold = settings.context_threshold
         self.stop_ids = stop_ids
 
+    @property
+    def strategy(self) -> str | None:
+        """The one strategy of every episode; None where a mixture's members differ."""
+        return next(iter(self.strategies.values())) if len(set(self.strategies.values())) == 1 else None
+
+    def strategy_of(self, episode: Episode) -> str:
+        """The strategy of `episode`: its mixture member's, else the environment's."""
+        return self.strategies[None] if None in self.strategies else self.strategies[self.env.member(episode.row)[0]]
+
     @staticmethod
     def stop(episode: Episode, reason: str) -> None:
         episode.truncated = episode.done = True
@@ -142,7 +162,7 @@ class ContextKeeper:
 
     def _failed(self, episode: Episode, detail: str) -> None:
         """The strategy failed for this episode: it ends as an environment error, scored 0."""
-        episode.error = f"context strategy {self.strategy}: {detail}".replace("\n", " ")
+        episode.error = f"context strategy {self.strategy_of(episode)}: {detail}".replace("\n", " ")
         episode.stop_reason = "error"
         episode.done = True
         episode.score = 0.0
@@ -225,13 +245,13 @@ class ContextKeeper:
                 else "context" if length >= self.window else None)
         self.runner.accept(episode, reply)
         episode.log.context_tokens = length
-        rewritten = None
-        if self.strategy == "compact":
+        rewritten, strategy = None, self.strategy_of(episode)
+        if strategy == "compact":
             rewritten = await self.runner.compact(episode)
             if episode.error is not None:  # the hook raised or returned something else
                 return
-        elif self.strategy != "keep" and (over or length > self._threshold(trace)):
-            if self.strategy == "drop-tool-results":
+        elif strategy != "keep" and (over or length > self._threshold(trace)):
+            if strategy == "drop-tool-results":
                 rewritten = drop_tool_results(episode.messages, self.keep_last)
             elif self._ask_for_summary(episode, trace, reply, ended_with_eos, len(seen)):
                 return

@@ -10,6 +10,9 @@ its row came from:
   `reset` gives the episode its own environment's whole row back (`episode.row`), tag included.
 - Turns: `reset`, `step`, `score_episode` and `solve` go to that environment; its `max_turns` caps
   the episode (the mixture's own cap is the largest, for budgets).
+- Context: each episode keeps its history by its own environment's strategy (`context_strategy`, or its
+  `compact` hook, which `compact` passes on), `--rl-context` over all (engine/context.py `resolve_strategies`),
+  so a long-horizon environment can summarize or compact while a short one beside it keeps everything.
 - Tools: each row's episodes are offered its environment's tools only (`tools_for_row`), rendered per
   episode by the engine; `tools` is all of them, for display.
 - Metrics: the environment's own metrics as `env/<name>/<metric>`, and `env/<name>/score_mean`, so a
@@ -24,7 +27,7 @@ from __future__ import annotations
 import random
 from typing import Any
 
-from aitrain_grpo.env.base import Environment, Episode, EnvReply, has_solve, needs_policy, prompt_messages, tools_for_row
+from aitrain_grpo.env.base import Environment, Episode, EnvReply, has_compact, has_solve, needs_policy, prompt_messages, tools_for_row
 from aitrain_grpo.env.dataset import build_rows
 from aitrain_grpo.errors import EnvLoadError
 
@@ -126,6 +129,12 @@ class MixtureEnv(Environment):
         episode.metrics = {**{k: v for k, v in episode.metrics.items() if k in before},
                            **{f"{name}/{k}": v for k, v in episode.metrics.items() if k not in before},
                            f"{name}/score_mean": score}
+
+    def compact(self, episode: Episode):
+        """The episode's own environment's `compact` hook; None (go on unchanged) where it has none. The
+        engine calls it only for episodes whose strategy is compact (engine/context.py)."""
+        env = self.member(episode.row)[1]
+        return env.compact(episode) if has_compact(env) else None
 
     def _solve(self, episode: Episode):
         return self.member(episode.row)[1].solve(episode)
