@@ -80,8 +80,8 @@ CONTEXT_STRATEGIES = ("keep", "drop-tool-results", "summarize", "compact")  # en
 DEFAULT_CONTEXT_KEEP_LAST = 2
 # The options of how an episode's history and its budgets are kept (engine/context.py), which `aitrain eval`
 # and `aitrain env check` take as training does.
-CONTEXT_OPTIONS = ("rl_context", "rl_context_keep_last", "rl_context_threshold", "rl_context_window",
-                   "rl_max_tool_result_tokens", "rl_max_episode_tokens")
+CONTEXT_OPTIONS = ("rl_context", "rl_context_keep_last", "rl_context_threshold", "rl_context_summary_tokens",
+                   "rl_context_window", "rl_max_tool_result_tokens", "rl_max_episode_tokens")
 
 
 @dataclass
@@ -106,6 +106,7 @@ class RunConfig:
     rl_context: str | None = _opt(None, "How an episode's history is kept as it grows: keep (all of it); drop-tool-results (past --rl-context-threshold, older tool results become a short stub, the last --rl-context-keep-last kept whole); summarize (past the threshold, the model writes a summary of the episode, which goes on from the task and that summary); compact (the environment's compact(episode) hook). Each rewrite starts a new training sequence. Default: the environment's context_strategy, else keep.", choices=CONTEXT_STRATEGIES)
     rl_context_keep_last: int = _opt(DEFAULT_CONTEXT_KEEP_LAST, "With --rl-context drop-tool-results: the latest tool results kept whole.", minimum=0)
     rl_context_threshold: int | None = _opt(None, "Tokens of the rendered context (prompt and episode so far) past which drop-tool-results and summarize rewrite the history; they also do when the next turn would not fit (default: three quarters of what a sequence may hold: its prompt plus --rl-max-completion-length, or the context window if smaller).", bound=at_least(1))
+    rl_context_summary_tokens: int | None = _opt(None, "With --rl-context summarize: token limit of the summary turn (other turns keep --rl-max-new-tokens); still bounded by the context window and the episode's token budgets. A summary cut off by it ends the episode as an error. Default: the larger of 256 and --rl-max-new-tokens.", bound=at_least(1))
     rl_max_tool_result_tokens: int | None = _opt(None, "Cut a tool or environment result longer than this many tokens to its head and tail with a marker between (counted as env/tool_results_cut; default: no cut).", bound=at_least(16))
     rl_temperature: float = _opt(1.0, "Sampling temperature.", bound=Bound(low=0, high=10, note='0 samples greedily; above 10 a sample is noise'))
     rl_top_k: int = _opt(0, "Top-k sampling (0 = off; with vLLM, filtering biases the importance-sampling ratio).", bound=Bound(low=0, integer=True, note='0 turns it off'))

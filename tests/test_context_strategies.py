@@ -12,7 +12,7 @@ from aitrain_grpo.engine.context import DROPPED, SUMMARY_FOLLOW_UP, SUMMARY_REQU
 from aitrain_grpo.engine.rollout import RolloutEngine
 from aitrain_grpo.engine.settings import EpisodeSettings
 from aitrain_grpo.engine.stats import episode_stats
-from helpers.context import Library, Recording
+from helpers.context import Library, Recording, TextPolicyBackend
 from helpers.rollouts import GREEDY, NEW_TOKENS, model_spans
 
 
@@ -125,10 +125,29 @@ def test_a_summary_cut_off_by_its_token_limit_fails_that_episode(tiny_model_and_
     model, tokenizer = tiny_model_and_tokenizer
     # Plain sampling from the random tiny model seldom stops within 8 tokens: the summary is cut off.
     batch, _, _ = play(model, tokenizer, Library(), backend=HFBackend.for_model(model, tokenizer),
-                       context="summarize", context_threshold=200)
+                       context="summarize", context_threshold=200, context_summary_tokens=NEW_TOKENS)
     failed = [ep for ep in batch.episodes if ep.error]
     assert failed and all(ep.stop_reason == "error" and ep.score == 0.0 for ep in failed)
-    assert "summary turn was cut off" in failed[0].error
+    assert "summary turn was cut off by its token limit (summary_tokens); raise --rl-context-summary-tokens" in failed[0].error
+
+
+def test_the_summary_turn_has_its_own_token_limit_above_a_short_turn_limit(tiny_model_and_tokenizer):
+    _, tokenizer = tiny_model_and_tokenizer
+
+    def policy(text):  # a short answer each turn; asked for a summary, a long one
+        return "Summary: " + " ".join(f"fact{k}" for k in range(12)) if SUMMARY_REQUEST in text else "next"
+
+    backend = TextPolicyBackend(policy, tokenizer)
+    batch, _, _ = play(None, tokenizer, Library(), backend=backend, context="summarize", context_threshold=200)
+    summary_length = len(tokenizer(policy(SUMMARY_REQUEST), add_special_tokens=False)["input_ids"]) + 1
+    assert NEW_TOKENS < summary_length  # longer than --rl-max-new-tokens: only its own limit lets it through
+    for i, episode in enumerate(batch.episodes):
+        assert episode.error is None and episode.turns == 6 and batch.earlier[i], episode.error
+        assert all(seen[-1]["content"] == policy(SUMMARY_REQUEST) for seen in episode.log.earlier_messages)
+    # Its own limit, set below the summary's length, cuts it: that episode fails, saying which option to raise.
+    batch, _, _ = play(None, tokenizer, Library(), backend=backend, context="summarize", context_threshold=200,
+                       context_summary_tokens=summary_length - 1)
+    assert all(ep.stop_reason == "error" and "--rl-context-summary-tokens" in ep.error for ep in batch.episodes)
 
 
 def test_long_results_are_cut_head_and_tail_with_a_marker(tiny_model_and_tokenizer):

@@ -19,8 +19,10 @@ long-horizon environment can summarize while a short one beside it keeps; `--rl-
 - `summarize`: past the threshold, the reply is followed by a request for a summary (`SUMMARY_REQUEST`);
   the model's next turn, sampled like any turn under the same weights and sampler, is that summary, a
   model turn (mask 1) of the sequence it was asked in; the episode goes on from the task (the messages
-  before the first model turn), the summary as an assistant turn and `SUMMARY_FOLLOW_UP`. A summary cut
-  off by its token limit ends the episode as an error.
+  before the first model turn), the summary as an assistant turn and `SUMMARY_FOLLOW_UP`. The summary turn
+  has its own token limit (`context_summary_tokens`, default the larger of `SUMMARY_TOKENS` and
+  `max_new_tokens`: a short per-turn limit would cut most summaries), still bounded by the window and the
+  budgets; a summary cut off ends the episode as an error.
 - `compact`: the environment's `compact(episode)` hook, after every reply; None goes on unchanged. A hook
   that raises or returns something else ends that episode as an error, never the run.
 
@@ -55,6 +57,7 @@ DROPPED = "[older tool result left out to save context]"
 SUMMARY_REQUEST = ("Your context is nearly full. Write a summary of this episode so far: the task, what you have "
                    "found out, and what is left to do. It will replace the conversation so far, so keep everything "
                    "you still need. Do not call a tool in this message.")
+SUMMARY_TOKENS = 256  # the summary turn's least default token limit (--rl-context-summary-tokens)
 SUMMARY_FOLLOW_UP = "That is your summary of the episode so far; the conversation before it is gone. Continue the task."
 
 
@@ -122,7 +125,7 @@ def model_window(tokenizer) -> int:
 @dataclass
 class RecordedTurn:
     """One model turn as recorded: the text to decode, whether it ended with a stop token, and which
-    limit cut it off (None, "turn_tokens", "completion_budget" or "context")."""
+    limit cut it off (None, "turn_tokens", "summary_tokens", "completion_budget" or "context")."""
 
     text_ids: list[int]
     ended_with_eos: bool
@@ -139,6 +142,7 @@ class ContextKeeper:
         self.strategies = resolve_strategies(env, settings.context)
         self.keep_last = settings.context_keep_last
         self.max_new_tokens = settings.max_new_tokens
+        self.summary_tokens = settings.context_summary_tokens or max(SUMMARY_TOKENS, settings.max_new_tokens)
         self.max_completion_length = settings.max_completion_length
         self.max_episode_tokens = settings.max_episode_tokens
         self.max_result_tokens = settings.max_tool_result_tokens
@@ -170,12 +174,13 @@ class ContextKeeper:
     def limit(self, episode: Episode, trace: TokenTrace) -> tuple[int, str]:
         """Tokens the episode's next turn may take, and the limit that sets it; at 0 the episode stops
         here (scored as it stands) for that limit's reason."""
-        limits = [(self.max_new_tokens, "turn_tokens"),
+        turn = (self.summary_tokens, "summary_tokens") if episode.log.summarizing else (self.max_new_tokens, "turn_tokens")
+        limits = [turn,
                   (self.max_completion_length - len(trace.completion_ids), "completion_budget"),
                   (self.window - trace.length, "context")]
         if self.max_episode_tokens is not None:
             limits.append((self.max_episode_tokens - episode.log.model_tokens, "completion_budget"))
-        left, reason = min(limits, key=lambda item: item[0])  # the first of equals: turn_tokens
+        left, reason = min(limits, key=lambda item: item[0])  # the first of equals: the turn's own
         if left <= 0:
             self.stop(episode, reason)
         return left, reason
@@ -283,7 +288,7 @@ class ContextKeeper:
         episode.log.summarizing = False
         if turn.cut is not None:
             self._failed(episode, f"the summary turn was cut off by its token limit ({turn.cut}); raise "
-                                  f"--rl-max-new-tokens or lower --rl-context-threshold")
+                                  f"--rl-context-summary-tokens or lower --rl-context-threshold")
             return
         episode.messages.append({"role": "assistant", "content": text, "summary": True})  # for transcripts
         if not self._rewrite(batch, i, summarized(episode.messages, text), list(episode.messages),

@@ -38,7 +38,8 @@ class EpisodeSettings:
     name an agent environment's requests must use (`client.model`); `agent_address` is where its
     endpoint listens (port 0: any free port). The context fields are engine/context.py's: `context` None
     is the environment's `context_strategy` (else keep), `context_threshold` None three quarters of the
-    smaller of `max_completion_length` and the window, `context_window` None the tokenizer's
+    smaller of `max_completion_length` and the window, `context_summary_tokens` None the larger of 256 and
+    `max_new_tokens` (engine/context.py `SUMMARY_TOKENS`), `context_window` None the tokenizer's
     `model_max_length`, and None for `max_tool_result_tokens` and `max_episode_tokens` is no limit."""
 
     max_new_tokens: int = 128
@@ -56,6 +57,7 @@ class EpisodeSettings:
     context: str | None = None
     context_keep_last: int = DEFAULT_CONTEXT_KEEP_LAST
     context_threshold: int | None = None
+    context_summary_tokens: int | None = None
     context_window: int | None = None
     max_tool_result_tokens: int | None = None
     max_episode_tokens: int | None = None
@@ -93,6 +95,7 @@ class EpisodeSettings:
             context=get("rl_context", default.context),
             context_keep_last=get("rl_context_keep_last", default.context_keep_last),
             context_threshold=get("rl_context_threshold", default.context_threshold),
+            context_summary_tokens=get("rl_context_summary_tokens", default.context_summary_tokens),
             context_window=get("rl_context_window", default.context_window),
             max_tool_result_tokens=get("rl_max_tool_result_tokens", default.max_tool_result_tokens),
             max_episode_tokens=get("rl_max_episode_tokens", default.max_episode_tokens),
