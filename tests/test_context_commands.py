@@ -86,3 +86,20 @@ def test_transcripts_show_each_sequence_and_the_summary(tiny_model_and_tokenizer
     rewrites = sum(r["rewrites"] for r in records)
     assert len(re.findall(r'class="ep-rewrite">context rewritten after turn \d', dom)) == rewrites
     assert dom.count("assistant · summary of the episode so far (trained as a turn)") == rewrites
+
+
+def test_sequences_per_episode_count_an_agents_own_rewrites_too(tiny_model_and_tokenizer):
+    pytest.importorskip("openai")
+    from aitrain_grpo.engine.backends.hf import HFBackend
+    from aitrain_grpo.engine.stats import episode_stats
+    from envs_fixtures.agents import SummarisingAgent  # its agent rewrites its history once: two sequences
+
+    model, tokenizer = tiny_model_and_tokenizer
+    env = SummarisingAgent()
+    settings = EpisodeSettings(max_new_tokens=12, max_completion_length=256, model_name="tiny")
+    with RolloutEngine(env, tokenizer, HFBackend.for_model(model, tokenizer), settings) as engine:
+        batch = engine.run(env.build_dataset(tokenizer))
+    assert all(len(earlier) == 1 for earlier in batch.earlier)
+    metrics = episode_stats(batch.summaries()).env_metrics()
+    assert metrics["env/sequences_mean"] == 2.0 and metrics["env/context_rewrites_mean"] == 0.0
+    assert [episode_record(ep)["sequences"] for ep in batch.episodes] == [2] * 4

@@ -4,7 +4,7 @@
 picklable, because training gathers every process's summaries with accelerate's `gather_object`.
 `episode_stats` turns summaries (or episodes) into `EpisodeStats`, the one place mean score, success
 rate, turns, truncations, errors, tool use, stop reasons, context rewrites (engine/context.py: rewrites and
-sequences per episode, tokens the rewrites left out, results cut to --rl-max-tool-result-tokens) and the
+sequences per episode, the latter an agent's own rewrites included, tokens the rewrites left out, results cut to --rl-max-tool-result-tokens) and the
 environment's own metrics are computed. Training logs it as `env/*` (`EpisodeStats.env_metrics`), `aitrain eval` prints it per model
 and `aitrain env check` per policy.
 
@@ -48,6 +48,7 @@ class EpisodeSummary:
     rewrites: int = 0  # times a context strategy rewrote its history (each starts a new sequence)
     tokens_saved: int = 0  # tokens those rewrites left out of the context
     tool_results_cut: int = 0  # tool/environment results cut to --rl-max-tool-result-tokens
+    sequences: int = 1  # token sequences it played: one more per rewrite, a context strategy's or an agent's
 
     @classmethod
     def of(cls, episode: Episode) -> EpisodeSummary:
@@ -61,6 +62,7 @@ class EpisodeSummary:
             turn_reward=float(sum(episode.turn_rewards)) if episode.turn_rewards else None,
             rewrites=len(episode.log.rewrite_turns), tokens_saved=episode.log.tokens_saved,
             tool_results_cut=episode.log.tool_results_cut,
+            sequences=episode.log.sequences,
         )
 
 
@@ -83,7 +85,8 @@ class EpisodeStats:
     metrics: dict[str, float]  # each environment metric's mean over the episodes that reported it
     # Mean reward per model turn, over the episodes whose environment rewarded turns (None: none did).
     turn_reward_mean: float | None = None
-    rewrites_mean: float = 0.0  # context rewrites per episode (sequences per episode: one more)
+    rewrites_mean: float = 0.0  # context-strategy rewrites per episode
+    sequences_mean: float = 1.0  # sequences per episode, whichever rewrite (a strategy's, an agent's) made them
     tokens_saved_mean: float = 0.0
     tool_results_cut: int = 0
 
@@ -100,7 +103,7 @@ class EpisodeStats:
             "env/tool_errors": float(self.tool_errors),
             "env/episodes": float(self.episodes),
             "env/context_rewrites_mean": self.rewrites_mean,
-            "env/sequences_mean": 1.0 + self.rewrites_mean,
+            "env/sequences_mean": self.sequences_mean,
             "env/context_tokens_saved_mean": self.tokens_saved_mean,
             "env/tool_results_cut": float(self.tool_results_cut),
         }
@@ -140,6 +143,7 @@ def episode_stats(items: Iterable[EpisodeSummary | Episode]) -> EpisodeStats:
         turn_reward_mean=(sum(s.turn_reward for s in rewarded) / max(sum(s.turns for s in rewarded), 1)
                           if rewarded else None),
         rewrites_mean=sum(s.rewrites for s in summaries) / n,
+        sequences_mean=sum(s.sequences for s in summaries) / n if summaries else 1.0,
         tokens_saved_mean=sum(s.tokens_saved for s in summaries) / n,
         tool_results_cut=sum(s.tool_results_cut for s in summaries),
     )

@@ -83,6 +83,7 @@ class EpisodeLog:
     # current sequence (what `Environment.compact` may look at), and whether a summary turn is asked for.
     model_tokens: int = 0  # tokens the model sampled in this episode, over all its sequences
     rewrite_turns: list[int] = field(default_factory=list)
+    sequences: int = 1  # the token sequences it played, whichever rewrite made them (engine/rollout.py)
     earlier_messages: list[list[Message]] = field(default_factory=list, repr=False)
     tokens_saved: int = 0
     tool_results_cut: int = 0
