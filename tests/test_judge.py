@@ -12,8 +12,6 @@ import os
 import re
 import subprocess
 import sys
-import threading
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 
 import pytest
@@ -23,6 +21,7 @@ from aitrain_grpo.env.base import Episode
 from aitrain_grpo.errors import ConfigError
 from aitrain_grpo.training.judge import HttpJudge, Judge, parse_scores
 from helpers import REPO
+from helpers.fake_judge import FakeJudge
 
 KEY_ENV = "AITRAIN_JUDGE_TEST_KEY"  # a name redaction does not know as secret: only the judge keeps it out
 KEY = "sk-judge-test-7f3a9c1e5b"
@@ -30,45 +29,11 @@ LETTERS = ["--rl-env-module", "envs.letters", "--rl-env-class", "LetterEnv", "--
            '{"turns": 1, "num_tasks": 8}']
 
 
-class FakeJudge:
-    """An OpenAI-compatible /v1/chat/completions in this process: conversation i of a group scores
-    i / count (so order shows), an episode scores 0.75; `reply` overrides the text, `status` the code."""
-
-    def __init__(self):
-        self.requests: list[dict] = []
-        self.reply: str | None = None
-        self.status = 200
-        judge = self
-
-        class Handler(BaseHTTPRequestHandler):
-            def do_POST(self):
-                body = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
-                judge.requests.append({"path": self.path, "auth": self.headers.get("Authorization"), "body": body})
-                ask = body["messages"][-1]["content"]
-                count = re.match(r"(\d+) conversations follow", ask)
-                text = judge.reply if judge.reply is not None else (
-                    json.dumps([i / int(count.group(1)) for i in range(int(count.group(1)))]) if count
-                    else '{"score": 0.75}')
-                data = json.dumps({"choices": [{"message": {"role": "assistant", "content": text}}]}).encode()
-                self.send_response(judge.status)
-                self.send_header("Content-Type", "application/json")
-                self.send_header("Content-Length", str(len(data)))
-                self.end_headers()
-                self.wfile.write(data)
-
-            def log_message(self, *args):
-                pass
-
-        self.server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-        self.url = f"http://127.0.0.1:{self.server.server_address[1]}"
-        threading.Thread(target=self.server.serve_forever, daemon=True).start()
-
-
 @pytest.fixture
 def fake():
     server = FakeJudge()
     yield server
-    server.server.shutdown()
+    server.close()
 
 
 def episodes(count: int, tag: str = "") -> list[Episode]:

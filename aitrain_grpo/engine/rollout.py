@@ -22,6 +22,11 @@ episode as truncated (`cut_turn="end"`) or is answered by the environment as it 
 a reply that would overflow a budget, with no rewrite that fits, ends the episode as truncated; it is
 scored as it stands. Each episode's `stop_reason` says which of these ended it (or the environment, or an error).
 
+`on_episode_done`, when set, is called with the batch and an episode's index as soon as that episode is
+scored (either schedule, agents too; an episode replayed after its server was lost: once, when its replay
+is), so a caller can start work on finished episodes while the rest still play (training/judge.py's
+early judge calls). It runs on the engine's event loop: it must return at once.
+
 Left out: the trainer (see training/) and anything backend-specific (see backends/).
 """
 
@@ -31,7 +36,7 @@ import asyncio
 import json
 import time
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Callable
 
 from aitrain_grpo.engine.agent_rollout import AgentLimits, AgentPlayer, renderer_cache
 from aitrain_grpo.engine.backends.base import GenerationBackend, ReplayEpisode, RequestBackend, Sample
@@ -125,6 +130,11 @@ class RolloutEngine:
         self.schedule = schedule
         self.max_concurrent_episodes = max(1, settings.max_concurrent_episodes)
         self.context = ContextKeeper(env, tokenizer, self.runner, settings, self.renderer_for, self.stop_ids)
+        self.on_episode_done: Callable[[RolloutBatch, int], None] | None = None  # see the module docstring
+
+    def _episode_done(self, batch: RolloutBatch, i: int) -> None:
+        if self.on_episode_done is not None:
+            self.on_episode_done(batch, i)
 
     def renderer_for(self, episode: Episode) -> ChatRenderer:
         """The renderer of `episode`'s tools: the environment's, or its row's where they vary by row (fixed
@@ -200,7 +210,6 @@ class RolloutEngine:
         for i, trace in enumerate(batch.traces):
             if not trace.completion_ids and batch.earlier[i]:  # rewritten, then stopped before a turn
                 batch.traces[i] = trace = batch.earlier[i].pop()
-            batch.episodes[i].log.sequences = 1 + len(batch.earlier[i])  # a strategy's rewrites and an agent's
             if not trace.completion_ids:
                 # An episode that failed before the model's first turn (reset raised) has nothing after
                 # its prompt, and TRL indexes the last completion token: give it one EOS, masked out.
@@ -248,6 +257,8 @@ class RolloutEngine:
         t0 = time.perf_counter()
         runner.gather(runner.score(episodes[i]) for i in wave)
         batch.env_seconds += time.perf_counter() - t0
+        for i in wave:
+            self._episode_done(batch, i)
 
     # ------------------------------------------------------------------------ continuous
 
@@ -268,6 +279,7 @@ class RolloutEngine:
             if session.segments:  # the last sequence is the episode's own; earlier ones in `batch.earlier`
                 batch.traces[i] = session.segments[-1].trace
                 batch.earlier[i] = [segment.trace for segment in session.segments[:-1]]
+            self._episode_done(batch, i)
 
         async def play(i: int) -> None:
             if self.agents is not None:
@@ -307,6 +319,7 @@ class RolloutEngine:
                         await context.place_reply(batch, i, reply, suffix, turn.ended_with_eos)
             with answering.running():
                 await self.runner.score(episode)
+            self._episode_done(batch, i)
 
         tasks = [asyncio.ensure_future(play(i)) for i in range(len(batch.episodes))]
         try:

@@ -24,10 +24,20 @@ a logging step); the first one prints a one-line warning. Replies are cached by 
 transcript(s) (`judge/cache_hits`), so a replayed group or a repeated episode costs no second call;
 failures are not cached, so a later batch tries again.
 
-Left out: overlapping judge calls with the rollout (the batch's calls run after its episodes, in
-parallel with one another over HTTP, batched in-process), retries, judging from the score or the
-environment's state, and reasoning before the scores (the reply must be the JSON; a judge that writes
-prose around it still works when the JSON is the first list/object in it).
+Judge calls over HTTP overlap with the rollout: the engine calls `on_episode_done` as each episode is
+scored (engine/rollout.py), and once every episode of a group is (group mode; groups are consecutive runs
+of --rl-num-generations in the batch, TRL's layout) or the episode is (episode mode), its call is
+submitted to a pool of PARALLEL_CALLS threads while the other episodes still play. Calls are kept by
+their cache key (rubric, mode, transcripts), so results meet their batch whatever order batches are
+played in (--rl-async-steps plays them ahead, --rl-zero-std-groups refill replaces groups); the reward
+function then collects them, counting failures, caching and falling back exactly as a call made then;
+`judge/early_calls` counts the batch's groups (episodes) whose call had started during the rollout.
+Calls never collected (a refilled-away group, a rollout played again) are dropped oldest first.
+
+Left out: overlapping an in-process judge (`LocalJudge` generates with torch on the device and cores the
+rollout generates on: its calls run after the batch's episodes, one at a time), retries, judging from the
+score or the environment's state, and reasoning before the scores (the reply must be the JSON; a judge
+that writes prose around it still works when the JSON is the first list/object in it).
 """
 
 from __future__ import annotations
@@ -37,8 +47,9 @@ import json
 import os
 import re
 import sys
+import threading
 from collections import OrderedDict
-from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import Future, ThreadPoolExecutor
 from pathlib import Path
 from typing import Any, Callable, Sequence
 from urllib.parse import urlparse
@@ -51,6 +62,7 @@ LOCAL_REPLY_TOKENS = 256  # and of one in-process (it stops at its end-of-text t
 HTTP_TIMEOUT = 120.0  # seconds one judge call may take
 PARALLEL_CALLS = 16  # judge calls in flight at once over HTTP
 CACHE_SIZE = 100_000  # replies kept (oldest dropped first)
+PENDING_SIZE = 4096  # early calls kept until their batch collects them (oldest dropped first)
 
 SYSTEM = ("You are a strict, fair judge. You score transcripts of an AI assistant's conversations by the rubric "
           "below, from 0 (fails it entirely) to 1 (meets it fully). Reply with JSON only.\n\nRubric:\n{rubric}")
@@ -158,6 +170,7 @@ class HttpJudge:
         import httpx
 
         self._client = httpx.Client(timeout=HTTP_TIMEOUT, headers={"Authorization": f"Bearer {key}"} if key else {})
+        self._pool: ThreadPoolExecutor | None = None  # started with the first call
 
     def _call(self, messages: list[dict[str, str]]) -> str:
         response = self._client.post(self.url, json={"model": self.model, "messages": messages, "temperature": 0.0,
@@ -167,15 +180,24 @@ class HttpJudge:
             raise RuntimeError(f"HTTP {response.status_code} from {self.url}: {text[:200]}")
         return str(response.json()["choices"][0]["message"]["content"] or "")
 
-    def complete(self, conversations: list[list[dict[str, str]]]) -> list[str | Exception]:
-        def guarded(messages):
-            try:
-                return self._call(messages)
-            except Exception as exc:
-                return exc
+    def _guarded(self, messages: list[dict[str, str]]) -> str | Exception:
+        try:
+            return self._call(messages)
+        except Exception as exc:
+            return exc
 
-        with ThreadPoolExecutor(max_workers=min(PARALLEL_CALLS, max(len(conversations), 1))) as pool:
-            return list(pool.map(guarded, conversations))
+    def submit(self, messages: list[dict[str, str]]) -> Future:
+        """One call in the background (at most PARALLEL_CALLS at once); its result is the reply or the exception."""
+        if self._pool is None:
+            self._pool = ThreadPoolExecutor(max_workers=PARALLEL_CALLS, thread_name_prefix="judge")
+        return self._pool.submit(self._guarded, messages)
+
+    def complete(self, conversations: list[list[dict[str, str]]]) -> list[str | Exception]:
+        return [future.result() for future in [self.submit(messages) for messages in conversations]]
+
+    def close(self) -> None:
+        if self._pool is not None:
+            self._pool.shutdown(wait=False, cancel_futures=True)
 
 
 class LocalJudge:
@@ -226,33 +248,72 @@ class Judge:
         self.rubric, self.mode, self.fallback, self.group_size = rubric, mode, fallback, group_size
         self.backend, self.name = backend, name
         self.cache: OrderedDict[str, list[float]] = OrderedDict()
+        self.pending: OrderedDict[str, Future] = OrderedDict()  # early calls by cache key, not yet collected
+        self._lock = threading.Lock()  # the engine's thread submits while the trainer's collects
         self.warned = False
+        self.watching = False  # a rollout's episodes start early calls: `judge/early_calls` is logged
 
     def _key(self, transcripts: list[list[dict[str, Any]]]) -> str:
         text = json.dumps([self.rubric, self.mode, transcripts], sort_keys=True, default=str)
         return hashlib.sha256(text.encode()).hexdigest()
 
+    @property
+    def unit_size(self) -> int:
+        return self.group_size if self.mode == "group" else 1
+
+    def _prompt(self, unit: list[list[dict[str, Any]]]) -> list[dict[str, str]]:
+        return [{"role": "system", "content": SYSTEM.format(rubric=self.rubric)},
+                {"role": "user", "content": group_prompt(unit) if self.mode == "group" else episode_prompt(unit[0])}]
+
+    @property
+    def overlaps(self) -> bool:
+        """Whether calls start during the rollout (a backend with `submit`: HTTP; see the module docstring)."""
+        return callable(getattr(self.backend, "submit", None))
+
+    def on_episode_done(self, batch: Any, index: int) -> None:
+        """The engine's hook: submit the call of `index`'s group (or episode) once all its episodes are scored."""
+        start = index - index % self.unit_size
+        unit = batch.episodes[start:start + self.unit_size]
+        if len(unit) == self.unit_size and all(ep.score is not None for ep in unit):
+            self.submit_early(unit)
+
+    def submit_early(self, episodes: Sequence[Any]) -> None:
+        """Start the call for one group (or episode) now; `score` collects it."""
+        unit = _transcripts(episodes)
+        key = self._key(unit)
+        with self._lock:
+            if key in self.cache or key in self.pending:
+                return
+            self.pending[key] = self.backend.submit(self._prompt(unit))
+            while len(self.pending) > PENDING_SIZE:
+                self.pending.popitem(last=False)
+
     def score(self, episodes: Sequence[Any], log_metric: Callable[[str, float], None] | None = None) -> list[float]:
         """One score per episode, in order: groups are consecutive runs of `group_size` (TRL's layout)."""
-        transcripts = [[{"role": m.get("role"), "content": m.get("content")} for m in ep.messages] for ep in episodes]
-        step = self.group_size if self.mode == "group" else 1
+        transcripts = _transcripts(episodes)
+        step = self.unit_size
         units = [transcripts[i:i + step] for i in range(0, len(transcripts), step)]
+        keys = [self._key(unit) for unit in units]
         results: list[list[float] | None] = [None] * len(units)
         asks: list[int] = []
-        for i, unit in enumerate(units):
-            key = self._key(unit)
-            if key in self.cache:
-                self.cache.move_to_end(key)
-                results[i] = self.cache[key]
-            else:
-                asks.append(i)
-        hits = len(units) - len(asks)
-        system = {"role": "system", "content": SYSTEM.format(rubric=self.rubric)}
-        prompts = [[system, {"role": "user", "content": group_prompt(units[i]) if self.mode == "group"
-                             else episode_prompt(units[i][0])}] for i in asks]
-        replies = self.backend.complete(prompts) if prompts else []
+        early: dict[int, Future] = {}
+        with self._lock:
+            for i, key in enumerate(keys):
+                if key in self.cache:
+                    self.cache.move_to_end(key)
+                    results[i] = self.cache[key]
+                elif key in self.pending:
+                    early[i] = self.pending[key]
+                else:
+                    asks.append(i)
+        hits = len(units) - len(asks) - len(early)
+        replies = dict(zip(asks, self.backend.complete([self._prompt(units[i]) for i in asks]) if asks else []))
+        replies.update({i: future.result() for i, future in early.items()})
+        with self._lock:
+            for i in early:
+                self.pending.pop(keys[i], None)
         failures = 0
-        for i, reply in zip(asks, replies):
+        for i, reply in sorted(replies.items()):
             scores = None if isinstance(reply, Exception) else parse_scores(reply, len(units[i]), self.mode)
             if scores is None:
                 failures += 1
@@ -260,13 +321,19 @@ class Judge:
                 results[i] = [self.fallback] * len(units[i])
                 continue
             results[i] = scores
-            self.cache[self._key(units[i])] = scores
-            if len(self.cache) > CACHE_SIZE:
-                self.cache.popitem(last=False)
+            with self._lock:
+                self.cache[keys[i]] = scores
+                if len(self.cache) > CACHE_SIZE:
+                    self.cache.popitem(last=False)
         if log_metric is not None:
             log_metric("judge/failures", float(failures))
             log_metric("judge/cache_hits", float(hits))
+            if self.watching:
+                log_metric("judge/early_calls", float(len(early)))
         return [score for unit_scores in results for score in unit_scores]  # type: ignore[union-attr]
+
+    def close(self) -> None:
+        getattr(self.backend, "close", lambda: None)()
 
     def _warn(self, reply: str | Exception, count: int) -> None:
         if self.warned:
@@ -276,6 +343,10 @@ class Judge:
                 else f"answered no {count} score(s) in [0, 1] as JSON: {reply.strip()[:160]!r}")
         print(f"warning: the judge{self.name} {what}; its episodes score {self.fallback} (--rl-judge-fallback), "
               f"this and later failures counted in judge/failures", file=sys.stderr)
+
+
+def _transcripts(episodes: Sequence[Any]) -> list[list[dict[str, Any]]]:
+    return [[{"role": m.get("role"), "content": m.get("content")} for m in ep.messages] for ep in episodes]
 
 
 def build_judge(config) -> Judge | None:
@@ -293,9 +364,13 @@ def build_judge(config) -> Judge | None:
 
 
 def judge_rewards(judge: Judge | None, rollout) -> list[Callable[..., Any]]:
-    """The judge as TRL reward functions (none or one), given each batch's episodes as --rl-reward-funcs are."""
+    """The judge as TRL reward functions (none or one), given each batch's episodes as --rl-reward-funcs are;
+    a judge over HTTP also watches `rollout`'s episodes, to start its calls as they finish."""
     if judge is None:
         return []
+    if judge.overlaps:
+        rollout.watch_episodes(judge.on_episode_done, on_close=judge.close)
+        judge.watching = True
 
     def judge_reward(episodes, log_metric=None, **kwargs):
         return judge.score(episodes, log_metric)

@@ -8,7 +8,9 @@ keeps only what the call itself needs:
 - the last batch it played (`last_batch`, this process's episodes, and `last_weight_versions` with
   --rl-async-steps): what the extra reward functions and the episode log read (reward_funcs.py,
   runlog/files.py);
-- its observers, called with every batch's `EpisodeSummary`s from all processes (the error-rate stop).
+- its observers, called with every batch's `EpisodeSummary`s from all processes (the error-rate stop);
+- what watches episodes as they finish (`watch_episodes`: a judge over HTTP starts its calls then),
+  handed to the engine's `on_episode_done`.
 
 It returns one row per episode, its last sequence; an episode's earlier sequences (its history was
 rewritten) travel as the extra field `earlier_sequences` and become rows of their own once TRL has
@@ -83,10 +85,20 @@ class TrainingRollout:
         self.last_batch: RolloutBatch | None = None
         self.last_weight_versions: list[int] | None = None  # per episode of last_batch (async runs only)
         self._rows: list[dict[str, Any]] | None = None
+        self._episode_hook: Callable[[RolloutBatch, int], None] | None = None
+        self._closers: list[Callable[[], None]] = []
 
     def attach(self, parts: RolloutParts) -> None:
         """Play with `parts` (built with the trainer: rollout_parts.py)."""
         self.parts = parts
+        parts.set_episode_hook(self._episode_hook)
+
+    def watch_episodes(self, hook: Callable[[RolloutBatch, int], None], on_close: Callable[[], None]) -> None:
+        """Have the engine call `hook(batch, index)` as each episode is scored; `on_close` when the rollout closes."""
+        self._episode_hook = hook
+        self._closers.append(on_close)
+        if self.parts is not None:
+            self.parts.set_episode_hook(hook)
 
     @property
     def engine(self) -> RolloutEngine | None:
@@ -153,3 +165,5 @@ class TrainingRollout:
         """End what the attached parts started (the engine's event loop, the async worker, a server pool)."""
         if self.parts is not None:
             self.parts.close()
+        for close in self._closers:
+            close()

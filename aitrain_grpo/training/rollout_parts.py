@@ -11,6 +11,10 @@ the first rollout: the engine, what keeps its weights current, and the steps pla
   a step trains, on a versioned backend and a copy of the tokenizer (a fast tokenizer is not safe to
   share with the thread where TRL decodes).
 
+The engine's `on_episode_done` (engine/rollout.py) is the rollout's episode hook (`set_episode_hook`:
+a judge over HTTP, training/judge.py), kept when a test replaces the engine; the async worker plays on
+the same engine, so played-ahead episodes call it too.
+
 Building sends no request and starts no thread (the async worker's thread starts with its first
 step), so a trainer built and never trained leaves nothing running; `close()` ends what ran.
 
@@ -43,12 +47,18 @@ class RolloutParts:
         self.sink = sink
         self.weight_sync = weight_sync  # training.weight_sync's FolderWeightSync or ColocateWeightSync
         self.async_rollout = async_rollout
+        self.episode_hook = None
+
+    def set_episode_hook(self, hook) -> None:
+        """Call `hook(batch, index)` as each episode is scored (None: nothing)."""
+        self.episode_hook = self.engine.on_episode_done = hook
 
     def replace_engine(self, engine: RolloutEngine) -> None:
         """Play with `engine` from now on (a test's own backend); the one it replaces is closed."""
         if engine is not self.engine:
             self.engine.close()
         self.engine = engine
+        engine.on_episode_done = self.episode_hook
 
     def sync_weights(self, trainer) -> None:
         """Bring the generator up to the trainer's weights, if they changed (nothing without a sync)."""

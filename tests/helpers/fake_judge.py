@@ -1,0 +1,53 @@
+"""`FakeJudge`: an OpenAI-compatible /v1/chat/completions served in the test's own process, for the judge
+reward's tests (no provider is reachable here). Conversation i of a group scores i / count (so order
+shows), an episode scores 0.75; `reply` overrides the text (`reply_for`, a function of the ask, too),
+`status` the code, `delay` holds each reply back that many seconds (a slow judge), and each request's
+arrival time (`time.perf_counter()`) is kept."""
+
+from __future__ import annotations
+
+import json
+import re
+import threading
+import time
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+
+class FakeJudge:
+    def __init__(self):
+        self.requests: list[dict] = []
+        self.reply: str | None = None
+        self.reply_for = None
+        self.status = 200
+        self.delay = 0.0
+        judge = self
+
+        class Handler(BaseHTTPRequestHandler):
+            def do_POST(self):
+                started = time.perf_counter()
+                body = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
+                judge.requests.append({"path": self.path, "auth": self.headers.get("Authorization"), "body": body,
+                                       "started": started})
+                ask = body["messages"][-1]["content"]
+                count = re.match(r"(\d+) conversations follow", ask)
+                text = judge.reply_for(ask) if judge.reply_for else judge.reply if judge.reply is not None else (
+                    json.dumps([i / int(count.group(1)) for i in range(int(count.group(1)))]) if count
+                    else '{"score": 0.75}')
+                time.sleep(judge.delay)
+                data = json.dumps({"choices": [{"message": {"role": "assistant", "content": text}}]}).encode()
+                self.send_response(judge.status)
+                self.send_header("Content-Type", "application/json")
+                self.send_header("Content-Length", str(len(data)))
+                self.end_headers()
+                self.wfile.write(data)
+
+            def log_message(self, *args):
+                pass
+
+        self.server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self.url = f"http://127.0.0.1:{self.server.server_address[1]}"
+        threading.Thread(target=self.server.serve_forever, daemon=True).start()
+
+    def close(self) -> None:
+        self.server.shutdown()
+        self.server.server_close()
