@@ -90,6 +90,12 @@ def test_the_turn_limit_share_rising_warns():
     assert found is not None and "env/stop/max_turns" in found.message()
 
 
+def test_the_share_cut_by_the_context_window_rising_warns():
+    # A model that learns to fill the window (long replies) ends episodes with stop reason context.
+    found = first_shortcut(run(**{"env/stop/context": (0.0, 0.7)}))
+    assert found is not None and "share of episodes stopped by the context window (env/stop/context)" in found.message()
+
+
 def test_a_behaviour_moving_while_the_score_stays_flat_is_not_a_shortcut():
     records = run(**{"env/score_mean": (0.3, 0.3), "env/stop/turn_tokens": (0.1, 1.0), "env/turns_mean": (2.9, 1.0)})
     assert first_shortcut(records) is None

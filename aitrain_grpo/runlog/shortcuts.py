@@ -7,7 +7,8 @@ episode ends after one turn (score 0.06 -> 0.48, turns 2.1 -> 1.0, episodes ende
 reward alone looks like success, so nothing else warned. This module looks for the pair: over one
 window of steps, the score rises AND one of these moves the shortcut's way:
 
-- episodes ended by a budget (a turn cut at its token limit, the turn limit, the completion budget) rise;
+- episodes ended by a budget (a turn cut at its token limit, the turn limit, the completion budget, the
+  context window: `env/stop/*`, or `env/truncated_frac`, which counts them all, in older runs) rise;
 - turns per episode collapse towards 1;
 - model turns cut at their token limit (the episode going on) climb;
 - tool calls or tool errors per episode climb;
@@ -95,6 +96,8 @@ BEHAVIOURS: tuple[Behaviour, ...] = (
               _key("env/stop/max_turns"), _share_rose, "stops"),
     Behaviour("env/stop/completion_budget", "share of episodes stopped by the completion budget",
               _key("env/stop/completion_budget"), _share_rose, "stops"),
+    Behaviour("env/stop/context", "share of episodes stopped by the context window",
+              _key("env/stop/context"), _share_rose, "stops"),
     Behaviour("env/turns_mean", "turns per episode",
               _key("env/turns_mean"), lambda a, b: b <= ONE_TURN and a - b >= TURNS_DROP, "turns"),
     Behaviour("env/truncated_turns_mean", "model turns cut at their token limit per episode",
