@@ -1,7 +1,7 @@
 """Rollout + judge wall time of one batch: judge calls made after the rollout (as before issue 37's
 overlap) against calls started as each group (episode) is scored (training/judge.py, the engine's
 `on_episode_done`). The judge is the tests' fake OpenAI-compatible server (tests/helpers/fake_judge.py)
-holding each reply back `--delay` seconds; the policy the tiny model on hf (continuous schedule, sampled
+holding each reply back `--delays` seconds, `--judge-slots` calls at a time (0: all at once); the policy the tiny model on hf (continuous schedule, sampled
 at temperature 1 so episodes differ), the environment tests/helpers/rollouts.py's StaggeredEnv (1-4 turns).
 Prints one line per (mode, delay, way): the median over `--repeats` batches. Results: JUDGE.md."""
 
@@ -33,6 +33,7 @@ def main() -> None:
     parser.add_argument("--group-size", type=int, default=4)
     parser.add_argument("--slots", type=int, default=8, help="episodes in play at once")
     parser.add_argument("--delays", default="0.5,2", help="seconds the fake judge takes per call")
+    parser.add_argument("--judge-slots", type=int, default=0, help="calls the judge serves at once (0: all)")
     parser.add_argument("--repeats", type=int, default=3)
     args = parser.parse_args()
     path = str(tiny_model_path())
@@ -42,9 +43,11 @@ def main() -> None:
     settings = EpisodeSettings(max_new_tokens=16, sampling=SamplingParams(temperature=1.0), schedule="continuous",
                                max_concurrent_episodes=args.slots)
     fake = FakeJudge()
+    fake.serve_at_once(args.judge_slots)
     engine = RolloutEngine(StaggeredEnv(), tokenizer, TurnEndingHF.for_model(model, tokenizer), settings)
     engine.run(rows)  # warm up
-    print(f"{len(rows)} episodes ({args.groups} groups of {args.group_size}), {args.slots} in play at once")
+    print(f"{len(rows)} episodes ({args.groups} groups of {args.group_size}), {args.slots} in play at once, the "
+          f"judge serving {args.judge_slots or 'all'} calls at once")
     for mode in ("group", "episode"):
         for delay in [float(d) for d in args.delays.split(",")]:
             fake.delay = delay

@@ -1,8 +1,9 @@
 """`FakeJudge`: an OpenAI-compatible /v1/chat/completions served in the test's own process, for the judge
 reward's tests (no provider is reachable here). Conversation i of a group scores i / count (so order
 shows), an episode scores 0.75; `reply` overrides the text (`reply_for`, a function of the ask, too),
-`status` the code, `delay` holds each reply back that many seconds (a slow judge), and each request's
-arrival time (`time.perf_counter()`) is kept."""
+`status` the code, `delay` holds each reply back that many seconds (a slow judge), `serve_at_once(n)`
+lets only n calls be served at a time (a judge whose calls queue), and each request's arrival time
+(`time.perf_counter()`) is kept."""
 
 from __future__ import annotations
 
@@ -20,6 +21,7 @@ class FakeJudge:
         self.reply_for = None
         self.status = 200
         self.delay = 0.0
+        self.gate: threading.Semaphore | None = None
         judge = self
 
         class Handler(BaseHTTPRequestHandler):
@@ -33,7 +35,11 @@ class FakeJudge:
                 text = judge.reply_for(ask) if judge.reply_for else judge.reply if judge.reply is not None else (
                     json.dumps([i / int(count.group(1)) for i in range(int(count.group(1)))]) if count
                     else '{"score": 0.75}')
-                time.sleep(judge.delay)
+                if judge.gate is not None:
+                    with judge.gate:
+                        time.sleep(judge.delay)
+                else:
+                    time.sleep(judge.delay)
                 data = json.dumps({"choices": [{"message": {"role": "assistant", "content": text}}]}).encode()
                 self.send_response(judge.status)
                 self.send_header("Content-Type", "application/json")
@@ -44,9 +50,16 @@ class FakeJudge:
             def log_message(self, *args):
                 pass
 
-        self.server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        class Server(ThreadingHTTPServer):
+            request_queue_size = 128  # the judge's pool opens up to 16 connections at once
+            daemon_threads = True
+
+        self.server = Server(("127.0.0.1", 0), Handler)
         self.url = f"http://127.0.0.1:{self.server.server_address[1]}"
         threading.Thread(target=self.server.serve_forever, daemon=True).start()
+
+    def serve_at_once(self, calls: int | None) -> None:
+        self.gate = threading.Semaphore(calls) if calls else None
 
     def close(self) -> None:
         self.server.shutdown()
