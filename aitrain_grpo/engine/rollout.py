@@ -210,6 +210,7 @@ class RolloutEngine:
         for i, trace in enumerate(batch.traces):
             if not trace.completion_ids and batch.earlier[i]:  # rewritten, then stopped before a turn
                 batch.traces[i] = trace = batch.earlier[i].pop()
+            batch.episodes[i].log.sequences = 1 + len(batch.earlier[i])  # a strategy's rewrites and an agent's
             if not trace.completion_ids:
                 # An episode that failed before the model's first turn (reset raised) has nothing after
                 # its prompt, and TRL indexes the last completion token: give it one EOS, masked out.
