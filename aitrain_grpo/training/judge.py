@@ -28,16 +28,18 @@ Judge calls over HTTP overlap with the rollout: the engine calls `on_episode_don
 scored (engine/rollout.py), and once every episode of a group is (group mode; groups are consecutive runs
 of --rl-num-generations in the batch, TRL's layout) or the episode is (episode mode), its call is
 submitted to a pool of PARALLEL_CALLS threads while the other episodes still play. Calls are kept by
-their cache key (rubric, mode, transcripts), so results meet their batch whatever order batches are
-played in (--rl-async-steps plays them ahead, --rl-zero-std-groups refill replaces groups); the reward
-function then collects them, counting failures, caching and falling back exactly as a call made then;
-`judge/early_calls` counts the batch's groups (episodes) whose call had started during the rollout.
+their cache key (rubric, mode, transcripts; alike transcripts share one call), so results meet their
+batch whatever order batches are played in (--rl-async-steps plays them ahead, --rl-zero-std-groups
+refill replaces groups); the reward function then collects them, counting failures, caching and falling
+back exactly as a call made then; `judge/early_calls` counts the batch's groups (episodes) whose call
+had started during the rollout.
 Calls never collected (a refilled-away group, a rollout played again) are dropped oldest first.
 
 Left out: overlapping an in-process judge (`LocalJudge` generates with torch on the device and cores the
-rollout generates on: its calls run after the batch's episodes, one at a time), retries, judging from the
-score or the environment's state, and reasoning before the scores (the reply must be the JSON; a judge
-that writes prose around it still works when the JSON is the first list/object in it).
+rollout generates on; on CPU, a judge generating in a thread beside it made the tiny model's rollout 2.4
+times as long, benchmarks/JUDGE.md: its calls run after the batch's episodes, one at a time), retries,
+judging from the score or the environment's state, and reasoning before the scores (the reply must be the
+JSON; a judge that writes prose around it still works when the JSON is the first list/object in it).
 """
 
 from __future__ import annotations
