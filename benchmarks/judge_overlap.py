@@ -1,9 +1,10 @@
 """Rollout + judge wall time of one batch: judge calls made after the rollout (as before issue 37's
 overlap) against calls started as each group (episode) is scored (training/judge.py, the engine's
 `on_episode_done`). The judge is the tests' fake OpenAI-compatible server (tests/helpers/fake_judge.py)
-holding each reply back `--delays` seconds, `--judge-slots` calls at a time (0: all at once); the policy the tiny model on hf (continuous schedule, sampled
-at temperature 1 so episodes differ), the environment tests/helpers/rollouts.py's StaggeredEnv (1-4 turns).
-Prints one line per (mode, delay, way): the median over `--repeats` batches. Results: JUDGE.md."""
+holding each reply back `--delays` seconds, `--judge-slots` calls at a time (0: all at once); the policy
+the tiny model on hf (continuous schedule, sampled at temperature 1 so episodes differ); the environment
+tests/helpers/rollouts.py's StaggeredEnv (1-4 turns). Prints one line per (mode, delay, way): the
+median over `--repeats` batches. Results: JUDGE.md."""
 
 from __future__ import annotations
 
