@@ -8,8 +8,7 @@ import pytest
 
 from aitrain_grpo.env.adapters.mixture import MixtureEnv
 from aitrain_grpo.errors import ConfigError
-from helpers.context import Library
-from test_context_strategies import play
+from helpers.context import Library, play
 
 
 class Noting(Library):

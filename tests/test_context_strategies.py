@@ -9,11 +9,9 @@ from __future__ import annotations
 import pytest
 
 from aitrain_grpo.engine.context import DROPPED, SUMMARY_FOLLOW_UP, SUMMARY_REQUEST, summarized
-from aitrain_grpo.engine.rollout import RolloutEngine
-from aitrain_grpo.engine.settings import EpisodeSettings
 from aitrain_grpo.engine.stats import episode_stats
-from helpers.context import Library, Recording, TextPolicyBackend
-from helpers.rollouts import GREEDY, NEW_TOKENS, model_spans
+from helpers.context import Library, TextPolicyBackend, play
+from helpers.rollouts import NEW_TOKENS, model_spans
 
 
 class Compacting(Library):
@@ -25,13 +23,6 @@ class Compacting(Library):
         if episode.turns != 2:
             return None
         return [*episode.messages[:2], {"role": "user", "content": f"Notes so far: {episode.log.context_tokens} tokens read."}]
-
-
-def play(model, tokenizer, env, schedule="lockstep", backend=None, **settings):
-    backend = backend or Recording.for_model(model, tokenizer)
-    with RolloutEngine(env, tokenizer, backend, EpisodeSettings(max_new_tokens=NEW_TOKENS, sampling=GREEDY,
-                                                                schedule=schedule, **settings)) as engine:
-        return engine.run(env.build_dataset(tokenizer)), engine, backend
 
 
 def sequences(batch, i):

@@ -1,12 +1,15 @@
 """Episodes whose history outgrows the context, for the context strategies' tests (engine/context.py):
 `Library`, whose every reply is a long tool result, `Recording`, the tiny model's backend keeping what
-it sampled for each prompt, and `TextPolicyBackend`, a text policy (an oracle) played at the token level."""
+it sampled for each prompt, `TextPolicyBackend`, a text policy (an oracle) played at the token level, and
+`play`, one engine run of an environment's rows."""
 
 from __future__ import annotations
 
 from aitrain_grpo import Environment
 from aitrain_grpo.engine.backends.base import GenerationBackend, Sample
-from helpers.rollouts import TurnEndingHF
+from aitrain_grpo.engine.rollout import RolloutEngine
+from aitrain_grpo.engine.settings import EpisodeSettings
+from helpers.rollouts import GREEDY, NEW_TOKENS, TurnEndingHF
 
 
 class Recording(TurnEndingHF):
@@ -58,3 +61,11 @@ class TextPolicyBackend(GenerationBackend):
             fits = len(ids) <= max_tokens
             samples.append(Sample(ids[:max_tokens], [0.0] * min(len(ids), max_tokens), "stop" if fits else "length"))
         return samples
+
+
+def play(model, tokenizer, env, schedule="lockstep", backend=None, **settings):
+    """Every row of `env` played once (greedy, NEW_TOKENS a turn, `settings` over that): (batch, engine, backend)."""
+    backend = backend or Recording.for_model(model, tokenizer)
+    with RolloutEngine(env, tokenizer, backend, EpisodeSettings(max_new_tokens=NEW_TOKENS, sampling=GREEDY,
+                                                                schedule=schedule, **settings)) as engine:
+        return engine.run(env.build_dataset(tokenizer)), engine, backend
