@@ -36,8 +36,8 @@ had started during the rollout.
 Calls never collected (a refilled-away group, a rollout played again) are dropped oldest first.
 
 Left out: overlapping an in-process judge (`LocalJudge` generates with torch on the device and cores the
-rollout generates on; on CPU, a judge generating in a thread beside it made the tiny model's rollout 2.4
-times as long, benchmarks/JUDGE.md: its calls run after the batch's episodes, one at a time), retries,
+rollout generates on; on CPU, a judge generating in a thread beside it made the tiny model's rollout
+twice as long, benchmarks/JUDGE.md: its calls run after the batch's episodes, one at a time), retries,
 judging from the score or the environment's state, and reasoning before the scores (the reply must be the
 JSON; a judge that writes prose around it still works when the JSON is the first list/object in it).
 """
