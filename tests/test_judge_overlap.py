@@ -1,5 +1,6 @@
-"""Judge calls overlap with the rollout (training/judge.py, the engine's `on_episode_done`): on the tiny
-model, under both schedules, a judge behind the fake server gets its first call while episodes are still
+"""Judge calls overlap with the rollout (training/judge.py, the engine's `on_episode_done`): the engine
+tells each episode once it is scored, a replayed one once, when its replay is; on the tiny model, under
+both schedules, a judge behind the fake server gets its first call while episodes are still
 being scored; the scores, the failure count and the fallback are those of the calls made after the
 rollout; batches played ahead each get their own transcripts' scores; a run step completes with the
 judge's calls all made during its rollout. About 30 seconds."""
@@ -14,6 +15,7 @@ import time
 import pytest
 
 from aitrain_grpo import RunConfig, train
+from aitrain_grpo.engine.backends.base import ReplayEpisode, RequestBackend, Sample
 from aitrain_grpo.engine.rollout import RolloutEngine
 from aitrain_grpo.engine.settings import EpisodeSettings
 from aitrain_grpo.training.judge import HttpJudge, Judge
@@ -73,6 +75,34 @@ def distinct(episodes) -> int:
 def by_length(ask: str) -> str:
     """A judge whose score depends on the transcript, so a batch given another's scores shows."""
     return json.dumps({"score": (len(ask) % 97) / 97})
+
+
+class LosesAServer(RequestBackend):
+    """Every turn ends at once; the first request's server is lost, so its episode is played again."""
+
+    def __init__(self, eos: int):
+        self.stop_ids, self.lost = [eos], False
+
+    def generate(self, prompts, max_tokens, sampling, **keys):
+        return [Sample([self.stop_ids[0]], [0.0], "stop") for _ in prompts]
+
+    async def generate_one(self, prompt, max_tokens, sampling, **keys):
+        if not self.lost:
+            self.lost = True
+            raise ReplayEpisode("server 1 is gone")
+        return self.generate([prompt], max_tokens, sampling)[0]
+
+
+def test_the_engine_tells_each_scored_episode_once_a_replayed_one_when_its_replay_is(tiny_model_and_tokenizer):
+    _, tokenizer = tiny_model_and_tokenizer
+    engine = RolloutEngine(StaggeredEnv(), tokenizer, LosesAServer(tokenizer.eos_token_id), EpisodeSettings())
+    told: list[tuple[int, object, float | None]] = []
+    engine.on_episode_done = lambda batch, i: told.append((i, batch.episodes[i], batch.episodes[i].score))
+    with engine:
+        batch = engine.run(rows())
+    assert batch.replayed_episodes == 1
+    assert sorted(i for i, _, _ in told) == list(range(len(batch.episodes)))  # each once, the replay included
+    assert all(episode is batch.episodes[i] and score is not None for i, episode, score in told)
 
 
 @pytest.mark.parametrize("schedule", ["lockstep", "continuous"])

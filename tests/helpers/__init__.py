@@ -6,7 +6,8 @@ under `accelerate launch`), a command's options as `--help` shows them, reading 
 (`policy_row`), a one-line error's message, and ports that two test runs on one machine cannot both
 take (`free_port`, `refused_port`, `retry_on_port_clash`). Topic helpers are submodules: `helpers.vllm`
 (real vLLM servers), `helpers.rollouts` (scripted rollouts to compare), `helpers.browser` (report.html
-in Chromium). Plugins, registered by conftest.py: `helpers.module_order` (the order `-n` runs modules in),
+in Chromium), `helpers.fake_judge` (an OpenAI-compatible judge served in the test's process).
+Plugins, registered by conftest.py: `helpers.module_order` (the order `-n` runs modules in),
 `helpers.extras` (the tests that need a package README's install lacks)."""
 
 from __future__ import annotations
