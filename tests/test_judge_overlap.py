@@ -1,6 +1,6 @@
 """Judge calls overlap with the rollout (training/judge.py, the engine's `on_episode_done`): the engine
-tells each episode once it is scored, a replayed one once, when its replay is; on the tiny model, under
-both schedules, a judge behind the fake server gets its first call while episodes are still
+tells each episode once it is scored (agents' too), a replayed one once, when its replay is; on the tiny
+model, under both schedules, a judge behind the fake server gets its first call while episodes are still
 being scored; the scores, the failure count and the fallback are those of the calls made after the
 rollout; batches played ahead each get their own transcripts' scores; a run step completes with the
 judge's calls all made during its rollout. About 30 seconds."""
@@ -103,6 +103,21 @@ def test_the_engine_tells_each_scored_episode_once_a_replayed_one_when_its_repla
     assert batch.replayed_episodes == 1
     assert sorted(i for i, _, _ in told) == list(range(len(batch.episodes)))  # each once, the replay included
     assert all(episode is batch.episodes[i] and score is not None for i, episode, score in told)
+
+
+def test_an_agent_environment_tells_each_episode_once_scored(tiny_model_and_tokenizer):
+    pytest.importorskip("openai")
+    from envs_fixtures.agents import ChattyAgent
+
+    model, tokenizer = tiny_model_and_tokenizer
+    env = ChattyAgent(episodes=4, turns=1, max_tokens=8)
+    engine = RolloutEngine(env, tokenizer, TurnEndingHF.for_model(model, tokenizer),
+                           EpisodeSettings(max_new_tokens=8, model_name="tiny"))
+    told: list[tuple[int, float | None]] = []
+    engine.on_episode_done = lambda batch, i: told.append((i, batch.episodes[i].score))
+    with engine:
+        engine.run(env.build_dataset(tokenizer))
+    assert sorted(i for i, _ in told) == [0, 1, 2, 3] and all(score is not None for _, score in told)
 
 
 @pytest.mark.parametrize("schedule", ["lockstep", "continuous"])
