@@ -261,7 +261,8 @@ def test_vllm_serves_the_exported_model(exported, tmp_path):
         process.wait(timeout=120)
     local = model_logprobs(AutoModelForCausalLM.from_pretrained(folder), prompt, tokens)
     # vLLM on a CPU computes in bfloat16: agreement within its rounding (0.15, as in test_vllm).
-    assert len(tokens) == 12 and max(abs(a - b) for a, b in zip(served, local)) < 0.15
+    # Up to 12 greedy tokens: the trained model may end its answer sooner (" a a a." and its end token).
+    assert 4 <= len(tokens) <= 12 and max(abs(a - b) for a, b in zip(served, local)) < 0.15
 
 
 @pytest.mark.slow  # a SmolLM2 step and export: 40 s here, more under load

@@ -73,7 +73,10 @@ def test_server_training_moves_the_servers_weights(sync, vllm_server, tiny_model
     out = tmp_path / sync
     peft = [] if sync == "lora" else ["--no-peft"]
     result = run_cli(
-        "grpo", "--model", tiny_model_dir, *LETTERS, *peft, "--max-steps", "3", "--output-dir", str(out),
+        # The letters score that pays a cut turn (its old default): 3 steps at lr 1e-2 then move the weights
+        # well away from the base's on the fixed prompt (the default score moved them 0.41 there, not 0.5).
+        "grpo", "--model", tiny_model_dir, *LETTERS, "--rl-env-config", '{"pay_cut_turns": true}', *peft,
+        "--max-steps", "3", "--output-dir", str(out),
         "--use-vllm", "--vllm-mode", "server", "--vllm-server-url", vllm_server["url"], "--vllm-sync", sync,
     )
     assert result.returncode == 0, result.stderr[-3000:]
