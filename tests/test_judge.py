@@ -12,16 +12,15 @@ import os
 import re
 import subprocess
 import sys
-from pathlib import Path
 
 import pytest
 
-from aitrain_grpo import RunConfig, train
+from aitrain_grpo import RunConfig
 from aitrain_grpo.env.base import Episode
 from aitrain_grpo.errors import ConfigError
 from aitrain_grpo.training.judge import HttpJudge, Judge, parse_scores
 from helpers import REPO
-from helpers.fake_judge import FakeJudge
+from helpers.fake_judge import FakeJudge, one_judged_step
 
 KEY_ENV = "AITRAIN_JUDGE_TEST_KEY"  # a name redaction does not know as secret: only the judge keeps it out
 KEY = "sk-judge-test-7f3a9c1e5b"
@@ -155,17 +154,8 @@ def test_a_cli_run_with_a_judge_at_a_url_logs_it_and_writes_the_key_nowhere(fake
 
 
 def test_the_tiny_model_judges_in_process_for_one_step(tiny_model_dir, tmp_path, capsys):
-    config = RunConfig(model=tiny_model_dir, rl_env_module="envs.letters", rl_env_class="LetterEnv",
-                       rl_env_config={"turns": 1, "num_tasks": 8}, output_dir=str(tmp_path / "out"), max_steps=1,
-                       batch_size=4, rl_num_generations=2, rl_max_new_tokens=16, rl_judge_rubric="Many letters a.",
-                       rl_judge_model="self", rl_judge_mode="episode", rl_judge_fallback=0.5)
-    cwd = Path.cwd()
-    os.chdir(REPO)  # envs.letters resolves from the current directory
-    try:
-        train(config.validate())
-    finally:
-        os.chdir(cwd)
-    record = json.loads((tmp_path / "out" / "metrics.jsonl").read_text().splitlines()[0])
+    record = one_judged_step(tiny_model_dir, tmp_path / "out", rl_num_generations=2, rl_judge_model="self",
+                             rl_judge_mode="episode", rl_judge_fallback=0.5)
     # The tiny model generates ("the the the ..."), greedily, so no score is readable: each of the four
     # episodes' replies scores the fallback and is counted, and the run goes on.
     assert record["judge/failures"] == 4 and record["rewards/judge/mean"] == pytest.approx(0.5)

@@ -8,19 +8,16 @@ judge's calls all made during its rollout. About 30 seconds."""
 from __future__ import annotations
 
 import json
-import os
 import re
 import time
 
 import pytest
 
-from aitrain_grpo import RunConfig, train
 from aitrain_grpo.engine.backends.base import ReplayEpisode, RequestBackend, Sample
 from aitrain_grpo.engine.rollout import RolloutEngine
 from aitrain_grpo.engine.settings import EpisodeSettings
 from aitrain_grpo.training.judge import HttpJudge, Judge
-from helpers import REPO
-from helpers.fake_judge import FakeJudge
+from helpers.fake_judge import FakeJudge, one_judged_step
 from helpers.rollouts import GREEDY, NEW_TOKENS, StaggeredEnv, TurnEndingHF
 
 GROUP = 2
@@ -169,17 +166,8 @@ def test_batches_played_ahead_each_get_their_own_scores(tiny_model_and_tokenizer
 
 def test_a_run_step_completes_with_the_judges_calls_made_during_its_rollout(tiny_model_dir, fake, tmp_path):
     fake.delay = 0.1
-    config = RunConfig(model=tiny_model_dir, rl_env_module="envs.letters", rl_env_class="LetterEnv",
-                       rl_env_config={"turns": 1, "num_tasks": 8}, output_dir=str(tmp_path / "out"), max_steps=1,
-                       batch_size=4, rl_num_generations=GROUP, rl_max_new_tokens=16, rl_judge_rubric="Many letters a.",
-                       rl_judge_url=fake.url + "/v1", rl_judge_model="fake", rl_rollout_schedule="continuous")
-    cwd = os.getcwd()
-    os.chdir(REPO)  # envs.letters resolves from the current directory
-    try:
-        train(config.validate())
-    finally:
-        os.chdir(cwd)
-    record = json.loads((tmp_path / "out" / "metrics.jsonl").read_text().splitlines()[0])
+    record = one_judged_step(tiny_model_dir, tmp_path / "out", rl_num_generations=GROUP, rl_judge_url=fake.url + "/v1",
+                             rl_judge_model="fake", rl_rollout_schedule="continuous")
     assert record["rewards/judge/mean"] == pytest.approx(0.25) and record["judge/failures"] == 0
     assert len(fake.requests) == 2 and record["judge/early_calls"] == 2  # two groups, each asked once, early
     assert all(re.match(r"2 conversations follow", r["body"]["messages"][-1]["content"]) for r in fake.requests)

@@ -64,3 +64,23 @@ class FakeJudge:
     def close(self) -> None:
         self.server.shutdown()
         self.server.server_close()
+
+
+def one_judged_step(model_dir: str, out, **judge_options) -> dict:
+    """Train one step of envs.letters (one turn, 4 episodes) with the judge options given (RunConfig field
+    names, rubric included); the step's metrics record."""
+    import os
+
+    from aitrain_grpo import RunConfig, train
+    from helpers import REPO
+
+    config = RunConfig(model=model_dir, rl_env_module="envs.letters", rl_env_class="LetterEnv",
+                       rl_env_config={"turns": 1, "num_tasks": 8}, output_dir=str(out), max_steps=1,
+                       batch_size=4, rl_max_new_tokens=16, rl_judge_rubric="Many letters a.", **judge_options)
+    cwd = os.getcwd()
+    os.chdir(REPO)  # envs.letters resolves from the current directory
+    try:
+        train(config.validate())
+    finally:
+        os.chdir(cwd)
+    return json.loads((out / "metrics.jsonl").read_text().splitlines()[0])
