@@ -196,9 +196,18 @@ def unsupported(trainer: Any, model: Any, extras: dict[str, Any], compute_aux_lo
     causal = _trained(trainer, model)
     if getattr(causal.config.get_text_config(), "output_router_logits", False):
         return "the model returns router logits"
-    if torch.is_grad_enabled() and causal.training and getattr(causal, "is_gradient_checkpointing", False):
+    if torch.is_grad_enabled() and causal.training and _checkpointing(causal):
         return "gradient checkpointing drops the cache in the loss pass"
     return None
+
+
+def _checkpointing(causal) -> bool:
+    """Whether the model recomputes activations: transformers 5.18+ names it `is_activation_checkpointing`
+    (its old name warns on every read), earlier ones `is_gradient_checkpointing`."""
+    for name in ("is_activation_checkpointing", "is_gradient_checkpointing"):
+        if hasattr(type(causal), name):
+            return bool(getattr(causal, name))
+    return False
 
 
 def saved_share(input_ids: torch.Tensor, prompt_len: int, distinct: int) -> float:
