@@ -1,10 +1,11 @@
 """No silent wait (issue 35): a wait that had no bound ends within it, with one line naming what it waited for.
 
-The waits and their bounds (docs/operations.md, "What a run waits for"): generation by the token budgets, a
+The waits and their bounds (docs/operations.md, "When things go wrong"): generation by the token budgets, a
 vLLM server by --vllm-server-timeout (test_vllm_servers.py, test_preemption.py), an environment call by
 --rl-env-timeout (test_contract.py), MCP tools by their timeout (test_mcp_tools.py), the judge by its HTTP
-timeout (test_judge.py). Here: an agent environment's own code between two requests, which held the
-rollout without a word; it is bounded by --rl-env-timeout too, in async and in blocking agent code.
+timeout (test_judge.py), the run's other processes by --ddp-timeout (test_waits_collectives.py). Here: an
+agent environment's own code between two requests, which held the rollout without a word; it is bounded by
+--rl-env-timeout too, in async and in blocking agent code.
 """
 
 from __future__ import annotations

@@ -12,6 +12,7 @@ Left out: anything GRPO's alone (`grpo_config`, the trainer, the rollout: traine
 from __future__ import annotations
 
 import json
+import math
 import os
 import time
 import warnings
@@ -50,6 +51,7 @@ def trainer_args(config: RunConfig, output_dir: Path, config_class: type, batch:
         logging_steps=config.logging_steps,
         report_to=[] if config.report_to == "none" else [config.report_to],
         disable_tqdm=True,
+        ddp_timeout=math.ceil(config.ddp_timeout),  # HF's int seconds; on a CPU set on the group (collectives.py)
     )
     if not torch.cuda.is_available():
         fields = config_class.__dataclass_fields__

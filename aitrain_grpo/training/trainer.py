@@ -54,6 +54,7 @@ from aitrain_grpo.runlog.step_metrics import StepMetrics
 from aitrain_grpo.runlog.step_timing import StepTiming
 from aitrain_grpo.training import small_dataset
 from aitrain_grpo.training.checkpoints import AtomicCheckpoints, prepare_output_dir
+from aitrain_grpo.training.collectives import bound_collectives, collective_failures
 from aitrain_grpo.training.hf_args import check_target_modules, lora_config, save_run, trainer_args
 from aitrain_grpo.training.judge import build_judge, judge_rewards
 from aitrain_grpo.training.generation import check_server as check_vllm_server
@@ -252,6 +253,7 @@ def build_trainer(config: RunConfig, env: Environment | None = None, *, callback
     # transformers prints every log dict; our TrainingProgress prints a compact line instead.
     trainer.remove_callback(PrinterCallback)
     trainer.remove_callback(ProgressCallback)
+    bound_collectives(config.ddp_timeout)  # the process group exists now; no training collective has run
     return trainer
 
 
@@ -261,17 +263,19 @@ def train(config: RunConfig, env: Environment | None = None, *, callbacks: list 
     `run_summary.json`). `env` skips loading the environment from `config` (Python API use); `plan`
     is the run's plan when the caller has made it already (`plan_run(config)`). A run that stops early
     (a signal, too many failed episodes, a dead generation backend) saves a checkpoint and raises
-    `stopping.TrainingStopped`."""
+    `stopping.TrainingStopped`; another process gone or stalled past `--ddp-timeout` raises its
+    `collectives.CollectiveFailed`, saving nothing."""
     trainer = build_trainer(config, env, callbacks=callbacks, plan=plan)
     started = time.time()
-    try:
-        with clean_stops(trainer):  # early stops (signals, error rate, backend) raise TrainingStopped
-            trainer.train(resume_from_checkpoint=trainer.plan.resume)
-            if trainer.plan.generation.backend == "vllm_server":
-                trainer.rollout_parts.sync_weights(trainer)  # leave the server serving the final weights
-    finally:
-        trainer.rollout_parts.close()
-    summary = save_run(trainer, config, trainer.plan.output_dir, started)
+    with collective_failures(trainer, config.ddp_timeout):  # another process gone: one line (collectives.py)
+        try:
+            with clean_stops(trainer):  # early stops (signals, error rate, backend) raise TrainingStopped
+                trainer.train(resume_from_checkpoint=trainer.plan.resume)
+                if trainer.plan.generation.backend == "vllm_server":
+                    trainer.rollout_parts.sync_weights(trainer)  # leave the server serving the final weights
+        finally:
+            trainer.rollout_parts.close()
+        summary = save_run(trainer, config, trainer.plan.output_dir, started)
     if trainer.accelerator.is_main_process:  # the page again, now with run_summary.json's runtime
         for callback in trainer.callback_handler.callbacks:
             if isinstance(callback, ReportCallback):
