@@ -9,8 +9,9 @@ on gloo) and then a long traceback. Here:
 - `bound_collectives(seconds)` sets `--ddp-timeout` on the run's process group once it exists (after the
   trainer is built, before any training collective). transformers hands `ddp_timeout` to the process
   group it creates, except on a CPU (`use_cpu`: TrainingArguments leaves the timeout out there), so the
-  bound is set on the group itself: torch's `_set_pg_timeout`, the one private torch name read here,
-  gives gloo and NCCL alike the timeout of every later operation;
+  bound is set on the gloo group itself: torch's `_set_pg_timeout`, the one private torch name read here,
+  gives it the timeout of every later operation. NCCL (a GPU) gets the bound from transformers'
+  `ddp_timeout` at the group's creation, its own well-trodden path, and is not touched here;
 - `collective_failures(trainer, seconds)` wraps the training and turns a collective that timed out, or
   whose peer is gone (gloo: "Connection closed by peer", "Timed out waiting ...ms"; torch's
   `DistError`s), into `CollectiveFailed`: one line naming the process, the step and its phase, the bound
@@ -49,7 +50,7 @@ def several_processes() -> bool:
 
 def bound_collectives(seconds: float) -> None:
     """Give every later collective of the run's process group at most `seconds` (see the module docstring)."""
-    if several_processes():
+    if several_processes() and dist.get_backend() == "gloo" and hasattr(dist.distributed_c10d, "_set_pg_timeout"):
         dist.distributed_c10d._set_pg_timeout(timedelta(seconds=seconds))
 
 
