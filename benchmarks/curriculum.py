@@ -5,6 +5,8 @@
     python benchmarks/curriculum.py eval
     python benchmarks/curriculum.py report                 # prints the table and writes it to <runs-dir>/CURRICULUM.md
     python benchmarks/curriculum.py all --model tiny --steps 2 --episodes 4 --seeds 1 --runs-dir /tmp/cur-smoke  # smoke run
+    python benchmarks/curriculum.py all --model START --env reasoning_gym:basic_arithmetic --env reasoning_gym:basic_arithmetic \
+        --env-config '[{...easy...}, {...hard...}]' --easy 1 --hard 0 --runs-dir runs/curriculum-rg   # any mixture
 
 Workload: SmolLM2-135M-Instruct on TextArena's GuessTheNumber at two ranges in one mixture, 1-20
 (`GuessTheNumber-v0`) and 1-50 (`GuessTheNumber-v0-hardcore`), through `--rl-env` repeated. Cold SmolLM2
@@ -24,6 +26,11 @@ held-back games of both ranges (`{"split": "held_out"}`: seeds the training spli
 solved share (score 1) per range and overall, and the gain over the base per hour of training; per arm
 the mean over seeds; and the pools' last `curriculum/*` values.
 
+Any other mixture: `--env` repeated (each member a spec `--rl-env` takes), `--env-config` the members'
+training configs (a JSON list, one per `--env`; the held-back configs are these with `"split":
+"held_out"` added), `--easy`/`--hard` the pools' thresholds (1 and 0 for a 0-1 score), `--model` a
+warm start (an `aitrain sft` output) where the cold model scores nothing.
+
 Left out: curves of held-back success over time (evaluate saved checkpoints with `aitrain eval --model
 RUN/checkpoint-N` for that), statistical tests, and reasoning-gym families (cold SmolLM2 scores 0 on them:
 every prompt would go hard; after issue 37's warm start they are the next workload to try).
@@ -40,16 +47,26 @@ import time
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parent.parent
-ENVS = ("--rl-env", "textarena:GuessTheNumber-v0", "--rl-env", "textarena:GuessTheNumber-v0-hardcore")
-HELD_OUT = json.dumps([{"split": "held_out"}, {"split": "held_out"}])
+ENVS = ["textarena:GuessTheNumber-v0", "textarena:GuessTheNumber-v0-hardcore"]
 RECIPE = ("--lr", "1e-3", "--rl-kl-coef", "0", "--rl-temperature", "0.7", "--batch-size", "16",
           "--rl-num-generations", "4", "--rl-max-new-tokens", "96", "--rl-max-turns", "6",
           "--rl-max-completion-length", "768", "--save-steps", "10", "--overwrite")
-ARMS = {
-    "uniform": ("--rl-curriculum", "off"),
-    "pools": ("--rl-curriculum", "pools", "--rl-curriculum-easy", "0.8", "--rl-curriculum-hard", "0.2",
-              "--rl-curriculum-revisit", "0.1"),
-}
+ARMS = ("uniform", "pools")
+
+
+def arm_options(args, arm: str) -> list[str]:
+    """`uniform`: TRL's order; `pools`: the curriculum with the workload's thresholds."""
+    if arm == "uniform":
+        return ["--rl-curriculum", "off"]
+    return ["--rl-curriculum", "pools", "--rl-curriculum-easy", str(args.easy), "--rl-curriculum-hard",
+            str(args.hard), "--rl-curriculum-revisit", "0.1"]
+
+
+def env_options(args, held_out: bool = False) -> list[str]:
+    """The mixture's `--rl-env` options and its configs (training rows, or the held-back ones)."""
+    configs = [dict(c, split="held_out") if held_out else c for c in args.env_config]
+    options = [option for env in args.envs for option in ("--rl-env", env)]
+    return options + (["--rl-env-config", json.dumps(configs)] if any(configs) else [])
 
 
 def run_logged(command: list[str], log: Path) -> float:
@@ -73,7 +90,7 @@ def train(args) -> None:
     for arm in args.arms:
         for seed in args.seeds:
             out = run_dir(args, arm, seed)
-            command = ["grpo", "--model", args.model, *ENVS, *RECIPE, *ARMS[arm], "--max-steps", str(args.steps),
+            command = ["grpo", "--model", args.model, *env_options(args), *RECIPE, *arm_options(args, arm), "--max-steps", str(args.steps),
                        "--seed", str(seed), "--output-dir", str(out)]
             print("training:", " ".join(command), flush=True)
             seconds = run_logged(command, args.runs_dir / f"{out.name}.log")
@@ -84,7 +101,7 @@ def evaluate(args) -> None:
     for arm in args.arms:
         for seed in args.seeds:
             out = run_dir(args, arm, seed)
-            command = ["eval", "--model", str(out), "--baseline", args.model, "--rl-env-config", HELD_OUT,
+            command = ["eval", "--model", str(out), "--baseline", args.model, *env_options(args, held_out=True),
                        "--episodes", str(args.episodes), "--seed", "0", "--output", str(out / "heldout.jsonl")]
             print("evaluating:", " ".join(command), flush=True)
             run_logged(command, out / "heldout.log")
@@ -141,7 +158,11 @@ def report(args) -> str:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("phase", choices=("train", "eval", "report", "all"))
-    parser.add_argument("--arm", dest="arms", action="append", choices=tuple(ARMS), help="default: both")
+    parser.add_argument("--arm", dest="arms", action="append", choices=ARMS, help="default: both")
+    parser.add_argument("--env", dest="envs", action="append", help="a mixture member (repeat); default: GuessTheNumber 1-20 and 1-50")
+    parser.add_argument("--env-config", type=json.loads, help="JSON list: each member's training config")
+    parser.add_argument("--easy", type=float, default=0.8, help="pools: a group this good is easy (0.8: graded scores)")
+    parser.add_argument("--hard", type=float, default=0.2, help="pools: a group at most this good is hard")
     parser.add_argument("--seeds", type=int, nargs="+", default=[1, 2, 3])
     parser.add_argument("--steps", type=int, default=30)
     parser.add_argument("--episodes", type=int, default=40, help="held-back games per model in eval")
@@ -149,6 +170,10 @@ def main() -> None:
     parser.add_argument("--runs-dir", type=Path, default=REPO / "runs" / "curriculum")
     args = parser.parse_args()
     args.arms = args.arms or list(ARMS)
+    args.envs = args.envs or ENVS
+    args.env_config = args.env_config or [{} for _ in args.envs]
+    if len(args.env_config) != len(args.envs):
+        parser.error(f"--env-config has {len(args.env_config)} configs for {len(args.envs)} --env")
     args.runs_dir.mkdir(parents=True, exist_ok=True)
     if args.phase in ("train", "all"):
         train(args)
