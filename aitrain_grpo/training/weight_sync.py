@@ -105,6 +105,17 @@ class FolderWeightSync:
         finally:
             shutil.rmtree(probe, ignore_errors=True)
 
+    def _remove_left_behind(self) -> None:
+        """Delete the versions an earlier process of this run left in the folder. A sync writes the new
+        version, loads it into the servers, then deletes the one before; a process killed with SIGKILL during
+        that load left the older one, and its resume, which rewrites only the versions of the steps it syncs
+        again (names are by step), never deleted it: an adapter, or with `disk` a whole copy of the weights,
+        per such kill (tests/test_async_rollout.py). A `.partial` a kill cut off goes too. The first sync of a
+        process owns the folder: the run lock keeps a second live run out of the output folder that holds it
+        by default (two live runs given one --vllm-sync-dir already share version names, and clash anyway)."""
+        for left in [*self.sync_dir.glob(f"{self.prefix}-step-*"), *self.sync_dir.glob(f".{self.prefix}-step-*.partial")]:
+            shutil.rmtree(left, ignore_errors=True)
+
     def maybe_sync(self, trainer) -> float | None:
         """Sync if the optimizer has stepped since the last sync; returns the seconds spent, or None."""
         step = trainer.state.global_step
@@ -114,6 +125,8 @@ class FolderWeightSync:
         accelerator = trainer.accelerator
         main = accelerator.is_main_process
         if self.last_step is None:
+            if main:
+                self._remove_left_behind()
             # A server outlives runs, and a `disk` run leaves its weights in it: start from the base
             # model's checkpoint, which is what the trainer starts from too (or, when resuming, what
             # the resumed adapter applies to). The path is explicit because a reload from a folder
