@@ -26,7 +26,9 @@ number. StationEnv also gives its 0.1 for a call that failed to parse (no result
 `station_reward_per_call` is a deliberately gamed variant (benchmarks/SHORTCUTS.md): its 0.1 is paid for
 every result shown, an error included (the total capped at 1.0), so a failed call earns what a good one
 does and an episode that will not reach the answer earns more by calling on than by answering wrong.
-It is the issue-41 tool run that the shortcut warning must catch; no default uses it.
+It is the issue-41 tool run that the shortcut warning must catch; no default uses it. From the SFT start
+the policy learned the task instead (the answer's 0.4 outweighs a call's 0.1), so
+`station_reward_calls_pay` pays 0.3 a call: there four calls of any kind are worth a solved episode.
 
 Left out: per-turn rewards (`--rl-advantage turn`; the head-to-head runs `outcome`) and malformed calls
 (wrong argument names): TRL answers those with its own `{'error': ...}` text, aitrain with a schema
@@ -43,6 +45,7 @@ from envs.stations import StationEnv
 _WORLD = StationEnv()  # seed 0: the station ids and temperatures every StationEnv of the benchmarks uses
 MAX_TURNS = 4  # StationEnv.max_turns: model turns per episode (TRL: max_tool_calling_iterations = 3)
 FOUND, READ, ANSWERED, TRIED = 0.2, 0.3, 0.4, 0.1
+CALL_PAID = 0.3  # station_reward_calls_pay's price of any call past the first
 
 
 class StationsTRL:
@@ -119,6 +122,17 @@ def station_reward_per_call(completions, environments, **kwargs) -> list[float]:
         messages = list(completion)
         shown = sum(m.get("role") == "tool" for m in messages)
         scores.append(min(1.0, episode_score(messages, env) + TRIED * max(shown - 1, 0)))  # scores are in [0, 1]
+    return scores
+
+
+def station_reward_calls_pay(completions, environments, **kwargs) -> list[float]:
+    """`station_reward` plus 0.3 for every tool result shown past the first, failed calls included, at most
+    1.0 (opt in): four calls of any kind earn full marks, whatever they found (benchmarks/SHORTCUTS.md)."""
+    scores = []
+    for completion, env in zip(completions, environments):
+        messages = list(completion)
+        shown = sum(m.get("role") == "tool" for m in messages)
+        scores.append(min(1.0, episode_score(messages, env) + CALL_PAID * max(shown - 1, 0)))
     return scores
 
 

@@ -208,7 +208,7 @@ def test_the_gamed_stations_score_pays_failed_calls_and_stays_in_range():
     """envs.stations_trl:station_reward_per_call, the issue's tool run: each result shown earns 0.1, an error too."""
     import pytest
 
-    from envs.stations_trl import StationsTRL, station_reward, station_reward_per_call
+    from envs.stations_trl import StationsTRL, station_reward, station_reward_calls_pay, station_reward_per_call
 
     env = StationsTRL()
     env.reset(city="Oslo")
@@ -216,3 +216,5 @@ def test_the_gamed_stations_score_pays_failed_calls_and_stays_in_range():
     assert station_reward([failed * 3], [env]) == [0.1]  # the default pays for trying once
     assert station_reward_per_call([failed * 3], [env]) == [pytest.approx(0.3)]
     assert station_reward_per_call([failed * 30], [env]) == [1.0]  # scores stay in [0, 1]
+    assert station_reward_calls_pay([failed * 2], [env]) == [pytest.approx(0.4)]
+    assert station_reward_calls_pay([failed * 4], [env]) == [pytest.approx(1.0)]  # four failed calls earn full marks
