@@ -16,7 +16,8 @@ that format, so `aitrain sft` can teach it. Two phases, every step through the C
   solved, and the share of groups with a signal (not every episode of the group scored the same: what
   GRPO learns from). The start's figures and evaluation settings go to OUT/start.json.
 - `grpo`: for each of `--seeds`, `aitrain grpo --model <sft output>` on the train split with
-  `--grpo-options` (LEARNING.md's SmolLM2 recipe by default) and a checkpoint every step, stopped after
+  `--grpo-options` (LEARNING.md's SmolLM2 recipe by default; SIGNAL.md's `basic_arithmetic` runs add
+  `benchmarks/rg_exact.py`'s exact-answer reward) and a checkpoint every step, stopped after
   `--minutes` if given; the mean score of each finished step (metrics.jsonl), so a run stopped early still
   reports what it did; then the trained model (the newest whole checkpoint of a stopped run) evaluated
   exactly as the start was (OUT/start.json: the same held-back rows, seed, sampling and token limit), and
@@ -69,14 +70,14 @@ def aitrain(*args: str, log: Path, minutes: float = 0) -> float:
 
 
 def evaluate(model: str, settings: dict, out: Path, name: str, greedy: bool) -> dict:
-    """`aitrain eval` of `model` on the held-back rows (`settings`: eval_settings); its table row's figures."""
+    """`aitrain eval` of `model` on the held-back rows as `settings` say (start.json's); its table row's figures."""
     records_file = out / f"eval-{name}-{'greedy' if greedy else 'sampled'}.jsonl"
     sampling = (("--episodes", str(settings["episodes"]), "--rl-temperature", "0") if greedy else
                 ("--episodes", str(settings["groups"]), "--rl-num-generations", "4",
                  "--rl-temperature", str(settings["temperature"])))
     seconds = aitrain("eval", "--model", model, "--rl-env", f"reasoning_gym:{settings['family']}", "--rl-env-config",
-                      settings["rows"], *sampling, "--seed", "0", "--rl-max-new-tokens", str(settings["max_new_tokens"]),
-                      "--output", str(records_file), log=records_file.with_suffix(".log"))
+                      settings["rows"], *sampling, "--seed", "0", "--rl-max-new-tokens",
+                      str(settings["max_new_tokens"]), "--output", str(records_file), log=records_file.with_suffix(".log"))
     records = [json.loads(line) for line in records_file.read_text().splitlines() if line.strip()]
     scores = [float(r.get("score") or 0.0) for r in records]
     groups: dict[int, set[float]] = {}
