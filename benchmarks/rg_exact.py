@@ -5,7 +5,8 @@ reasoning-gym's default `score_answer` gives partial credit when the reply only 
 group's advantages by their spread, so in a group where nothing is right that 0.11 is pushed as hard as
 a right answer, and from SmolLM2's basic_arithmetic start the policy learned to echo the question inside
 the tags within two steps at lr 1e-3 (SIGNAL.md). `--rl-reward-funcs benchmarks.rg_exact:exact
---rl-reward-weights 0,1` trains on exact answers alone (the environment's `correct` metric).
+--rl-reward-weights 0,1` trains on exact answers alone (the environment's `correct` metric). The adapter's own `{"exact": true}`,
+added after SIGNAL.md's runs, scores the same way; this file stays so those commands reproduce as written.
 """
 
 

@@ -35,6 +35,16 @@ def test_the_oracle_scores_one_and_a_wrong_or_missing_answer_less(task):
     assert all(ep.score == 0.0 and ep.metrics["answered"] == 0.0 for ep in untagged)
 
 
+def test_exact_scores_a_reply_that_only_contains_the_answer_zero():
+    rows = ReasoningGymEnv("basic_arithmetic", size=20, seed=3).build_dataset(None)[:4]
+    echo = lambda ep: f"<answer>{ep.row['prompt'][-1]['content']} = {ep.row['answer']}</answer>"  # noqa: E731
+    partial = play(ReasoningGymEnv("basic_arithmetic", size=20, seed=3), rows, echo)
+    assert all(0.0 < ep.score < 1.0 for ep in partial)  # the family's partial credit
+    exact = ReasoningGymEnv("basic_arithmetic", size=20, seed=3, exact=True)
+    assert [ep.score for ep in play(exact, rows, echo)] == [0.0] * 4
+    assert [ep.score for ep in play(exact, rows, oracle_policy(exact))] == [1.0] * 4
+
+
 def test_held_out_entries_are_never_trained_on_and_the_config_reaches_the_family():
     train = ReasoningGymEnv("basic_arithmetic", size=50, seed=1)
     held = ReasoningGymEnv("basic_arithmetic", size=50, seed=1, split="held_out")

@@ -9,7 +9,11 @@ How reasoning-gym's notions map onto ours:
 - The model's turn: one turn per episode; the answer is what reasoning-gym's `extract_answer` takes from
   the last `<answer>...</answer>` of the text.
 - Score: the family's `score_answer(answer, entry)`, in [0, 1] already (clamped against surprises); no
-  `<answer>` tag scores 0. Metrics: `answered` (a tag was there), `correct` (score 1).
+  `<answer>` tag scores 0. Metrics: `answered` (a tag was there), `correct` (score 1). `exact=True` scores
+  1 or 0 (correct or not): many families give partial credit to a reply that only contains the answer
+  (`<answer>1 + 6 = 7</answer>` scores 0.11 on "7"), and GRPO, which divides a group's advantages by their
+  spread, pushes that 0.11 as hard as a right answer where nothing in the group is right: a warm-started
+  SmolLM2 learned to echo the question in two steps (benchmarks/SIGNAL.md).
 - Seeds and splits: one dataset from `seed`; every `held_out_every`-th entry is held back, so
   `split="held_out"` gives entries `split="train"` never shows (the same entries for the same seed).
 - Oracle: `solve` writes the entry's stored `answer` in the format the prompt asks for and the score
@@ -56,7 +60,7 @@ class ReasoningGymEnv(Environment):
     no_oracle: str | None = None  # why there is no solve, where there is none (read by env check and sft)
 
     def __init__(self, task: str, size: int = 200, seed: int = 0, split: str = "train", held_out_every: int = 5,
-                 system_prompt: str | None = "default", config: dict[str, Any] | None = None):
+                 system_prompt: str | None = "default", config: dict[str, Any] | None = None, exact: bool = False):
         rg = _reasoning_gym()
         from reasoning_gym.factory import DATASETS
 
@@ -74,7 +78,7 @@ class ReasoningGymEnv(Environment):
             raise EnvLoadError(f"reasoning-gym could not make {task!r} with config {config}: {exc}") from None
         prompts = rg.utils.SYSTEM_PROMPTS
         self.system = prompts.get(system_prompt, system_prompt) if system_prompt else None
-        self.task, self.split, self.held_out_every = task, split, held_out_every
+        self.task, self.split, self.held_out_every, self.exact = task, split, held_out_every, exact
         if self.data[0]["answer"] is None:
             self.no_oracle = (f"reasoning-gym's {task} stores no answers (its score_answer checks a reply by "
                               f"itself); families that do, e.g. {EXAMPLE}, have an oracle")
@@ -107,4 +111,4 @@ class ReasoningGymEnv(Environment):
         episode.metrics["answered"] = float(answer is not None)
         score = 0.0 if answer is None else clamp01(float(self.data.score_answer(answer=answer, entry=self.data[episode.row["rg_index"]])))
         episode.metrics["correct"] = float(score >= 1.0)
-        return score
+        return episode.metrics["correct"] if self.exact else score
