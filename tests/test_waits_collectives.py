@@ -6,7 +6,8 @@ Two real training processes on this host, gloo on the CPU, started as torchrun a
 start their workers (RANK, WORLD_SIZE, MASTER_ADDR, ...: the worker's code path is the same), so that
 what is checked is the worker's own output; a launcher adds its own summary of a failed worker below it.
 After step 1's checkpoint, process 1 is stopped (SIGSTOP: a hung process, alive but silent): process 0
-must give up at the bound. Then process 1 is let go and finds its peer gone: the connection closed.
+must give up at the bound. Then process 1 is let go and finds its peer gone: the connection closed (or,
+when the collective it was stopped in passed its deadline meanwhile, the bound), one line at once.
 """
 
 from __future__ import annotations
@@ -85,8 +86,11 @@ def test_a_stalled_process_stops_the_other_at_the_bound_and_a_gone_one_at_once(t
         resumed = time.monotonic()
         assert second.wait(timeout=MARGIN) == 1
         gone = one_error_line(second_log)
-        assert gone.startswith("error: process 1 of 2 lost the other processes in a collective "), gone
-        assert "another process likely died: look at its output" in gone
+        # Usually the closed connection; on a loaded machine the collective it was stopped in may have passed
+        # its deadline while it was stopped, and it says that instead: either way one line, at once.
+        assert gone.startswith(("error: process 1 of 2 lost the other processes in a collective ",
+                                "error: process 1 of 2 waited 6s for the other processes in a collective ")), gone
+        assert "another process likely died" in gone
     finally:
         for process in (first, second):
             if process.poll() is None:
