@@ -163,7 +163,7 @@ class RunConfig:
     log_episodes_count: int = _opt(4, "Episodes in each sample written to episodes.jsonl (the best, the worst, and random others).", minimum=0)
     overwrite: bool = _opt(False, "Replace an output directory that holds a finished run of the same environment (its checkpoints and files are removed, and the run says which); never another kind of folder (an export, a tiny model).")
     _section("several processes")
-    ddp_timeout: float = _opt(1800.0, "Seconds a process of a multi-process run (accelerate launch, torchrun) waits for the others in a collective (the episodes gathered after a rollout, the gradients, a save) before it stops with one line saying another process likely died or hangs (exit 1; the checkpoints written stay). It must cover the longest time one process may spend alone: a slower rollout, a wait for a vLLM server, rank 0's checkpoint save.", bound=POSITIVE_SECONDS)
+    ddp_timeout: float = _opt(1800.0, "Seconds a process of a multi-process run (accelerate launch, torchrun) waits for the others to start, and then in a collective (the episodes gathered after a rollout, the gradients, a save) before it stops with one line saying another process likely died or hangs (exit 1; the checkpoints written stay). It must cover the longest time one process may spend alone: a slower rollout, a wait for a vLLM server, rank 0's checkpoint save.", bound=POSITIVE_SECONDS)
     _section("vLLM")
     use_vllm: bool = _opt(False, "Generate with vLLM instead of Hugging Face generate.")
     vllm_mode: str = _opt("colocate", "vLLM mode: colocate (in the trainer) or server (aitrain vllm-serve).", choices=VLLM_MODES)

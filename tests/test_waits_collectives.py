@@ -5,7 +5,8 @@ traceback, the checkpoints already written kept.
 Two real training processes on this host, gloo on the CPU, started as torchrun and `accelerate launch`
 start their workers (RANK, WORLD_SIZE, MASTER_ADDR, ...: the worker's code path is the same), so that
 what is checked is the worker's own output; a launcher adds its own summary of a failed worker below it.
-After step 1's checkpoint, process 1 is stopped (SIGSTOP: a hung process, alive but silent): process 0
+A process whose peer never starts gives up at the bound too, with its own line. After step 1's
+checkpoint, process 1 is stopped (SIGSTOP: a hung process, alive but silent): process 0
 must give up at the bound. Then process 1 is let go and finds its peer gone: the connection closed (or,
 when the collective it was stopped in passed its deadline meanwhile, the bound), one line at once.
 """
@@ -25,9 +26,9 @@ BOUND = 6  # seconds: a few, yet more than a step's legitimate skew between the 
 MARGIN = 20  # seconds for the process to end once it gave up (the exit itself, on a loaded machine)
 
 
-def start_two(model: str, out: Path, port: int) -> list[tuple[subprocess.Popen, Path]]:
+def start_two(model: str, out: Path, port: int, ranks: tuple[int, ...] = (0, 1)) -> list[tuple[subprocess.Popen, Path]]:
     started = []
-    for rank in (0, 1):
+    for rank in ranks:
         env = dict(os.environ, OMP_NUM_THREADS="1", PYTHONUNBUFFERED="1", RANK=str(rank), LOCAL_RANK=str(rank),
                    WORLD_SIZE="2", LOCAL_WORLD_SIZE="2", MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
         log = out.parent / f"rank{rank}.log"
@@ -99,3 +100,17 @@ def test_a_stalled_process_stops_the_other_at_the_bound_and_a_gone_one_at_once(t
     print(f"gave up {waited:.1f}s after its peer stalled, {time.monotonic() - resumed:.1f}s after the peer was gone")
     checkpoint = out / "checkpoint-1"  # written before, still whole
     assert (checkpoint / "trainer_state.json").is_file() and (checkpoint / "adapter_model.safetensors").is_file()
+
+
+def test_a_process_whose_peer_never_starts_stops_at_the_bound(tiny_model_dir, tmp_path):
+    """Rank 0 of two, alone (its machine's peer failed on its way up): it gave up after 30 minutes before."""
+    ((process, log),) = start_two(tiny_model_dir, tmp_path / "run", free_port(), ranks=(0,))
+    try:
+        assert process.wait(timeout=120) == 1, log.read_text()[-4000:]
+    finally:
+        if process.poll() is None:
+            process.kill()
+            process.wait()
+    line = one_error_line(log)
+    assert line.startswith("error: process 0 of 2 waited 6s for the other processes to start and gave up "), line
+    assert f"--ddp-timeout {BOUND}" in line and "look at its output" in line

@@ -139,7 +139,7 @@ def grpo(**kwargs) -> None:
         release_all()  # a refused run leaves no lock, nor the folder the lock made
         if debug:
             raise
-        fail(str(exc))
+        fail(str(exc), code=getattr(exc, "exit_code", EXIT_USAGE))
     except early_stops() as stop:  # signal, error rate, dead backend: stopped with a checkpoint
         for line in stop.lines(sys.argv[1:]):
             err.print(line, markup=False)

@@ -36,6 +36,7 @@ from aitrain_grpo.engine.demos import Demonstration, demo_tokens
 from aitrain_grpo.models.loading import load_model_and_tokenizer
 from aitrain_grpo.runlog.redaction import redact
 from aitrain_grpo.training.checkpoints import prepare_output_dir
+from aitrain_grpo.training.collectives import start_process_group
 from aitrain_grpo.training.hf_args import check_target_modules, lora_config, save_run, trainer_args
 from aitrain_grpo.training.micro_batches import BatchShape
 
@@ -89,6 +90,7 @@ def train_sft(config: RunConfig, demos: list[Demonstration], output_dir: Path,
     prepare_output_dir(output_dir, None)
     (output_dir / "run_config.json").write_text(json.dumps(redact(config.to_dict()), indent=2, default=str) + "\n")
     losses = LossLines(show)
+    start_process_group(config.ddp_timeout)  # meet the other processes under the bound (training/collectives.py)
     trainer = SFTTrainer(model=model, args=sft_config(config, output_dir), train_dataset=dataset,
                          processing_class=tokenizer, peft_config=lora_config(config), callbacks=[losses])
     trainer.remove_callback(PrinterCallback)

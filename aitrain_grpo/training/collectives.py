@@ -6,6 +6,10 @@ each rollout, DDP's gradient all-reduce, the agreement on a signal (signals.py),
 save. A process that died or stalls leaves the others waiting there, until torch's default (30 minutes
 on gloo) and then a long traceback. Here:
 
+- `start_process_group(seconds)` joins the other processes under the bound on a CPU, before transformers
+  would (TrainingArguments creates the group without a timeout under `use_cpu`, and accelerate then finds
+  it made): a process whose peer never started (a machine of a multi-machine run that failed on its way
+  up) waited there 30 minutes, then printed a traceback; now it stops at the bound with one line;
 - `bound_collectives(seconds)` sets `--ddp-timeout` on the run's process group once it exists (after the
   trainer is built, before any training collective). transformers hands `ddp_timeout` to the process
   group it creates, except on a CPU (`use_cpu`: TrainingArguments leaves the timeout out there), so the
@@ -20,19 +24,23 @@ on gloo) and then a long traceback. Here:
 
 Left out: NCCL's own watchdog, which on a GPU ends a process whose collective timed out by itself
 (TORCH_NCCL_ASYNC_ERROR_HANDLING) before Python sees an error; the bound still holds there, the one
-line does not (untested here: no GPU). The rendezvous at start is the launcher's (its own timeouts).
-A single process has no collective: nothing here does anything then.
+line does not (untested here: no GPU); a GPU run's process group is transformers' (ddp_timeout bounds its
+start too, with its own error). The launcher's own rendezvous of its agents (torchrun's, before any
+worker starts) keeps its own timeouts. A single process has no collective: nothing here does anything then.
 """
 
 from __future__ import annotations
 
 import contextlib
+import os
 from datetime import timedelta
 from pathlib import Path
 from typing import Iterator
 
+import torch
 import torch.distributed as dist
 
+from aitrain_grpo.errors import UserError, one_line
 from aitrain_grpo.runlog.step_timing import StepTiming
 from aitrain_grpo.training.checkpoints import complete_checkpoints
 from aitrain_grpo.training.stopping import EXIT_FAULT, TrainingStopped
@@ -46,6 +54,29 @@ _TIMED_OUT = ("timed out", "timeout")
 
 def several_processes() -> bool:
     return dist.is_available() and dist.is_initialized() and dist.get_world_size() > 1
+
+
+def start_process_group(seconds: float) -> None:
+    """Create the run's gloo process group with the bound, where transformers would create it unbounded
+    (see the module docstring): more than one process (WORLD_SIZE), no CUDA, no DeepSpeed (its own group),
+    and no group yet. A peer that does not join within `seconds` is `StartFailed`, one line."""
+    world = int(os.environ.get("WORLD_SIZE", "1") or 1)
+    if (world <= 1 or not dist.is_available() or dist.is_initialized() or torch.cuda.is_available()
+            or os.environ.get("ACCELERATE_USE_DEEPSPEED", "false").lower() == "true"):
+        return
+    try:
+        dist.init_process_group(backend="gloo", timeout=timedelta(seconds=seconds))
+    except (dist.DistError, RuntimeError) as exc:
+        raise StartFailed(
+            f"process {os.environ.get('RANK', '?')} of {world} waited {seconds:g}s for the other processes to start "
+            f"and gave up ({OPTION} {seconds:g}): another process likely failed on its way up or was never started; "
+            f"look at its output ({one_line(str(exc), 160)})") from None
+
+
+class StartFailed(UserError):
+    """The other processes did not join within the bound: one line, exit 1, nothing trained yet."""
+
+    exit_code = EXIT_FAULT
 
 
 def bound_collectives(seconds: float) -> None:

@@ -54,7 +54,7 @@ from aitrain_grpo.runlog.step_metrics import StepMetrics
 from aitrain_grpo.runlog.step_timing import StepTiming
 from aitrain_grpo.training import small_dataset
 from aitrain_grpo.training.checkpoints import AtomicCheckpoints, prepare_output_dir
-from aitrain_grpo.training.collectives import bound_collectives, collective_failures
+from aitrain_grpo.training.collectives import bound_collectives, collective_failures, start_process_group
 from aitrain_grpo.training.hf_args import check_target_modules, lora_config, save_run, trainer_args
 from aitrain_grpo.training.judge import build_judge, judge_rewards
 from aitrain_grpo.training.generation import check_server as check_vllm_server
@@ -236,6 +236,7 @@ def build_trainer(config: RunConfig, env: Environment | None = None, *, callback
     step_metrics = StepMetrics()  # the run's metrics sink: the trainer's log drains it
     step_timing = StepTiming(step_metrics, PhaseClock())  # the step's phases and memory peaks
     rollout = TrainingRollout(env, config, metrics=step_metrics, timing=step_timing, observers=[error_stop.observe])
+    start_process_group(config.ddp_timeout)  # meet the other processes under the bound (collectives.py)
     trainer = EpisodeGRPOTrainer(
         rollout=rollout,
         plan=plan,
