@@ -48,9 +48,8 @@ from pathlib import Path
 
 REPO = Path(__file__).resolve().parent.parent
 ENVS = ["textarena:GuessTheNumber-v0", "textarena:GuessTheNumber-v0-hardcore"]
-RECIPE = ("--lr", "1e-3", "--rl-kl-coef", "0", "--rl-temperature", "0.7", "--batch-size", "16",
-          "--rl-num-generations", "4", "--rl-max-new-tokens", "96", "--rl-max-turns", "6",
-          "--rl-max-completion-length", "768", "--save-steps", "10", "--overwrite")
+RECIPE = ("--lr 1e-3 --rl-kl-coef 0 --rl-temperature 0.7 --batch-size 16 --rl-num-generations 4 --rl-max-new-tokens 96 "
+          "--rl-max-turns 6 --rl-max-completion-length 768")
 ARMS = ("uniform", "pools")
 
 
@@ -64,9 +63,17 @@ def arm_options(args, arm: str) -> list[str]:
 
 def env_options(args, held_out: bool = False) -> list[str]:
     """The mixture's `--rl-env` options and its configs (training rows, or the held-back ones)."""
-    configs = [dict(c, split="held_out") if held_out else c for c in args.env_config]
+    resized = {"size": args.held_out_size} if args.held_out_size else {}
+    configs = [dict(c, split="held_out", **resized) if held_out else c for c in args.env_config]
     options = [option for env in args.envs for option in ("--rl-env", env)]
     return options + (["--rl-env-config", json.dumps(configs)] if any(configs) else [])
+
+
+def recipe_option(recipe: str, name: str) -> list[str]:
+    """`[name, value]` as the training recipe sets it (so the base is evaluated under the same reply budget
+    as the trained models), else []."""
+    words = recipe.split()
+    return [name, words[words.index(name) + 1]] if name in words[:-1] else []
 
 
 def run_logged(command: list[str], log: Path) -> float:
@@ -90,8 +97,9 @@ def train(args) -> None:
     for arm in args.arms:
         for seed in args.seeds:
             out = run_dir(args, arm, seed)
-            command = ["grpo", "--model", args.model, *env_options(args), *RECIPE, *arm_options(args, arm), "--max-steps", str(args.steps),
-                       "--seed", str(seed), "--output-dir", str(out)]
+            command = ["grpo", "--model", args.model, *env_options(args), *args.recipe.split(), "--save-steps", "10",
+                       "--overwrite", *arm_options(args, arm), "--max-steps", str(args.steps), "--seed", str(seed),
+                       "--output-dir", str(out)]
             print("training:", " ".join(command), flush=True)
             seconds = run_logged(command, args.runs_dir / f"{out.name}.log")
             (out / "wall.json").write_text(json.dumps({"train_seconds": seconds}))
@@ -102,7 +110,8 @@ def evaluate(args) -> None:
         for seed in args.seeds:
             out = run_dir(args, arm, seed)
             command = ["eval", "--model", str(out), "--baseline", args.model, *env_options(args, held_out=True),
-                       "--episodes", str(args.episodes), "--seed", "0", "--output", str(out / "heldout.jsonl")]
+                       "--episodes", str(args.episodes), "--seed", "0", "--rl-temperature", "0",
+                       *recipe_option(args.recipe, "--rl-max-new-tokens"), "--output", str(out / "heldout.jsonl")]
             print("evaluating:", " ".join(command), flush=True)
             run_logged(command, out / "heldout.log")
 
@@ -163,10 +172,14 @@ def main() -> None:
     parser.add_argument("--env-config", type=json.loads, help="JSON list: each member's training config")
     parser.add_argument("--easy", type=float, default=0.8, help="pools: a group this good is easy (0.8: graded scores)")
     parser.add_argument("--hard", type=float, default=0.2, help="pools: a group at most this good is hard")
+    parser.add_argument("--held-out-size", type=int, help="rows of each member's held-back split (default: its "
+                        "training config's size), so a small training pool that repeats can be judged on many questions")
     parser.add_argument("--seeds", type=int, nargs="+", default=[1, 2, 3])
     parser.add_argument("--steps", type=int, default=30)
     parser.add_argument("--episodes", type=int, default=40, help="held-back games per model in eval")
     parser.add_argument("--model", default="smollm2")
+    parser.add_argument("--recipe", default=RECIPE, help="grpo's training options, the same for both arms (default: "
+                        "LEARNING.md's SmolLM2 recipe for GuessTheNumber)")
     parser.add_argument("--runs-dir", type=Path, default=REPO / "runs" / "curriculum")
     args = parser.parse_args()
     args.arms = args.arms or list(ARMS)
