@@ -1,8 +1,9 @@
 """Two warnings every run printed, that a user can do nothing about, are silenced, and only they (issue 35,
 item 9): transformers 5.23's FutureWarning for `is_gradient_checkpointing` (read by peft and HF Trainer)
-on the command line, and torch DDP's note that `find_unused_parameters=True` found none (HF Trainer's
-default, which our CPU settings keep). Checked in a fresh interpreter, whose warning filters are Python's
-defaults, with the exact texts of transformers 5.23 and torch 2.13."""
+on the command line, and torch DDP's note that `find_unused_parameters=True` found none, where torch routes
+it through Python. Checked in a fresh interpreter, whose warning filters are Python's defaults, with the
+exact texts of transformers 5.23 and torch 2.13. torch 2.13 prints the DDP note from C++, past these filters:
+a LoRA run does not ask DDP to search (tests/test_scaleout.py checks a real two-process run's output)."""
 
 from __future__ import annotations
 

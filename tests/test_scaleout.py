@@ -25,6 +25,8 @@ def test_two_processes_count_the_episodes_of_both(tiny_model_dir, tmp_path):
     assert all(r["env/episodes"] == 16 for r in records)  # 8 per process, 2 processes
     assert result.stdout.count("done: 3 steps") == 1
     assert (tmp_path / "adapter_model.safetensors").exists()
+    # LoRA leaves no parameter unused: DDP is not asked to search, and says nothing (issue 35, item 9)
+    assert "find_unused_parameters" not in result.stdout + result.stderr
 
 
 @pytest.mark.slow

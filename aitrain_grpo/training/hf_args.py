@@ -28,9 +28,11 @@ from aitrain_grpo.training.micro_batches import BatchShape
 
 # HF Trainer asks DDP to search for parameters a forward pass left unused whenever activation checkpointing
 # is off (Trainer's `ddp_find_unused_parameters` default), and these arguments turn it off on a CPU. With
-# LoRA every trainable parameter takes part, so every two-process run printed torch's warning that the
-# search found none. The search stays (DDP fails at the next step of a model that does leave one
-# unused without it); only that warning is silenced.
+# LoRA every trainable parameter is an adapter on a layer every forward pass runs, so the search finds
+# none, costs a traversal of the graph each step, and made torch print, from C++ past Python's warning
+# filters, a note saying so on every process of every multi-process run: under LoRA the search is off.
+# A full fine-tune (--no-peft) keeps it: a model that leaves a parameter unused would otherwise stop DDP
+# at the next step. The filter below is kept for torch builds that route the note through Python.
 warnings.filterwarnings("ignore", message="find_unused_parameters=True was specified in DDP constructor, but did not "
                                           "find any unused parameters", category=UserWarning)
 
@@ -52,6 +54,7 @@ def trainer_args(config: RunConfig, output_dir: Path, config_class: type, batch:
         report_to=[] if config.report_to == "none" else [config.report_to],
         disable_tqdm=True,
         ddp_timeout=math.ceil(config.ddp_timeout),  # HF's int seconds; on a CPU set on the group (collectives.py)
+        ddp_find_unused_parameters=False if config.peft else None,  # see the note above
     )
     if not torch.cuda.is_available():
         fields = config_class.__dataclass_fields__
