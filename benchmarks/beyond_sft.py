@@ -19,9 +19,12 @@ a transcript of each from the same task. `curve` plays the held-back tasks with 
 run (`train --save-every N`), and `report` adds held-back success by step and the first step that
 reaches `--threshold`: how credit per turn (`--advantage turn`) is compared with `outcome`.
 
-Workloads: `weather` (envs/weather.py: one call, then the number) and `stations` (envs/stations.py:
-find_station, then read_station with the id it returned, then the number: two dependent calls).
-Runs go to <runs-dir>/<workload>[-<advantage>]-<recipe>-seed<N>, the SFT model to <runs-dir>/<workload>-sft.
+Workloads: `weather` (envs/weather.py: one call, then the number), `stations` (envs/stations.py:
+find_station, then read_station with the id it returned, then the number: two dependent calls) and
+`longdocs` (envs/longdocs.py, issue 36: three long pages that do not fit the 768-token window it sets;
+`--context drop-tool-results` or `summarize` trains and evaluates under a strategy, `--context keep` under
+the same budget without one). Runs go to <runs-dir>/<workload>[-<advantage>][-<context>]-<recipe>-seed<N>,
+the SFT model to <runs-dir>/<workload>-sft.
 
 Left out: GPUs, statistical tests beyond the three seeds, and running seeds in parallel.
 """
@@ -55,6 +58,9 @@ class Workload:
     turn_options: tuple[str, ...]  # per-turn and per-episode token limits
     metrics: tuple[str, ...]  # the environment's metrics shown in the table
     eval_tasks: int  # held-back tasks per model (x2 samples): the 16 held-back cities x 2
+    config: tuple[tuple[str, object], ...] = ()  # the environment's training config
+    held_out: tuple[tuple[str, object], ...] = (("split", "held_out"),)  # its held-back config
+    context: tuple[str, ...] = ()  # the context budget a `--context` strategy works under (issue 36)
 
 
 WORKLOADS = {
@@ -64,6 +70,17 @@ WORKLOADS = {
     "stations": Workload("envs.stations", "StationEnv", 64, 24,
                          ("--rl-max-new-tokens", "48", "--rl-max-completion-length", "256"),
                          ("found_station", "read_station", "answered", "wrong_id"), 32),
+    # Issue 36: three long pages do not fit a 768-token window with the task (about 330 tokens); a model
+    # that notes each code in its own turn can drop the older pages (`--context drop-tool-results`) and
+    # still answer; `--context keep` is the same budget without a strategy. Held back: another store
+    # (seed 1: other codes, pages and document sets).
+    "longdocs": Workload("envs.longdocs", "LongDocsEnv", 32, 12,
+                         ("--rl-max-new-tokens", "64", "--rl-max-completion-length", "448"),
+                         ("documents_read", "codes_right"), 32,
+                         config=(("documents", 3), ("page_words", 120)),
+                         held_out=(("documents", 3), ("page_words", 120), ("seed", 1)),
+                         context=("--rl-context-window", "768", "--rl-context-keep-last", "1",
+                                  "--rl-context-threshold", "560")),
 }
 # GRPO from the warm start: LoRA, 16 episodes a step in groups of 4, at temperature 1.0 (the warm-started
 # model is peaked, and at 0.7 its groups barely differ). Recipes: `nokl` is LEARNING.md's rewrite recipe
@@ -71,8 +88,16 @@ WORKLOADS = {
 # starts from (the reference of a LoRA run is its base, here the merged SFT model) and moves half as fast.
 GRPO = ("--rl-temperature", "1.0", "--batch-size", "16", "--rl-num-generations", "4")
 RECIPES = {"nokl": ("--lr", "1e-3", "--rl-kl-coef", "0"), "kl": ("--lr", "5e-4", "--rl-kl-coef", "0.1")}
-EVAL = ("--rl-env-config", '{"split": "held_out"}', "--rl-num-generations", "2",
-        "--rl-temperature", "0.7", "--seed", "0")
+EVAL = ("--rl-num-generations", "2", "--rl-temperature", "0.7", "--seed", "0")
+
+
+def env_options(args, held_out: bool = False) -> tuple[str, ...]:
+    """The workload's environment, its config (training or held-back), and the context strategy's options."""
+    w = WORKLOADS[args.workload]
+    config = dict(w.held_out if held_out else w.config)
+    context = ("--rl-context", args.context, *w.context) if args.context else ()
+    return ("--rl-env-module", w.module, "--rl-env-class", w.env_class,
+            *(("--rl-env-config", json.dumps(config)) if config else ()), *context)
 
 
 def aitrain(*args: str) -> list[str]:
@@ -84,14 +109,16 @@ def sft_dir(args) -> Path:
 
 
 def run_name(args, seed: int) -> str:
-    return f"{args.workload}{'' if args.advantage == 'outcome' else '-' + args.advantage}-{args.recipe}-seed{seed}"
+    advantage = "" if args.advantage == "outcome" else "-" + args.advantage
+    context = f"-{args.context}" if args.context else ""
+    return f"{args.workload}{advantage}{context}-{args.recipe}-seed{seed}"
 
 
 def sft(args) -> None:
     w = WORKLOADS[args.workload]
     out = sft_dir(args)
     command = aitrain("sft", "--model", args.model, "--rl-env-module", w.module, "--rl-env-class", w.env_class,
-                      "--episodes", str(args.demos or w.demos), "--max-steps", str(args.sft_steps or w.sft_steps),
+                      *(("--rl-env-config", json.dumps(dict(w.config))) if w.config else ()), "--episodes", str(args.demos or w.demos), "--max-steps", str(args.sft_steps or w.sft_steps),
                       "--output-dir", str(out), "--overwrite")
     print("sft:", " ".join(command[2:]), flush=True)
     run_logged(command, args.runs_dir / f"{out.name}.log")
@@ -101,8 +128,7 @@ def train(args) -> None:
     w = WORKLOADS[args.workload]
     for seed in args.seeds:
         out = args.runs_dir / run_name(args, seed)
-        command = aitrain("grpo", "--model", str(sft_dir(args)), "--rl-env-module", w.module, "--rl-env-class",
-                          w.env_class, *GRPO, *RECIPES[args.recipe], *w.turn_options, "--rl-advantage", args.advantage,
+        command = aitrain("grpo", "--model", str(sft_dir(args)), *env_options(args), *GRPO, *RECIPES[args.recipe], *w.turn_options, "--rl-advantage", args.advantage,
                           "--max-steps", str(args.steps), "--seed", str(seed), "--output-dir", str(out),
                           *(("--save-steps", str(args.save_every)) if args.save_every else ()),
                           *(("--resume-from-checkpoint", "auto") if args.resume else ("--overwrite",)))
@@ -128,8 +154,8 @@ def evaluate(args) -> None:
         earlier = out / "heldout.jsonl"
         if earlier.exists():
             earlier.rename(out / f"heldout-{int(earlier.stat().st_mtime)}.jsonl")
-        command = aitrain("eval", "--model", str(out), "--baseline", str(sft_dir(args)), "--rl-env-module", w.module,
-                          "--rl-env-class", w.env_class, *EVAL, "--episodes", str(w.eval_tasks), *w.turn_options,
+        command = aitrain("eval", "--model", str(out), "--baseline", str(sft_dir(args)), *env_options(args, held_out=True),
+                          *EVAL, "--episodes", str(w.eval_tasks), *w.turn_options,
                           "--output", str(out / "heldout.jsonl"))
         print("eval:", " ".join(command[2:]), flush=True)
         run_logged(command, out / "heldout.log")
@@ -153,8 +179,8 @@ def curve(args) -> None:
         for step, checkpoint in checkpoints(out):
             target = out / "curve" / f"step-{step}.jsonl"
             if not target.exists():
-                command = aitrain("eval", "--model", str(checkpoint), "--rl-env-module", w.module, "--rl-env-class",
-                                  w.env_class, *EVAL, "--episodes", str(w.eval_tasks), *w.turn_options,
+                command = aitrain("eval", "--model", str(checkpoint), *env_options(args, held_out=True), *EVAL,
+                                  "--episodes", str(w.eval_tasks), *w.turn_options,
                                   "--output", str(target))
                 print("eval:", " ".join(command[2:]), flush=True)
                 run_logged(command, out / "curve" / f"step-{step}.log")
@@ -287,6 +313,8 @@ def main() -> None:
     parser.add_argument("--until-threshold", action="store_true",
                         help="curve: stop at the first of steps 5, 10, ... that reaches --threshold")
     parser.add_argument("--recipe", choices=sorted(RECIPES), default="kl")
+    parser.add_argument("--context", choices=("keep", "drop-tool-results", "summarize"),
+                        help="a context strategy under the workload's context budget (longdocs)")
     parser.add_argument("--runs-dir", type=Path, default=REPO / "runs" / "beyond_sft")
     args = parser.parse_args()
     args.runs_dir.mkdir(parents=True, exist_ok=True)
