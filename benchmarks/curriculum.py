@@ -31,9 +31,10 @@ training configs (a JSON list, one per `--env`; the held-back configs are these 
 "held_out"` added), `--easy`/`--hard` the pools' thresholds (1 and 0 for a 0-1 score), `--model` a
 warm start (an `aitrain sft` output) where the cold model scores nothing.
 
-Left out: curves of held-back success over time (evaluate saved checkpoints with `aitrain eval --model
-RUN/checkpoint-N` for that), statistical tests, and reasoning-gym families (cold SmolLM2 scores 0 on them:
-every prompt would go hard; after issue 37's warm start they are the next workload to try).
+Measured (CURRICULUM.md): a warm-started basic_arithmetic mixture of one- and two-digit sums, where the
+pools raised the groups with signal but not held-back success. Left out: curves of held-back success
+over time (evaluate saved checkpoints with `aitrain eval --model RUN/checkpoint-N` for that), and
+statistical tests.
 """
 
 from __future__ import annotations
