@@ -56,6 +56,7 @@ _TASK = re.compile(r"codes of these documents: ([a-z, ]+)\.")
 _PAGE_CODE = re.compile(r"The code of document ([a-z]+) is (\d+)\.")
 _NOTE = re.compile(r"NOTE ([a-z]+) = (\d+)")
 _ANSWER = re.compile(r"\b([a-z]+)\s*=\s*(\d+)")
+_NOTE_LINE = re.compile(r"^\s*NOTE [a-z]+ = \d+\s*$", re.MULTILINE)
 
 
 def tool_call_text(name: str, arguments: dict[str, Any]) -> str:
@@ -110,7 +111,10 @@ class LongDocsEnv(ToolEnvironment):
 
     def score_episode(self, episode: Episode) -> float:
         wanted = episode.row["documents"].split(", ")
-        answer = dict(_ANSWER.findall(episode.last_completion)) if not episode.tool_calls else {}
+        # The answer is the lines of the last turn that are not notes: a turn cut by a budget before its
+        # call was written, holding only `NOTE name = code`, answers nothing.
+        text = _NOTE_LINE.sub("", episode.last_completion)
+        answer = dict(_ANSWER.findall(text)) if not episode.tool_calls else {}
         right = sum(answer.get(name) == str(self.codes[name]) for name in wanted)
         episode.metrics.update(documents_read=len(set(episode.state.get("read", [])) & set(wanted)),
                                codes_right=right)

@@ -60,5 +60,13 @@ def test_partial_answers_earn_partial_credit():
     answer = f"{names[0]} = {env.codes[names[0]]}\n{names[1]} = {env.codes[names[1]]}\n{names[2]} = 1"
     episode = Episode(row=row, messages=[{"role": "assistant", "content": answer}], state={"read": names[:3]})
     assert env.score_episode(episode) == 0.5 and episode.metrics == {"documents_read": 3, "codes_right": 2}
+    # a turn cut by a budget after its notes, before its call: the notes are not an answer
+    notes = "\n".join(f"NOTE {name} = {env.codes[name]}" for name in names)
+    cut = Episode(row=row, messages=[{"role": "assistant", "content": notes + '\n<tool_call>{"name": "read'}],
+                  state={"read": names})
+    assert env.score_episode(cut) == 0.0
+    final = Episode(row=row, messages=[{"role": "assistant", "content": f"NOTE {names[3]} = 1\n{answer}"}],
+                    state={"read": names})
+    assert env.score_episode(final) == 0.5  # the oracle's last turn: a note, then the answer lines
     with pytest.raises(ValueError, match="documents must be an integer from 1 to 26"):
         LongDocsEnv(documents=30)
