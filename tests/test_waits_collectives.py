@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import os
 import signal
+import socket
 import subprocess
 import sys
 import time
@@ -104,13 +105,27 @@ def test_a_stalled_process_stops_the_other_at_the_bound_and_a_gone_one_at_once(t
 
 def test_a_process_whose_peer_never_starts_stops_at_the_bound(tiny_model_dir, tmp_path):
     """Rank 0 of two, alone (its machine's peer failed on its way up): it gave up after 30 minutes before."""
-    ((process, log),) = start_two(tiny_model_dir, tmp_path / "run", free_port(), ranks=(0,))
-    try:
-        assert process.wait(timeout=120) == 1, log.read_text()[-4000:]
-    finally:
-        if process.poll() is None:
-            process.kill()
-            process.wait()
-    line = one_error_line(log)
+    for _ in range(3):  # again on another port if another program took the one picked meanwhile
+        ((process, log),) = start_two(tiny_model_dir, tmp_path / "run", free_port(), ranks=(0,))
+        try:
+            assert process.wait(timeout=120) == 1, log.read_text()[-4000:]
+        finally:
+            if process.poll() is None:
+                process.kill()
+                process.wait()
+        line = one_error_line(log)
+        if "could not open the rendezvous port" not in line:
+            break
     assert line.startswith("error: process 0 of 2 waited 6s for the other processes to start and gave up "), line
     assert f"--ddp-timeout {BOUND}" in line and "look at its output" in line
+
+
+def test_a_rendezvous_port_held_by_another_program_is_named(tiny_model_dir, tmp_path):
+    with socket.socket() as held:
+        held.bind(("127.0.0.1", 0))
+        held.listen()
+        ((process, log),) = start_two(tiny_model_dir, tmp_path / "run", held.getsockname()[1], ranks=(0,))
+        assert process.wait(timeout=120) == 1, log.read_text()[-4000:]
+    line = one_error_line(log)
+    assert line.startswith("error: process 0 of 2 could not open the rendezvous port 127.0.0.1:"), line
+    assert "launch again with another port" in line

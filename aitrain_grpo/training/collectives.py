@@ -67,6 +67,12 @@ def start_process_group(seconds: float) -> None:
     try:
         dist.init_process_group(backend="gloo", timeout=timedelta(seconds=seconds))
     except (dist.DistError, RuntimeError) as exc:
+        if "address already in use" in str(exc).lower():  # rank 0 hosts the rendezvous on MASTER_PORT
+            raise StartFailed(
+                f"process {os.environ.get('RANK', '?')} of {world} could not open the rendezvous port "
+                f"{os.environ.get('MASTER_ADDR', '?')}:{os.environ.get('MASTER_PORT', '?')}: another program "
+                f"holds it; launch again with another port (accelerate launch --main_process_port, torchrun "
+                f"--master_port)") from None
         raise StartFailed(
             f"process {os.environ.get('RANK', '?')} of {world} waited {seconds:g}s for the other processes to start "
             f"and gave up ({OPTION} {seconds:g}): another process likely failed on its way up or was never started; "
