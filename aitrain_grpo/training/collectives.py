@@ -9,9 +9,11 @@ on gloo) and then a long traceback. Here:
 - `start_process_group(seconds)` joins the other processes under the bound on a CPU, before transformers
   would (TrainingArguments creates the group without a timeout under `use_cpu`, and accelerate then finds
   it made): a process whose peer never started (a machine of a multi-machine run that failed on its way
-  up) waited there 30 minutes, then printed a traceback; now it stops at the bound with one line;
+  up) waited there 30 minutes, then printed a traceback; now it stops at the bound with one line (a
+  rendezvous port another program holds gets its own line);
 - `bound_collectives(seconds)` sets `--ddp-timeout` on the run's process group once it exists (after the
-  trainer is built, before any training collective). transformers hands `ddp_timeout` to the process
+  trainer is built, before any training collective): on our own CPU path the group already has it, so this
+  covers a group a Python caller created before `train`. transformers hands `ddp_timeout` to the process
   group it creates, except on a CPU (`use_cpu`: TrainingArguments leaves the timeout out there), so the
   bound is set on the gloo group itself: torch's `_set_pg_timeout`, the one private torch name read here,
   gives it the timeout of every later operation. NCCL (a GPU) gets the bound from transformers'
