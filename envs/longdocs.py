@@ -121,8 +121,22 @@ class LongDocsEnv(ToolEnvironment):
         return right / len(wanted)
 
     def solve(self, episode: Episode) -> str:
-        """An expert's next message, from the conversation alone (see `next_message`)."""
-        return self.next_message("\n".join(str(m.get("content") or "") for m in episode.messages))
+        """An expert's next message, from the conversation alone (see `next_message`); asked for a summary
+        (`--rl-context summarize`), the codes found so far as notes and what is left to read."""
+        text = "\n".join(str(m.get("content") or "") for m in episode.messages)
+        if episode.log.summarizing:
+            return self.summary(text)
+        return self.next_message(text)
+
+    @staticmethod
+    def summary(text: str) -> str:
+        """A summary of the conversation's text: one note per code found (a page in view counts), then the
+        documents still to read; `next_message` goes on from it."""
+        wanted = _TASK.search(text).group(1).split(", ")
+        noted = {**dict(_PAGE_CODE.findall(text)), **dict(_NOTE.findall(text))}
+        lines = [f"NOTE {name} = {noted[name]}" for name in wanted if name in noted]
+        unread = [name for name in wanted if name not in noted]
+        return "\n".join(lines + [f"Still to read: {', '.join(unread)}." if unread else "Every code is noted."])
 
     @staticmethod
     def next_message(text: str) -> str:

@@ -6,7 +6,9 @@ folder is a training run like `grpo`'s, so `aitrain grpo --model DIR` trains on 
 on the merged SFT model, models.load_causal_lm) and `aitrain eval --model DIR` measures it.
 
 Its options are `grpo`'s (`RunConfig` fields, same flags and help); two defaults differ and say so
-in `--help`: `--lr` (a LoRA learning a new format) and `--epochs` (few demonstrations).
+in `--help`: `--lr` (a LoRA learning a new format) and `--epochs` (few demonstrations). The context
+strategy and budget options are there so that, where a strategy rewrites the history, the oracle plays
+under the ones the grpo run will have (its demonstrations then show the model the same contexts).
 
 Left out: playing, choosing and training (sft/oracle.py, sft/trainer.py), demonstrations from anything
 but `solve` (a file of your own conversations, a stronger model), and resuming an interrupted run.
@@ -18,7 +20,7 @@ import inspect
 from typing import Any
 
 from aitrain_grpo.commands.options import as_in_grpo, check_positive, command_option, field_option, with_default
-from aitrain_grpo.config import RunConfig
+from aitrain_grpo.config import CONTEXT_OPTIONS, RunConfig
 from aitrain_grpo.errors import ConfigError
 from aitrain_grpo.models.loading import check_model_option
 from aitrain_grpo.sft.oracle import warm_start
@@ -55,6 +57,9 @@ SFT_PARAMETERS = [
     as_in_grpo("target_modules"),
     as_in_grpo("rl_max_turns", help_text="Cap on oracle turns per episode (default: the environment's max_turns)."),
     as_in_grpo("rl_env_timeout"),
+    # The oracle plays under grpo's budgets and context strategy where one rewrites the history (sft/oracle.py):
+    # give sft the options the grpo run will have, so the demonstrations show the contexts it will see.
+    *(as_in_grpo(name) for name in ("rl_max_new_tokens", "rl_max_completion_length", *CONTEXT_OPTIONS)),
     as_in_grpo("logging_steps"),
     as_in_grpo("report_to"),
     as_in_grpo("overwrite"),

@@ -14,9 +14,14 @@ reply: its prompt is the messages before the first assistant turn, and its tools
 sent (`episode.state["agent_tools"]`), the tools the model saw when the endpoint rendered that request
 (`demonstration` builds both kinds).
 
-Left out: playing the oracle (sft/oracle.py, through runner.play), sampled turns cut off by a token
-limit (a demonstration's turns always end), and templates that rewrite earlier turns (the suffix
-raises `TemplateError`, as `env check` reports).
+Where a context strategy rewrites an episode's history, the conversation alone does not say what the
+model saw when; such an oracle episode is played by the engine itself (sft/oracle.py,
+backends/scripted.py) and keeps the engine's sequences (`Demonstration.sequences`, each from a
+`TokenTrace` by `trace_tokens`): a sequence is one SFT row, exactly as GRPO will show it.
+
+Left out: playing the oracle (sft/oracle.py, through runner.play or the engine), sampled turns cut off
+by a token limit in `demo_tokens` (a text-level demonstration's turns always end), and templates that
+rewrite earlier turns (the suffix raises `TemplateError`, as `env check` reports).
 """
 
 from __future__ import annotations
@@ -25,9 +30,20 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from aitrain_grpo.engine.chat import ChatRenderer
+from aitrain_grpo.engine.traces import TokenTrace
 from aitrain_grpo.env.agent import is_agent_environment
 from aitrain_grpo.env.base import Environment, Episode, Message, prompt_messages, tools_for_row
 from aitrain_grpo.errors import ConfigError
+
+
+@dataclass(frozen=True)
+class DemoTokens:
+    """A demonstration as the model sees it: `assistant_masks[i]` is 1 where `input_ids[i]` is a
+    token the model would sample (an assistant turn's text and its EOS)."""
+
+    input_ids: list[int]
+    assistant_masks: list[int]
+    prompt_length: int  # tokens of the rendered prompt (with the generation prompt)
 
 
 @dataclass(frozen=True)
@@ -40,12 +56,24 @@ class Demonstration:
     score: float
     row: int
     tools: list[dict[str, Any]] = field(default_factory=list)  # the schemas offered in its episode (its requests')
+    # Played by the token-level engine (a context strategy, sft/oracle.py): its sequences as the engine
+    # built them, and the messages of each sequence before the last (`messages` holds the last one's).
+    sequences: list[DemoTokens] = field(default_factory=list)
+    earlier_messages: list[list[Message]] = field(default_factory=list)
 
     def record(self) -> dict[str, Any]:
         """Its line in demos.jsonl. `tools` is there so the file stands alone: TRL's conversational
-        SFT datasets carry the schemas in a `tools` column."""
-        return {"messages": self.messages, "prompt_length": self.prompt_length, "score": self.score,
-                "row": self.row, "tools": self.tools}
+        SFT datasets carry the schemas in a `tools` column. One a strategy cut into sequences also
+        has `earlier_messages` (each earlier sequence's conversation, as the model saw it)."""
+        record = {"messages": self.messages, "prompt_length": self.prompt_length, "score": self.score,
+                  "row": self.row, "tools": self.tools}
+        if self.sequences:
+            record.update(sequences=len(self.sequences), earlier_messages=self.earlier_messages)
+        return record
+
+    def tokens(self, renderer: ChatRenderer) -> list[DemoTokens]:
+        """Its training sequences: those the engine played, else its conversation rendered (`demo_tokens`)."""
+        return list(self.sequences) or [demo_tokens(renderer, self)]
 
 
 def demonstration(env: Environment, episode: Episode, row: dict[str, Any], index: int) -> Demonstration:
@@ -58,19 +86,18 @@ def demonstration(env: Environment, episode: Episode, row: dict[str, Any], index
     return Demonstration(messages, len(prompt_messages(row["prompt"])), score, index, tools_for_row(env, row))
 
 
+def trace_tokens(trace: TokenTrace) -> DemoTokens | None:
+    """One sequence the engine played as SFT's input: its tokens, the model's own marked; None where it
+    holds no model token (nothing to learn from it)."""
+    if not any(trace.env_mask):
+        return None
+    return DemoTokens(trace.prompt_ids + trace.completion_ids, [0] * len(trace.prompt_ids) + list(trace.env_mask),
+                      len(trace.prompt_ids))
+
+
 def has_turns(demo: Demonstration) -> bool:
     """Whether the demonstration has an assistant turn to learn from (an agent may score without asking)."""
     return any(m.get("role") == "assistant" for m in demo.messages[demo.prompt_length:])
-
-
-@dataclass(frozen=True)
-class DemoTokens:
-    """A demonstration as the model sees it: `assistant_masks[i]` is 1 where `input_ids[i]` is a
-    token the model would sample (an assistant turn's text and its EOS)."""
-
-    input_ids: list[int]
-    assistant_masks: list[int]
-    prompt_length: int  # tokens of the rendered prompt (with the generation prompt)
 
 
 def demo_tokens(renderer: ChatRenderer, demo: Demonstration) -> DemoTokens:

@@ -193,6 +193,9 @@ class RolloutEngine:
         # Tokenizer and template calls are batched per phase: each call costs more than the texts in it.
         traces = [TokenTrace(prompt_ids=ids) for ids in self._prompt_ids(episodes)]
         batch = RolloutBatch(episodes=episodes, traces=traces, earlier=[[] for _ in episodes])
+        bind = getattr(self.backend, "bind_batch", None)
+        if bind is not None:  # a backend that writes each episode's turns from the episode (backends/scripted.py)
+            bind(batch)
         sample, batcher = open_sampler(self.backend, self.sampling)
         give_policy_turns(episodes, sample, self.renderer_for, self.tokenizer, batch,  # engine/policy_turns.py
                           max_new_tokens=self.max_new_tokens, stop_ids=self.stop_ids)

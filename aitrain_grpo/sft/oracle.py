@@ -3,7 +3,9 @@
 Many agent tasks give RL no signal from a cold model: every episode scores 0 (`env check` warns about
 it), and GRPO learns only from score differences. An environment with `solve(episode) -> str` can teach
 the format first. `warm_start` plays the oracle on the first `episodes` rows of the dataset through the
-same `EpisodeRunner` as `env check` (engine/runner.py), keeps the episodes that scored at least
+same `EpisodeRunner` as `env check` (engine/runner.py; where a context strategy rewrites the history,
+through the token-level engine instead, `play_sequences`, so each demonstration is the sequences GRPO
+will show), keeps the episodes that scored at least
 `min_score`, writes them to `demos.jsonl` (one whole conversation a line, tool messages included, with
 its score, row and the tool schemas; an agent environment's are its requests', each answered by
 `solve`, engine/demos.py), and fine-tunes the model on them (sft/trainer.py). The output folder is a
@@ -17,12 +19,18 @@ model), and resuming an interrupted run.
 
 from __future__ import annotations
 
+from dataclasses import replace
 from pathlib import Path
 from typing import Any, Callable
 
 from aitrain_grpo.config import RunConfig
-from aitrain_grpo.engine.demos import Demonstration, demonstration, has_turns
+from aitrain_grpo.engine.backends.scripted import ScriptedBackend
+from aitrain_grpo.engine.context import resolve_strategies
+from aitrain_grpo.engine.demos import Demonstration, demonstration, has_turns, trace_tokens
+from aitrain_grpo.engine.rollout import RolloutEngine
 from aitrain_grpo.engine.runner import oracle_policy, play
+from aitrain_grpo.engine.settings import EpisodeSettings
+from aitrain_grpo.env.agent import is_agent_environment
 from aitrain_grpo.env.base import has_solve
 from aitrain_grpo.env.dataset import build_rows
 from aitrain_grpo.env.loading import load_environment
@@ -42,6 +50,37 @@ def play_demonstrations(env, rows: list[dict[str, Any]], episodes: int, *, max_t
                   policy_name="solve")
     demos = [demonstration(env, ep, rows[i], i) for i, ep in zip(indices, played)]
     return demos, [ep.error for ep in played if ep.error]
+
+
+def plays_tokens(env, config: RunConfig) -> bool:
+    """Whether the oracle is played by the token-level engine: a context strategy other than `keep` is in
+    force for some episode, or tool results are cut to `--rl-max-tool-result-tokens`; what the model sees
+    then is the engine's rewritten history, not the conversation. Agent environments own their messages
+    (text level)."""
+    if is_agent_environment(env):
+        return False
+    strategies = resolve_strategies(env, config.rl_context).values()
+    return config.rl_max_tool_result_tokens is not None or any(strategy != "keep" for strategy in strategies)
+
+
+def play_sequences(env, tokenizer, rows: list[dict[str, Any]], episodes: int,
+                   settings: EpisodeSettings) -> tuple[list[Demonstration], list[str]]:
+    """`play_demonstrations` by the token-level engine under `settings` (budgets, context strategy): each
+    demonstration keeps the sequences the engine cut it into, as GRPO will show them (backends/scripted.py)."""
+    indices = [i % len(rows) for i in range(episodes)]
+    backend = ScriptedBackend(oracle_policy(env), tokenizer)
+    with RolloutEngine(env, tokenizer, backend, settings) as engine:
+        batch = engine.run([dict(rows[i]) for i in indices])
+    demos, errors = [], []
+    for order, (i, episode) in enumerate(zip(indices, batch.episodes)):
+        error = backend.errors.get(order) or episode.error
+        if error:
+            errors.append(error)
+        traces = [*batch.earlier[order], batch.traces[order]]
+        demos.append(replace(demonstration(env, episode, rows[i], i), score=0.0 if error else float(episode.score or 0.0),
+                             sequences=[t for t in map(trace_tokens, traces) if t is not None],
+                             earlier_messages=list(episode.log.earlier_messages)))
+    return demos, errors
 
 
 def keep_good(played: list[Demonstration], errors: list[str], min_score: float, env_name: str) -> list[Demonstration]:
@@ -86,14 +125,20 @@ def warm_start(config: RunConfig, episodes: int, min_score: float, show: Callabl
                           f"one that returns an expert's next message (see HotelEnv.solve in envs/hotel.py)")
     tokenizer = load_tokenizer(resolve_source(config.model))
     rows = build_rows(env, tokenizer)
-    played, errors = play_demonstrations(env, rows, episodes, max_turns=config.rl_max_turns, timeout=config.rl_env_timeout)
+    if plays_tokens(env, config):
+        played, errors = play_sequences(env, tokenizer, rows, episodes, EpisodeSettings.from_options(config))
+    else:
+        played, errors = play_demonstrations(env, rows, episodes, max_turns=config.rl_max_turns,
+                                             timeout=config.rl_env_timeout)
     demos = keep_good(played, errors, min_score, env_name)
     output_dir = Path(config.resolved_output_dir())
     output_dir.mkdir(parents=True, exist_ok=True)
     write_jsonl(output_dir / DEMOS_FILE, [demo.record() for demo in demos])
     mean = sum(demo.score for demo in played) / len(played)
+    cut = sum(len(demo.sequences) for demo in demos)
+    sequences = f" ({cut} sequences as the context strategy cut them)" if cut > len(demos) else ""
     show(f"oracle: {len(played)} episodes of {env_name} (mean score {mean:.3f}); kept {len(demos)} scoring "
-         f">= {min_score:g}, written to {output_dir / DEMOS_FILE}")
+         f">= {min_score:g}{sequences}, written to {output_dir / DEMOS_FILE}")
     from aitrain_grpo.sft.trainer import train_sft  # TRL imports vLLM, which prints: only now
 
     summary = train_sft(config, demos, output_dir, show=show)

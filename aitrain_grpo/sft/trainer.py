@@ -32,7 +32,7 @@ from trl import SFTConfig, SFTTrainer
 
 from aitrain_grpo.config import RunConfig
 from aitrain_grpo.engine.chat import ChatRenderer
-from aitrain_grpo.engine.demos import Demonstration, demo_tokens
+from aitrain_grpo.engine.demos import Demonstration
 from aitrain_grpo.models.loading import load_model_and_tokenizer
 from aitrain_grpo.runlog.redaction import redact
 from aitrain_grpo.training.checkpoints import prepare_output_dir
@@ -41,16 +41,16 @@ from aitrain_grpo.training.hf_args import check_target_modules, lora_config, sav
 from aitrain_grpo.training.micro_batches import BatchShape
 
 def demo_dataset(tokenizer, demos: list[Demonstration]) -> Dataset:
-    """The pre-tokenized dataset SFTTrainer trains on (labels come from `assistant_masks`); each
-    demonstration rendered with the tools its episode offered (they differ by row in a mixture, and
-    by request in an agent environment)."""
+    """The pre-tokenized dataset SFTTrainer trains on (labels come from `assistant_masks`): a row per
+    sequence of each demonstration (one, unless a context strategy cut it), rendered with the tools its
+    episode offered (they differ by row in a mixture, and by request in an agent environment)."""
     renderers: dict[str, ChatRenderer] = {}
     tokens = []
     for demo in demos:
         key = json.dumps(demo.tools, sort_keys=True, default=str)
         if key not in renderers:
             renderers[key] = ChatRenderer(tokenizer, tools=demo.tools)
-        tokens.append(demo_tokens(renderers[key], demo))
+        tokens.extend(demo.tokens(renderers[key]))  # a strategy's episode: one row per sequence
     return Dataset.from_dict({"input_ids": [t.input_ids for t in tokens],
                               "assistant_masks": [t.assistant_masks for t in tokens]})
 
