@@ -117,9 +117,11 @@ def run_name(args, seed: int) -> str:
 def sft(args) -> None:
     w = WORKLOADS[args.workload]
     out = sft_dir(args)
-    command = aitrain("sft", "--model", args.model, "--rl-env-module", w.module, "--rl-env-class", w.env_class,
-                      *(("--rl-env-config", json.dumps(dict(w.config))) if w.config else ()), "--episodes", str(args.demos or w.demos), "--max-steps", str(args.sft_steps or w.sft_steps),
-                      "--output-dir", str(out), "--overwrite")
+    # Under a context strategy the oracle plays with the run's budgets and strategy (sft/oracle.py), so the
+    # start has seen the contexts (stubs, summaries) it will be trained and evaluated in.
+    command = aitrain("sft", "--model", args.model, *env_options(args), *w.turn_options,
+                      "--episodes", str(args.demos or w.demos), "--max-steps", str(args.sft_steps or w.sft_steps),
+                      *(("--lr", str(args.sft_lr)) if args.sft_lr else ()), "--output-dir", str(out), "--overwrite")
     print("sft:", " ".join(command[2:]), flush=True)
     run_logged(command, args.runs_dir / f"{out.name}.log")
 
@@ -305,6 +307,7 @@ def main() -> None:
     parser.add_argument("--steps", type=int, default=20, help="GRPO steps per seed")
     parser.add_argument("--demos", type=int, default=None, help="oracle demonstrations (default: the workload's)")
     parser.add_argument("--sft-steps", type=int, default=None)
+    parser.add_argument("--sft-lr", type=float, default=None, help="sft's learning rate (default: aitrain sft's)")
     parser.add_argument("--advantage", choices=("outcome", "turn"), default="outcome")
     parser.add_argument("--model", default="smollm2", help="the model sft starts from ('tiny' for a quick check)")
     parser.add_argument("--resume", action="store_true", help="go on from each run's last checkpoint (a stopped run)")
