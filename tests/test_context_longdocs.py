@@ -7,13 +7,13 @@ from __future__ import annotations
 import pytest
 
 from aitrain_grpo import Episode
+from aitrain_grpo.engine.backends.scripted import ScriptedBackend
 from aitrain_grpo.engine.chat import ChatRenderer
 from aitrain_grpo.engine.context import DROPPED
 from aitrain_grpo.engine.rollout import RolloutEngine
 from aitrain_grpo.engine.runner import play
 from aitrain_grpo.engine.settings import EpisodeSettings
 from envs.longdocs import LongDocsEnv
-from helpers.context import TextPolicyBackend
 
 WINDOW = 2560  # tokens of the tiny model's tokenizer, in which a page is about 750
 
@@ -28,7 +28,7 @@ def tokenizer(tiny_model_dir):
 def played(env, tokenizer, strategy):
     settings = EpisodeSettings(max_new_tokens=128, max_completion_length=8192, context_window=WINDOW,
                                context=strategy, context_keep_last=1)
-    with RolloutEngine(env, tokenizer, TextPolicyBackend(env.next_message, tokenizer), settings) as engine:
+    with RolloutEngine(env, tokenizer, ScriptedBackend(env.solve, tokenizer), settings) as engine:
         return engine.run(env.build_dataset(tokenizer))
 
 

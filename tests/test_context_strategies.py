@@ -8,9 +8,10 @@ from __future__ import annotations
 
 import pytest
 
+from aitrain_grpo.engine.backends.scripted import ScriptedBackend
 from aitrain_grpo.engine.context import DROPPED, SUMMARY_FOLLOW_UP, SUMMARY_REQUEST, summarized
 from aitrain_grpo.engine.stats import episode_stats
-from helpers.context import Library, TextPolicyBackend, play
+from helpers.context import Library, play
 from helpers.rollouts import NEW_TOKENS, model_spans
 
 
@@ -130,16 +131,19 @@ def test_a_summary_cut_off_by_its_token_limit_fails_that_episode(tiny_model_and_
 def test_the_summary_turn_has_its_own_token_limit_above_a_short_turn_limit(tiny_model_and_tokenizer):
     _, tokenizer = tiny_model_and_tokenizer
 
-    def policy(text):  # a short answer each turn; asked for a summary, a long one
-        return "Summary: " + " ".join(f"fact{k}" for k in range(12)) if SUMMARY_REQUEST in text else "next"
+    summary = "Summary: " + " ".join(f"fact{k}" for k in range(12))
 
-    backend = TextPolicyBackend(policy, tokenizer)
+    def policy(episode):  # a short answer each turn; asked for a summary, a long one
+        assert episode.log.summarizing == (SUMMARY_REQUEST in episode.messages[-1]["content"])
+        return summary if episode.log.summarizing else "next"
+
+    backend = ScriptedBackend(policy, tokenizer)
     batch, _, _ = play(None, tokenizer, Library(), backend=backend, context="summarize", context_threshold=200)
-    summary_length = len(tokenizer(policy(SUMMARY_REQUEST), add_special_tokens=False)["input_ids"]) + 1
+    summary_length = len(tokenizer(summary, add_special_tokens=False)["input_ids"]) + 1
     assert NEW_TOKENS < summary_length  # longer than --rl-max-new-tokens: only its own limit lets it through
     for i, episode in enumerate(batch.episodes):
         assert episode.error is None and episode.turns == 6 and batch.earlier[i], episode.error
-        assert all(seen[-1]["content"] == policy(SUMMARY_REQUEST) for seen in episode.log.earlier_messages)
+        assert all(seen[-1]["content"] == summary for seen in episode.log.earlier_messages)
     # Its own limit, set below the summary's length, cuts it: that episode fails, saying which option to raise.
     batch, _, _ = play(None, tokenizer, Library(), backend=backend, context="summarize", context_threshold=200,
                        context_summary_tokens=summary_length - 1)

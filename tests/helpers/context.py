@@ -1,12 +1,11 @@
 """Episodes whose history outgrows the context, for the context strategies' tests (engine/context.py):
 `Library`, whose every reply is a long tool result, `Recording`, the tiny model's backend keeping what
-it sampled for each prompt, `TextPolicyBackend`, a text policy (an oracle) played at the token level, and
-`play`, one engine run of an environment's rows."""
+it sampled for each prompt, and `play`, one engine run of an environment's rows (a text policy such as an
+oracle plays at the token level through the product's `ScriptedBackend`)."""
 
 from __future__ import annotations
 
 from aitrain_grpo import Environment
-from aitrain_grpo.engine.backends.base import GenerationBackend, Sample
 from aitrain_grpo.engine.rollout import RolloutEngine
 from aitrain_grpo.engine.settings import EpisodeSettings
 from helpers.rollouts import GREEDY, NEW_TOKENS, TurnEndingHF
@@ -43,24 +42,6 @@ class Library(Environment):
 
     def score_episode(self, episode):
         return episode.turns / self.max_turns
-
-
-class TextPolicyBackend(GenerationBackend):
-    """A backend whose every turn is `policy(text)`, given the text of the prompt it continues, encoded and
-    ended with EOS: an environment's oracle played at the token level, through the engine's budgets and
-    context strategies."""
-
-    def __init__(self, policy, tokenizer):
-        self.policy, self.tokenizer, self.stop_ids = policy, tokenizer, [tokenizer.eos_token_id]
-
-    def generate(self, prompts, max_tokens, sampling, **keys):
-        samples = []
-        for prompt in prompts:
-            text = self.policy(self.tokenizer.decode(prompt, skip_special_tokens=False))
-            ids = self.tokenizer(text, add_special_tokens=False)["input_ids"] + self.stop_ids
-            fits = len(ids) <= max_tokens
-            samples.append(Sample(ids[:max_tokens], [0.0] * min(len(ids), max_tokens), "stop" if fits else "length"))
-        return samples
 
 
 def play(model, tokenizer, env, schedule="lockstep", backend=None, **settings):
