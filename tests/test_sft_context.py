@@ -104,6 +104,9 @@ def test_sft_cli_writes_each_sequence_and_says_how_many(tmp_path, tiny_model_dir
                      "--output-dir", str(out))
     assert result.returncode == 0, result.stdout + result.stderr
     assert "sequences as the context strategy cut them" in result.stdout
+    grpo = next(line for line in result.stdout.splitlines() if line.startswith("next: aitrain grpo"))
+    pairs = [" ".join(strategy[k:k + 2]) for k in range(0, len(strategy), 2)]
+    assert all(pair in grpo for pair in pairs), grpo  # the grpo run it suggests plays under the same strategy
     demos = [json.loads(line) for line in (out / "demos.jsonl").read_text().splitlines()]
     assert demos and all(d["sequences"] >= 3 and len(d["earlier_messages"]) == d["sequences"] - 1 for d in demos)
     assert all(DROPPED in json.dumps(d["messages"]) for d in demos)

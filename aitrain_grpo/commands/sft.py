@@ -19,7 +19,7 @@ from __future__ import annotations
 import inspect
 from typing import Any
 
-from aitrain_grpo.commands.options import as_in_grpo, check_positive, command_option, field_option, with_default
+from aitrain_grpo.commands.options import FIELDS, as_in_grpo, check_positive, command_option, field_option, flag_name, with_default
 from aitrain_grpo.config import CONTEXT_OPTIONS, RunConfig
 from aitrain_grpo.errors import ConfigError
 from aitrain_grpo.models.loading import check_model_option
@@ -31,6 +31,8 @@ from aitrain_grpo.sft.oracle import warm_start
 SFT_LR = 2e-4
 # Demonstrations are few (tens to hundreds); one pass over them is too little to learn a format.
 SFT_EPOCHS = 3.0
+
+PLAYED_OPTIONS = ("rl_max_new_tokens", "rl_max_completion_length", *CONTEXT_OPTIONS)
 
 SFT_PARAMETERS = [
     as_in_grpo("rl_env_module"),
@@ -59,7 +61,7 @@ SFT_PARAMETERS = [
     as_in_grpo("rl_env_timeout"),
     # The oracle plays under grpo's budgets and context strategy where one rewrites the history (sft/oracle.py):
     # give sft the options the grpo run will have, so the demonstrations show the contexts it will see.
-    *(as_in_grpo(name) for name in ("rl_max_new_tokens", "rl_max_completion_length", *CONTEXT_OPTIONS)),
+    *(as_in_grpo(name) for name in PLAYED_OPTIONS),
     as_in_grpo("logging_steps"),
     as_in_grpo("report_to"),
     as_in_grpo("overwrite"),
@@ -80,6 +82,13 @@ def sft_run_config(options: dict[str, Any]) -> RunConfig:
     return config
 
 
+def played_flags(config: RunConfig) -> str:
+    """The budget and context flags given that differ from grpo's defaults: the grpo run should play under
+    the ones the demonstrations were played under (a context strategy's sequences)."""
+    given = [(name, getattr(config, name)) for name in PLAYED_OPTIONS if getattr(config, name) != FIELDS[name].default]
+    return "".join(f" {flag_name(name)} {value}" for name, value in given)
+
+
 def run_sft(options: dict[str, Any], console) -> dict[str, Any]:
     """What `aitrain sft` does (see the module doc); bad options and environments raise `UserError`."""
     episodes, min_score = options["episodes"], options["min_score"]
@@ -92,7 +101,8 @@ def run_sft(options: dict[str, Any], console) -> dict[str, Any]:
     trend = f", loss {losses[0]:.3f} -> {losses[-1]:.3f}" if losses else ""
     console.print(f"done: {summary['global_step']} steps on {summary['demonstrations']} demonstrations in "
                   f"{summary['runtime_seconds']:.0f}s{trend}; model saved to {output_dir}", markup=False)
-    console.print(f"next: aitrain grpo --model {output_dir} {config.env_flags()} --output-dir {output_dir}-grpo", markup=False)
+    console.print(f"next: aitrain grpo --model {output_dir} {config.env_flags()}{played_flags(config)} "
+                  f"--output-dir {output_dir}-grpo", markup=False)
     console.print(f"      aitrain eval --model {output_dir}", markup=False)
     return summary
 
