@@ -87,7 +87,9 @@ WORKLOADS = {
 # (lr 1e-3, no KL), which collapsed on weather's seed 2; `kl` keeps the policy near the SFT model it
 # starts from (the reference of a LoRA run is its base, here the merged SFT model) and moves half as fast.
 GRPO = ("--rl-temperature", "1.0", "--batch-size", "16", "--rl-num-generations", "4")
-RECIPES = {"nokl": ("--lr", "1e-3", "--rl-kl-coef", "0"), "kl": ("--lr", "5e-4", "--rl-kl-coef", "0.1")}
+RECIPES = {"nokl": ("--lr", "1e-3", "--rl-kl-coef", "0"), "kl": ("--lr", "5e-4", "--rl-kl-coef", "0.1"),
+           # `kl`'s rate without its reference pass (a third of a longdocs step): for steps of minutes
+           "nokl-5e-4": ("--lr", "5e-4", "--rl-kl-coef", "0")}
 EVAL = ("--rl-num-generations", "2", "--rl-temperature", "0.7", "--seed", "0")
 
 
@@ -130,7 +132,10 @@ def train(args) -> None:
     w = WORKLOADS[args.workload]
     for seed in args.seeds:
         out = args.runs_dir / run_name(args, seed)
-        command = aitrain("grpo", "--model", str(sft_dir(args)), *env_options(args), *GRPO, *RECIPES[args.recipe], *w.turn_options, "--rl-advantage", args.advantage,
+        shape = (("--batch-size", str(args.batch_size)) if args.batch_size else ()) + (
+            ("--micro-batch-size", str(args.micro_batch_size)) if args.micro_batch_size else ())
+        command = aitrain("grpo", "--model", str(sft_dir(args)), *env_options(args), *GRPO, *shape, *RECIPES[args.recipe],
+                          *w.turn_options, "--rl-advantage", args.advantage,
                           "--max-steps", str(args.steps), "--seed", str(seed), "--output-dir", str(out),
                           *(("--save-steps", str(args.save_every)) if args.save_every else ()),
                           *(("--resume-from-checkpoint", "auto") if args.resume else ("--overwrite",)))
@@ -316,6 +321,8 @@ def main() -> None:
     parser.add_argument("--until-threshold", action="store_true",
                         help="curve: stop at the first of steps 5, 10, ... that reaches --threshold")
     parser.add_argument("--recipe", choices=sorted(RECIPES), default="kl")
+    parser.add_argument("--batch-size", type=int, default=None, help="episodes a GRPO step (default 16, groups of 4)")
+    parser.add_argument("--micro-batch-size", type=int, default=None, help="episodes a forward/backward pass")
     parser.add_argument("--context", choices=("keep", "drop-tool-results", "summarize"),
                         help="a context strategy under the workload's context budget (longdocs)")
     parser.add_argument("--runs-dir", type=Path, default=REPO / "runs" / "beyond_sft")
