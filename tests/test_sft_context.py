@@ -6,6 +6,7 @@ episode, not the run."""
 from __future__ import annotations
 
 import json
+from dataclasses import replace
 
 import pytest
 
@@ -51,6 +52,8 @@ def test_demonstrations_are_the_sequences_grpo_plays(tokenizer, options):
     demos, errors = play_sequences(env, tokenizer, rows, 3, settings)
     assert not errors and [d.score for d in demos] == [1.0] * 3
     assert all(len(d.sequences) >= 3 and len(d.earlier_messages) == len(d.sequences) - 1 for d in demos)
+    lockstep, _ = play_sequences(env, tokenizer, rows, 3, replace(settings, schedule="lockstep"))
+    assert [d.sequences for d in lockstep] == [d.sequences for d in demos]  # either schedule plays it the same
     dataset = demo_dataset(tokenizer, demos)
     assert len(dataset) == sum(len(d.sequences) for d in demos)
     with RolloutEngine(env, tokenizer, OracleBackend(dataset, tokenizer.eos_token_id), settings) as engine:
