@@ -17,8 +17,9 @@ A summary turn (`summarize`) is the policy's too: it is asked while `episode.log
 the summary request being the last message; an oracle meant for that strategy writes one there.
 A policy that raises ends its episode as an error (scored 0 by whoever reads `errors`), not the rollout.
 
-Left out: turns an environment asks of the policy itself (`episode.policy_turn`, self-play): they would
-reach the policy as the episode's own turn, so environments that use them are played at text level.
+Left out: turns an environment asks of the policy itself (`episode.policy_turn`, self-play): they reach
+the policy as a turn of the episode itself, so a self-play environment's oracle under a context strategy
+answers them wrongly (under `keep`, sft plays text level, where they are answered right).
 """
 
 from __future__ import annotations
