@@ -20,7 +20,7 @@ trains, so the server and the trainer work at the same time.
   correction, which the trainer keeps on in server mode (trainer.py); stale episodes are reweighted,
   and sequences whose ratio leaves TRL's bounds are masked. Logged: `async/staleness_mean` (all
   episodes of a step share a version), `async/wait_seconds` (time the trainer waited for episodes),
-  `sampling/importance_sampling_ratio/*` (TRL) and `sampling/is_masked_frac` (`masked_share_metrics`, called from trl_hooks.py).
+  `sampling/importance_sampling_ratio/*` and `sampling/is_masked_frac` (step/scoring.py).
 
 Left out: several training processes (refused), `--vllm-sync nccl` (refused: TRL pushes NCCL weights
 inside its own generation call, which this worker does not go through), and evaluation, which plays
@@ -41,7 +41,7 @@ from aitrain_grpo.config import RunConfig
 from aitrain_grpo.errors import ConfigError
 from aitrain_grpo.training.groups import GroupedRollout
 from aitrain_grpo.training.signals import uninterrupted
-from aitrain_grpo.training.trl_access import importance_weights, train_batch_size, train_sampler
+from aitrain_grpo.training.trl_access import train_batch_size, train_sampler
 
 
 def check_async_supported(config: RunConfig, sync_method: str | None) -> None:
@@ -292,15 +292,3 @@ def start_async_rollout(engine, backend: VersionedBackend, weight_sync, trainer,
         weight_sync.maybe_sync if weight_sync is not None else None,
         config.rl_async_steps,
     )
-
-
-def masked_share_metrics(trainer, output: dict[str, Any]) -> dict[str, float]:
-    """`sampling/is_masked_frac`: the share of model tokens whose importance-sampling weight TRL set to 0
-    (ratio out of bounds in its `*_mask` modes), from a batch TRL scored; nothing without the ratio."""
-    ratio, mask = importance_weights(output)  # TRL's batch keys, pinned (trl_access.py)
-    if ratio is None:
-        return {}
-    weights = ratio.expand_as(mask) if ratio.shape != mask.shape else ratio
-    tokens = trainer.accelerator.gather(mask.sum().float()).sum()
-    masked = trainer.accelerator.gather(((weights == 0) & (mask > 0)).sum().float()).sum()
-    return {"sampling/is_masked_frac": (masked / tokens.clamp(min=1)).item()}

@@ -40,7 +40,7 @@ from aitrain_grpo.config import RunConfig
 from aitrain_grpo.errors import ConfigError
 from aitrain_grpo.outputs import has_entries, special_folder, is_ours
 from aitrain_grpo.outputs import publish
-from aitrain_grpo.training.trl_access import RepeatSampler, run_output_dir, save_checkpoint
+from aitrain_grpo.training.trl_access import RepeatSampler, save_checkpoint
 
 RUN_STATE_FILE = "aitrain_state.json"
 PARTIAL_PREFIX = ".partial-"
@@ -297,33 +297,33 @@ def plain_cpu_device(args):
         args.__dict__["_setup_devices"] = device
 
 
-def save_checkpoint_atomically(trainer, trial, save, *, run_dir: str) -> None:
+def save_checkpoint_atomically(trainer, run, save) -> None:
     """Write the checkpoint of `trainer`'s step into a staging folder (`save`, transformers' own
-    `_save_checkpoint`, writes wherever `trainer._staging_dir` points), add the run's own state, and
-    rename it into place whole: a killed run never leaves a checkpoint a resume could half-read."""
-    run_dir = Path(run_dir)
+    `_save_checkpoint`, writes into `args.output_dir`, which points there meanwhile), add the run's own
+    state (`run`: the RunContext), and rename it into place whole: a killed run never leaves a checkpoint
+    a resume could half-read."""
+    run_dir = Path(trainer.args.output_dir)
     name = f"checkpoint-{trainer.state.global_step}"
     staging = run_dir / f"{PARTIAL_PREFIX}{name}"
     if trainer.args.should_save:
         shutil.rmtree(staging, ignore_errors=True)
     trainer.accelerator.wait_for_everyone()
-    trainer._staging_dir = staging
+    trainer.args.output_dir = str(staging)
     try:
         save()  # every rank writes its part (RNG state, shards)
     finally:
-        trainer._staging_dir = None
+        trainer.args.output_dir = str(run_dir)
     trainer.accelerator.wait_for_everyone()
     if trainer.args.should_save:
         written = staging / name
         state = {
             "global_step": trainer.state.global_step,
             # The run's own options (not TRL's per-device batch, which is the micro-batch).
-            "settings": {key: getattr(trainer.run_config, key) for key in STEP_SHAPE},
+            "settings": {key: getattr(run.config, key) for key in STEP_SHAPE},
             "parts": {key: cb.state_dict() for key, cb in trainer.stateful_callbacks().items()},
         }
-        curriculum = trainer.__dict__.get("curriculum")  # --rl-curriculum pools (curriculum.py)
-        if curriculum is not None:
-            state["curriculum"] = curriculum.state_dict()
+        if run.curriculum is not None:  # --rl-curriculum pools (curriculum.py)
+            state["curriculum"] = run.curriculum.state_dict()
         (written / RUN_STATE_FILE).write_text(json.dumps(state, indent=2) + "\n")
         # The same step may be saved twice (a stop right after a scheduled save): publish replaces it.
         publish(written, run_dir / name)
@@ -358,9 +358,9 @@ class AtomicCheckpoints:
                 if key in parts:
                     cb.load_state_dict(parts[key])
             # The curriculum's groups: loaded by curriculum.curriculum_of when it makes the curriculum.
-            self.resumed_curriculum = state.get("curriculum")
-            if self.__dict__.get("curriculum") is not None and self.resumed_curriculum is not None:
-                self.curriculum.load_state_dict(self.resumed_curriculum)
+            self.run.resumed_curriculum = state.get("curriculum")
+            if self.run.curriculum is not None and self.run.resumed_curriculum is not None:
+                self.run.curriculum.load_state_dict(self.run.resumed_curriculum)
             if self.accelerator.is_main_process:
                 print(f"resuming from {resume_from_checkpoint} (step {state.get('global_step', '?')})", flush=True)
         return super().train(resume_from_checkpoint, *args, **kwargs)
@@ -371,7 +371,7 @@ class AtomicCheckpoints:
         step = self.state.global_step
         if step < 1:
             return None
-        path = Path(run_output_dir(self)) / f"checkpoint-{step}"
+        path = Path(self.args.output_dir) / f"checkpoint-{step}"
         if not is_complete(path):
             save_checkpoint(self)
         return path

@@ -46,7 +46,6 @@ from typing import Any, Sequence
 import torch
 
 from aitrain_grpo.training.checkpoints import ResumableRepeatSampler
-from aitrain_grpo.training.trl_access import last_rewards
 
 ENV_COLUMN = "aitrain_env"  # a mixture's rows name their environment (env/adapters/mixture.py)
 POOLS = ("easy", "normal", "hard")
@@ -225,32 +224,24 @@ class CurriculumSampler(ResumableRepeatSampler):
                         yield row
 
 
-def curriculum_of(trainer) -> Curriculum | None:
-    """The run's curriculum (made on first use, from its options and dataset), or None when it is off."""
-    config = getattr(trainer, "run_config", None)
-    if config is None or getattr(config, "rl_curriculum", "off") == "off":
+def curriculum_of(run, dataset) -> Curriculum | None:
+    """The run's curriculum (`run`: the RunContext; made on first use from its options and `dataset`, the
+    trainer's), or None when it is off. A resumed run's saved groups are loaded into it."""
+    if run.config.rl_curriculum == "off":
         return None
-    if trainer.__dict__.get("curriculum") is None:
-        trainer.curriculum = Curriculum.for_run(config, trainer.train_dataset)
-        resumed = trainer.__dict__.get("resumed_curriculum")  # set by checkpoints.AtomicCheckpoints.train
-        if resumed is not None:
-            trainer.curriculum.load_state_dict(resumed)
-    return trainer.curriculum
+    if run.curriculum is None:
+        run.curriculum = Curriculum.for_run(run.config, dataset)
+        if run.resumed_curriculum is not None:  # read by checkpoints.AtomicCheckpoints.train
+            run.curriculum.load_state_dict(run.resumed_curriculum)
+    return run.curriculum
 
 
-def curriculum_sampler(trainer, sampler):
-    """`sampler` (a ResumableRepeatSampler) drawing from the run's curriculum; as it is when that is off."""
-    curriculum = curriculum_of(trainer)
+def curriculum_sampler(run, sampler, dataset):
+    """`sampler` (a ResumableRepeatSampler) drawing from the run's curriculum; as it is when that is off.
+    The step records each scored batch's rewards into it (step/flow.py)."""
+    curriculum = curriculum_of(run, dataset)
     if curriculum is None or not isinstance(sampler, ResumableRepeatSampler):
         return sampler
     sampler.__class__ = CurriculumSampler
     sampler.curriculum = curriculum
     return sampler
-
-
-def record_groups(trainer) -> dict[str, float]:
-    """After TRL scored a training batch: its rewards into the curriculum, and the step's metrics."""
-    curriculum = curriculum_of(trainer)
-    if curriculum is None or not trainer.model.training:
-        return {}
-    return curriculum.record(last_rewards(trainer), trainer.num_generations)

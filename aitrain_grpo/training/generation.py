@@ -8,9 +8,10 @@
   TRL's client moves the weights (GPU only; TRL is told `vllm_mode="server"`); with `lora` or `disk`
   this package does it through a shared folder (`weight_sync.py`) and TRL is not told about vLLM.
 
-In every vLLM mode TRL's importance-sampling correction compares the sampler's log-probabilities with
-the trainer's (`sampling/importance_sampling_ratio`). Where this package moves the weights, the
-trainer keeps TRL from pushing them itself and still turns the correction on (`external_weight_sync`).
+In every vLLM mode the importance-sampling correction compares the sampler's log-probabilities with
+the trainer's (`sampling/importance_sampling_ratio`, step/scoring.py). Where this package moves the
+weights, the trainer still turns TRL's correction on (`external_weight_sync`); where TRL can (CUDA), its
+engine pushes them when the step asks (weight_sync.py `TRLWeightPush`).
 
 `check_server` runs before any model is loaded: a server that is down (its wait printed every few
 seconds), serves another model, or a colocated vLLM that cannot take weights on this platform is a
@@ -144,16 +145,20 @@ def served_name(model: str) -> str:
 
 def make_backend(trainer, config: RunConfig, plan: GenerationPlan, stop_ids: list[int]):
     """Build the backend for a trainer; returns (backend, weight_sync or None). Where TRL moves the
-    weights (colocate on CUDA, server with nccl) there is nothing to sync here."""
+    weights (colocate on CUDA, server with nccl) the sync asks TRL's engine to push them, once per
+    optimizer step (TRL's own generation call, which used to push them, is not on the step's path)."""
     from aitrain_grpo.training.trl_access import generation_handles  # imports TRL
 
     served_model = served_name(config.model) if plan.backend == "vllm_server" else None
     backend = build_backend(plan.backend, stop_ids, **generation_handles(trainer, plan.backend),  # plain objects
                             server_urls=config.vllm_servers, served_model=served_model,
                             server_timeout=config.vllm_server_timeout)
-    if not plan.external_weight_sync:
+    from aitrain_grpo.training.weight_sync import ColocateWeightSync, FolderWeightSync, TRLWeightPush
+
+    if plan.backend == "hf":
         return backend, None
-    from aitrain_grpo.training.weight_sync import ColocateWeightSync, FolderWeightSync
+    if not plan.external_weight_sync:
+        return backend, TRLWeightPush()
 
     if plan.backend == "vllm_colocate":
         return backend, ColocateWeightSync(backend.llm)

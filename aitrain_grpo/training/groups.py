@@ -7,9 +7,9 @@ entropy terms, and still counts in the loss normalisation (tokens for bnpo/dapo/
 grpo/sapo/luspo, the batch size for dr_grpo), which shrinks the step the informative groups get.
 
 - `keep` (default): TRL's behaviour, unchanged.
-- `drop`: the episodes of such groups leave the loss. Their `env_mask` is zeroed (so no token of
-  theirs counts in the loss, the KL, the entropy bonus or TRL's token count `num_items_in_batch`), their
-  earlier sequences (an episode of several, segments.py) get no row,
+- `drop`: the episodes of such groups leave the loss. Their records' `env_mask` is zeroed (so no token
+  of theirs counts in the loss, the KL, the entropy bonus or TRL's token count `num_items_in_batch`), their
+  earlier sequences (an episode of several) get no record (step/records.py),
   and `without_masked_rows` takes their all-masked rows out of each micro-batch before TRL's loss, so
   the per-sequence and batch-size normalisations count only the groups that are left.
 - `refill` (DAPO's dynamic sampling): plays further prompts from the training dataset until the batch
@@ -34,7 +34,7 @@ from dataclasses import dataclass, field
 from typing import Any, Callable, Sequence
 
 from aitrain_grpo.engine.rollout import RolloutBatch
-from aitrain_grpo.training.segments import EARLIER, rows_for_trl, sequences_of
+from aitrain_grpo.training.step.records import sequences_of
 
 # Scores closer than this count as equal: TRL's advantage is (r - mean) / (std + 1e-4), so a spread
 # this small gives advantages of 1e-2 at most, i.e. noise rather than signal.
@@ -70,14 +70,6 @@ class GroupedRollout:
     metrics: dict[str, float] = field(default_factory=dict)
     # Per episode, the weight version it was sampled with (async runs: async_rollout.py; else None).
     weight_versions: list[int] | None = None
-
-    def for_trl(self) -> dict[str, Any]:
-        out = self.batch.for_trl()
-        out["env_mask"] = [[0] * len(mask) if i in self.dropped else mask for i, mask in enumerate(out["env_mask"])]
-        earlier = rows_for_trl(self.batch, self.dropped)  # a dropped episode's earlier sequences leave with it
-        if earlier is not None:
-            out[EARLIER] = earlier
-        return out
 
 
 @dataclass(frozen=True)
@@ -121,7 +113,7 @@ class ZeroStdGroups:
         far (most of a round would otherwise come back flat again)."""
         g = self.group_size
         episodes, traces = list(batch.episodes), list(batch.traces)
-        earlier = [seqs[:-1] for seqs in sequences_of(batch)]  # each episode's sequences before its last
+        earlier = [seqs[:-1] for seqs in sequences_of(batch.earlier, batch.traces)]  # each episode's sequences before its last
         waiting = list(flat)  # flat group slots still to fill, in batch order
         played = 0
         seen_groups = len(batch.episodes) // g
@@ -150,7 +142,7 @@ class ZeroStdGroups:
                 slot = waiting.pop(0)
                 episodes[slot * g:(slot + 1) * g] = extra.episodes[source * g:(source + 1) * g]
                 traces[slot * g:(slot + 1) * g] = extra.traces[source * g:(source + 1) * g]
-                earlier[slot * g:(slot + 1) * g] = [seqs[:-1] for seqs in sequences_of(extra)][source * g:(source + 1) * g]
+                earlier[slot * g:(slot + 1) * g] = [seqs[:-1] for seqs in sequences_of(extra.earlier, extra.traces)][source * g:(source + 1) * g]
         batch.episodes, batch.traces, batch.earlier = episodes, traces, earlier
         return batch, waiting, played
 

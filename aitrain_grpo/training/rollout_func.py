@@ -1,20 +1,15 @@
-"""The training rollout: what TRL calls for each generation batch (GRPOTrainer's `rollout_func`).
+"""The training rollout: the first stage of the step (training/step/flow.py), the rollout side.
 
-`TrainingRollout` is called with the batch's prompts and the trainer, and returns what TRL scores. It
-keeps only what the call itself needs:
-- the dataset rows of the batch about to be played: TRL 1.16 hands `rollout_func` only the prompts,
-  but an episode needs its whole row, so `EpisodeGRPOTrainer` passes the rows in (`take_rows`) just
-  before, in the same order;
+`TrainingRollout.play(rows, trainer)` plays one step's episodes from the batch's dataset rows (each
+row is repeated once per episode of its group) and returns the `GroupedRollout` (groups.py): the
+episodes, each one's token sequences, and which are out of the loss. The step turns that into typed
+sequence records (step/records.py). It keeps only what playing needs:
 - the last batch it played (`last_batch`, this process's episodes, and `last_weight_versions` with
   --rl-async-steps): what the extra reward functions and the episode log read (reward_funcs.py,
   runlog/files.py);
 - its observers, called with every batch's `EpisodeSummary`s from all processes (the error-rate stop);
 - what watches episodes as they finish (`watch_episodes`: a judge over HTTP starts its calls then),
   handed to the engine's `on_episode_done`.
-
-It returns one row per episode, its last sequence; an episode's earlier sequences (its history was
-rewritten) travel as the extra field `earlier_sequences` and become rows of their own once TRL has
-scored the batch (segments.py).
 
 What it plays with is built with the trainer and attached (`attach`): the engine, the weight sync and
 the async rollout (rollout_parts.py). What it measures goes into the run's metrics sink, which the
@@ -46,11 +41,10 @@ from aitrain_grpo.errors import ConfigError
 from aitrain_grpo.runlog.group_replies import group_reply_metrics, model_replies
 from aitrain_grpo.runlog.step_metrics import StepMetrics
 from aitrain_grpo.runlog.step_timing import StepTiming
-from aitrain_grpo.training.groups import play_groups
+from aitrain_grpo.training.groups import GroupedRollout, play_groups
 from aitrain_grpo.training.rollout_parts import RolloutParts
-from aitrain_grpo.training.segments import sequences_of
+from aitrain_grpo.training.step.records import sequences_of
 from aitrain_grpo.training.step_phases import PhaseClock
-from aitrain_grpo.training.turn_credit import add_turn_credit
 
 SummaryObserver = Callable[[list[EpisodeSummary]], None]
 
@@ -58,7 +52,8 @@ SummaryObserver = Callable[[list[EpisodeSummary]], None]
 def rollout_timing(batch: RolloutBatch) -> dict[str, float]:
     """Where one rollout's time went, and how fast the model generated (the rollout's own wall time is
     the step clock's `time/rollout_s`)."""
-    generated = sum(sum(trace.env_mask) for sequences in sequences_of(batch) for trace in sequences)
+    generated = sum(sum(trace.env_mask) for sequences in sequences_of(batch.earlier, batch.traces)
+                    for trace in sequences)
     return {
         "time/generate_s": batch.generate_seconds,
         "time/env_s": batch.env_seconds,
@@ -84,7 +79,6 @@ class TrainingRollout:
         self.parts: RolloutParts | None = None  # attached once the trainer is built
         self.last_batch: RolloutBatch | None = None
         self.last_weight_versions: list[int] | None = None  # per episode of last_batch (async runs only)
-        self._rows: list[dict[str, Any]] | None = None
         self._episode_hook: Callable[[RolloutBatch, int], None] | None = None
         self._closers: list[Callable[[], None]] = []
 
@@ -108,20 +102,13 @@ class TrainingRollout:
     def engine(self, engine: RolloutEngine) -> None:
         self.parts.replace_engine(engine)  # a test's own engine, put in before training starts
 
-    def take_rows(self, rows: Iterable[dict[str, Any]]) -> None:
-        """The dataset rows of the batch whose prompts come next (in the same order)."""
-        self._rows = [dict(row) for row in rows]
-
-    def __call__(self, prompts: list, trainer) -> dict[str, Any]:
+    def play(self, rows: list[dict[str, Any]], trainer) -> GroupedRollout:
+        """Play one step's episodes of `rows` (the batch's dataset rows, each group's rows consecutive)
+        with the attached parts, under `--rl-zero-std-groups`; record the rollout's metrics."""
         with self.timing.phase("rollout"):
-            return self._play(prompts, trainer)
+            return self._play(rows, trainer)
 
-    def _play(self, prompts: list, trainer) -> dict[str, Any]:
-        rows, self._rows = self._rows, None
-        if rows is None or len(rows) != len(prompts):
-            got = "no" if rows is None else len(rows)
-            raise RuntimeError(f"rollout got {len(prompts)} prompts but {got} dataset rows; "
-                               f"the trainer must hand the batch's rows to take_rows first")
+    def _play(self, rows: list[dict[str, Any]], trainer) -> GroupedRollout:
         parts = self.parts
         if parts is None:
             raise RuntimeError("the rollout has no engine: the trainer attaches one when it is built")
@@ -148,10 +135,7 @@ class TrainingRollout:
         self.last_batch = batch
         self.timing.mark("rollout")
         self.metrics.update(rollout_timing(batch))
-        out = grouped.for_trl()
-        if self.config.rl_advantage == "turn":  # per-token turn credit, extra fields (turn_credit.py)
-            add_turn_credit(out, batch, trainer.num_generations)
-        return out
+        return grouped
 
     def _server_metrics(self, batch: RolloutBatch) -> dict[str, float]:
         """`vllm/*` of a server pool (engine/backends/server_pool.py): per server and in total, and the

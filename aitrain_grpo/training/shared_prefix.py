@@ -52,9 +52,7 @@ from typing import Any, Callable
 import torch
 
 from aitrain_grpo.config import SHARED_PREFIX_MODES
-from aitrain_grpo.training.micro_batches import keep_prompts_together
-from aitrain_grpo.training.trl_access import (buffered_micro_batches, set_buffered_micro_batches, step_in_generation,
-                                              wrapped_model)
+from aitrain_grpo.training.trl_access import wrapped_model
 
 logger = logging.getLogger(__name__)
 
@@ -93,52 +91,34 @@ class SharedPrefix:
             logger.warning("shared-prefix loss: %s", message)
 
 
-def state_of(trainer: Any) -> SharedPrefix:
-    """The trainer's `SharedPrefix`, made on first use from its run config (`shared_prefix_loss`)."""
-    state = vars(trainer).get("_shared_prefix")
-    if state is None:
-        mode = getattr(getattr(trainer, "run_config", None), "shared_prefix_loss", "auto")
-        state = trainer._shared_prefix = SharedPrefix(mode)
-    return state
-
-
-def shared_logps(trainer: Any, model: Any, input_ids: torch.Tensor, attention_mask: torch.Tensor,
-                 logits_to_keep: int, batch_size: int | None, compute_entropy: bool, compute_aux_loss: bool,
-                 extras: dict[str, Any], plain: Callable[[torch.Tensor, torch.Tensor, int | None], tuple]) -> tuple:
+def shared_logps(trainer: Any, state: SharedPrefix, model: Any, input_ids: torch.Tensor,
+                 attention_mask: torch.Tensor, logits_to_keep: int, batch_size: int | None, compute_entropy: bool,
+                 compute_aux_loss: bool, extras: dict[str, Any],
+                 plain: Callable[[torch.Tensor, torch.Tensor, int | None], tuple]) -> tuple:
     """What TRL's `_get_per_token_logps_and_entropies` returns, shared where this call allows it;
-    `plain(ids, mask, batch_size)` is TRL's own method."""
-    if not declined(trainer, model, input_ids.device, extras, compute_aux_loss):
-        shared = per_token_logps(trainer, model, input_ids, attention_mask, logits_to_keep, batch_size,
+    `plain(ids, mask, batch_size)` is TRL's own method; `state` the run's (run_context.py)."""
+    if not declined(trainer, state, model, input_ids.device, extras, compute_aux_loss):
+        shared = per_token_logps(trainer, state, model, input_ids, attention_mask, logits_to_keep, batch_size,
                                  compute_entropy, lambda ids, mask: plain(ids, mask, None))
         if shared is not None:
             return shared
     return plain(input_ids, attention_mask, batch_size)
 
 
-def group_micro_batches(trainer: Any, inputs: dict[str, Any]) -> dict[str, Any]:
-    """After TRL's `_prepare_inputs`: when it has just shuffled a new generation batch into its
-    micro-batches (`_buffered_inputs`), and the loss pass shares, the batch is re-split with each
-    prompt's episodes next to each other (`keep_prompts_together`), and this step's micro-batch is
-    returned from the new split. Where the loss pass does not share, TRL's split stays as it is (the same
-    run as with sharing off). Why keeping groups together is safe for every loss type: micro_batches.py."""
-    buffered = buffered_micro_batches(trainer)
-    if not trainer.model.training or not buffered or buffered is vars(trainer).get("_grouped_buffer"):
-        return inputs
+def shares_micro_batches(trainer: Any, run: Any) -> bool:
+    """Whether the loss pass shares, so a step's micro-batches should hold whole groups (step/loss.py
+    `split_micro_batches`). Where it does not, TRL's split stays as it is (the same run as with sharing
+    off). Why keeping groups together is safe for every loss type: micro_batches.py."""
     model = wrapped_model(trainer)
-    if declined(trainer, model, next(trainer.model.parameters()).device):
-        return inputs
-    trainer._grouped_buffer = keep_prompts_together(buffered)
-    set_buffered_micro_batches(trainer, trainer._grouped_buffer)  # TRL's private state (trl_access.py)
-    return trainer._grouped_buffer[step_in_generation(trainer)]
+    return not declined(trainer, run.shared_prefix, model, next(trainer.model.parameters()).device)
 
 
-def declined(trainer: Any, model: Any, device: torch.device, extras: dict[str, Any] | None = None,
-             compute_aux_loss: bool = False) -> str | None:
+def declined(trainer: Any, state: SharedPrefix, model: Any, device: torch.device,
+             extras: dict[str, Any] | None = None, compute_aux_loss: bool = False) -> str | None:
     """Why this pass takes TRL's path (None: it shares), said once per reason. Besides what the
     model cannot do (`unsupported`), `auto` leaves to TRL's path the devices it was not measured to pay
     on, and a pass with dropout on: there a prompt's dropout mask would be drawn once for its group
     instead of once per episode, a valid sample but not the plain path's (`on` shares it, and says so)."""
-    state = state_of(trainer)
     if not state.active:
         return "off"
     reason = unsupported(trainer, model, extras or {}, compute_aux_loss)
@@ -217,13 +197,12 @@ def saved_share(input_ids: torch.Tensor, prompt_len: int, distinct: int) -> floa
     return 1.0 - shared_tokens / (rows * width)
 
 
-def per_token_logps(trainer: Any, model: Any, input_ids: torch.Tensor, attention_mask: torch.Tensor,
+def per_token_logps(trainer: Any, state: SharedPrefix, model: Any, input_ids: torch.Tensor, attention_mask: torch.Tensor,
                     logits_to_keep: int, batch_size: int | None, compute_entropy: bool,
                     plain: Callable[[torch.Tensor, torch.Tensor], tuple]) -> tuple | None:
     """TRL's `(logps, entropies, aux_loss)` for these rows, each chunk of `batch_size` rows shared where
     it pays and `plain(ids, mask)` (TRL's own method on that chunk) where not. None: the model cannot
     share at all, and the caller runs TRL's method on every row."""
-    state = state_of(trainer)
     prompt_len = input_ids.size(1) - logits_to_keep
     if prompt_len < 2:
         return None
@@ -231,7 +210,7 @@ def per_token_logps(trainer: Any, model: Any, input_ids: torch.Tensor, attention
     logps, entropies = [], []
     for start in range(0, input_ids.size(0), batch_size):
         ids, mask = input_ids[start:start + batch_size], attention_mask[start:start + batch_size]
-        result = _shared_chunk(trainer, model, ids, mask, prompt_len, compute_entropy) if state.active else None
+        result = _shared_chunk(trainer, state, model, ids, mask, prompt_len, compute_entropy) if state.active else None
         if result is None:
             state.plain_chunks += 1
             result = plain(ids, mask)[:2]
@@ -242,9 +221,8 @@ def per_token_logps(trainer: Any, model: Any, input_ids: torch.Tensor, attention
     return torch.cat(logps), (torch.cat(entropies) if compute_entropy else None), None
 
 
-def _shared_chunk(trainer: Any, model: Any, ids: torch.Tensor, mask: torch.Tensor, prompt_len: int,
-                  compute_entropy: bool) -> tuple[torch.Tensor, torch.Tensor | None] | None:
-    state = state_of(trainer)
+def _shared_chunk(trainer: Any, state: SharedPrefix, model: Any, ids: torch.Tensor, mask: torch.Tensor,
+                  prompt_len: int, compute_entropy: bool) -> tuple[torch.Tensor, torch.Tensor | None] | None:
     # Completion columns no row uses are left out, as TRL's scoring passes leave them out (scoring_passes.py)
     # and trim_padding does in the loss pass; their scores are zeros, as the plain path's are.
     width = ids.size(1)

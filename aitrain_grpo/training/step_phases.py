@@ -4,12 +4,11 @@ same work done bare (benchmarks/step_limit.py) and a slow phase is named in metr
 A step is, in order (TRL 1.16's GRPOTrainer on a generation step):
 - `rollout`: the rollout function plays the batch's episodes (rollout_func.py; with --rl-async-steps,
   the wait for episodes played ahead);
-- `score`: TRL's preparation of the batch around the rollout and the reference forward
-  (`_generate_and_score_completions` and the split into micro-batches): the episodes made into padded
-  tensors, rewards, group advantages, TRL's metrics, and the code between the reference forwards;
-- `ref_logprobs`: the model forwards TRL runs while scoring: the reference model's log-probabilities
-  for the KL term (`--rl-kl-coef` > 0) and, where TRL needs them (vLLM's importance-sampling
-  correction, or steps that reuse a batch), the old policy's;
+- `score`: the step's batch made around the rollout and the reference forward (step/flow.py): rewards,
+  group advantages, sequence records, TRL's tensors, metrics, and the split into micro-batches;
+- `ref_logprobs`: the scoring forwards (step/flow.py `scoring_passes`): the reference model's
+  log-probabilities for the KL term (`--rl-kl-coef` > 0) and, where a batch trains over several
+  optimizer steps, the old policy's;
 - `loss_forward_backward`: every micro-batch's loss forward and backward (and the gradient clipping
   that follows the last one: milliseconds for a LoRA adapter);
 - `optimizer_step`: the optimizer step, the learning-rate schedule and zeroing the gradients.
@@ -20,9 +19,9 @@ has no rollout, score or reference time.
 `PhaseClock` charges the time since the last change to the phase in force: a base phase set by the
 step's events (`score` from `on_step_begin` and the optimizer from `on_pre_optimizer_step`, both in the
 step timing callback, runlog/step_timing.py, which also writes the metrics; the loss from the trainer's
-first `compute_loss`), and nested phases entered around a call (`phase`: the rollout) or a
-model forward (`time_forwards`: forward hooks, public torch API, so no private TRL method is touched).
-Nesting is what lets `score` hold `rollout` and `ref_logprobs` without counting them twice.
+first `compute_loss`), and nested phases entered around a call by the code that makes it (`phase`: the
+rollout, the scoring forwards, both in step/flow.py). Nesting is what lets `score` hold `rollout` and
+`ref_logprobs` without counting them twice.
 
 Left out: time outside a step (logging, checkpoints, evaluation), and any split inside the loss pass
 (forward against backward would need a hook inside autograd; the bare profile measures them together).
@@ -32,7 +31,7 @@ from __future__ import annotations
 
 import contextlib
 import time
-from typing import Any, Iterable, Iterator
+from typing import Iterator
 
 PHASES = ("rollout", "score", "ref_logprobs", "loss_forward_backward", "optimizer_step")
 
@@ -104,22 +103,3 @@ class PhaseClock:
         metrics = {f"time/{phase}_s": seconds for phase, seconds in self.seconds.items()}
         metrics["time/step_s"] = sum(self.seconds.values())
         return metrics
-
-
-def time_forwards(clock: PhaseClock, modules: Iterable[Any], phase: str = "ref_logprobs",
-                  within: str = "score") -> None:
-    """Charge every forward of `modules` (the policy and, with --no-peft, TRL's reference model) made
-    while `within` is in force to `phase`: TRL's scoring forwards. Generation runs inside the rollout and
-    the loss forward after scoring, so neither counts. `always_call` ends the phase when a forward raises."""
-
-    def pre(module, args):
-        if clock.current == within:
-            clock.enter(phase)
-
-    def post(module, args, output):
-        clock.leave(phase)
-
-    for module in modules:
-        if module is not None:
-            module.register_forward_pre_hook(pre)
-            module.register_forward_hook(post, always_call=True)

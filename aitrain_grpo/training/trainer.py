@@ -70,10 +70,14 @@ from aitrain_grpo.training.rollout_func import TrainingRollout
 from aitrain_grpo.training.rollout_parts import build_rollout_parts
 from aitrain_grpo.training.scoring_passes import trim_scoring_passes
 from aitrain_grpo.training.signals import SignalStop
-from aitrain_grpo.training.step_phases import PhaseClock, time_forwards
+from aitrain_grpo.training.run_context import RunContext
+from aitrain_grpo.training.shared_prefix import SharedPrefix
+from aitrain_grpo.training.step.flow import importance_from_loss_pass
+from aitrain_grpo.training.step.loss import LossPassImportance
+from aitrain_grpo.training.step_phases import PhaseClock
 from aitrain_grpo.training.stopping import ErrorRateStop, clean_stops
 from aitrain_grpo.training.trl_access import turn_on_importance_sampling
-from aitrain_grpo.training.trl_hooks import TRLHooks, replace_trl_functions
+from aitrain_grpo.training.trl_hooks import TRLHooks, trl_functions_replaced
 
 
 # Saving an adapter, PEFT looks for its base's config.json to see whether the vocabulary changed. An
@@ -87,45 +91,55 @@ warnings.filterwarnings("ignore", message="Could not find a config file in .* wi
 def episode_score(prompts=None, completions=None, episode_score=None, **kwargs) -> list[float]:
     """Reward function: the environment's score of each episode, computed during the rollout."""
     if episode_score is None:
-        raise RuntimeError("episode_score is missing from the rollout output; is rollout_func set?")
+        raise RuntimeError("episode_score is missing from the step's reward arguments (step/flow.py)")
     return [float(s) for s in episode_score]
 
 
 class EpisodeGRPOTrainer(TRLHooks, AtomicCheckpoints, GRPOTrainer):
-    """GRPOTrainer driven by a `TrainingRollout` (see the module docstring); its private overrides are
-    in trl_hooks.py. `drop_masked_rows`: leave rows whose loss mask is all zero out of the loss
+    """GRPOTrainer whose step is ours (step/flow.py); its private overrides are in trl_hooks.py. `run` is
+    the run's `RunContext` (run_context.py): config, plan, metrics sink, step timing, rollout, shared-prefix
+    state, curriculum. `drop_masked_rows`: leave rows whose loss mask is all zero out of the loss
     (--rl-zero-std-groups drop/refill, groups.py). `external_weight_sync`: this package, not TRL, moves
-    the weights into vLLM (generation.py). `step_metrics` (the run's metrics sink) and `step_timing`
-    (the step timing callback, which `callbacks` must hold) are the rollout's."""
+    the weights into vLLM (generation.py)."""
 
-    def __init__(self, *, rollout: TrainingRollout, plan: RunPlan, drop_masked_rows: bool = False,
-                 external_weight_sync: bool = False, **kwargs):
-        super().__init__(rollout_func=rollout, **kwargs)
-        self.rollout = rollout
-        self.step_metrics: StepMetrics = rollout.metrics  # drained into each log record by `log`
-        self.step_timing: StepTiming = rollout.timing
-        self.run_config = rollout.config  # what checkpoints record as the run's step shape
-        self.plan = plan
+    def __init__(self, *, run: RunContext, drop_masked_rows: bool = False, external_weight_sync: bool = False,
+                 **kwargs):
+        super().__init__(**kwargs)
+        self.run = run
         self.drop_masked_rows = drop_masked_rows
-        self.external_weight_sync = external_weight_sync
         if external_weight_sync:
-            # TRL gates its importance-sampling correction on use_vllm, so that goes on once TRL has
-            # built whatever it builds; `_generate` keeps TRL's own push before each rollout off.
+            # TRL gates its importance-sampling correction in the loss on use_vllm, so that goes on once
+            # TRL has built whatever it builds.
             turn_on_importance_sampling(self)
-        time_forwards(self.step_timing.clock, (self.model, self.ref_model))  # TRL's scoring forwards (step_phases.py)
-        replace_trl_functions()  # the fused LM head scores completion positions only, on a CPU too (lm_head.py)
+        if importance_from_loss_pass(self):  # vLLM sampled; the loss pass gives the weights (step/loss.py)
+            self.loss_pass_importance = LossPassImportance(
+                mode=self.vllm_importance_sampling_mode, low=self.vllm_importance_sampling_clip_min,
+                high=self.vllm_importance_sampling_clip_max, gather=self.accelerator.gather,
+                record=run.metrics.update)
         trim_scoring_passes((self.model, self.ref_model))  # reference passes over each chunk's own length
         # Engine, weight sync, async rollout: built now that TRL has made the model (and vLLM) they use.
-        self.rollout_parts = build_rollout_parts(self, rollout.env, rollout.config, plan.generation, self.step_metrics)
-        rollout.attach(self.rollout_parts)
+        self.rollout_parts = build_rollout_parts(self, run.rollout.env, run.config, run.plan.generation, run.metrics)
+        run.rollout.attach(self.rollout_parts)
+
+    @property
+    def rollout(self) -> TrainingRollout:
+        return self.run.rollout
+
+    @property
+    def plan(self) -> RunPlan:
+        return self.run.plan
+
+    def train(self, *args, **kwargs):
+        with trl_functions_replaced():  # TRL's fused LM head on completion positions only (lm_head.py)
+            return super().train(*args, **kwargs)
 
     def compute_loss(self, model, inputs, return_outputs=False, num_items_in_batch=None):
-        self.step_timing.clock.base("loss_forward_backward")  # TRL's scoring is over (step_phases.py)
+        self.run.timing.clock.base("loss_forward_backward")  # the step's scoring is over (step/flow.py)
         return super().compute_loss(model, inputs, return_outputs=return_outputs, num_items_in_batch=num_items_in_batch)
 
     def log(self, logs: dict[str, float], start_time: float | None = None) -> None:
         if self.model.training:
-            logs.update(self.step_metrics.drain())
+            logs.update(self.run.metrics.drain())
         super().log(logs, start_time)
 
 
@@ -236,10 +250,11 @@ def build_trainer(config: RunConfig, env: Environment | None = None, *, callback
     step_metrics = StepMetrics()  # the run's metrics sink: the trainer's log drains it
     step_timing = StepTiming(step_metrics, PhaseClock())  # the step's phases and memory peaks
     rollout = TrainingRollout(env, config, metrics=step_metrics, timing=step_timing, observers=[error_stop.observe])
+    run = RunContext(config=config, plan=plan, metrics=step_metrics, timing=step_timing, rollout=rollout,
+                     shared_prefix=SharedPrefix(config.shared_prefix_loss))
     start_process_group(config.ddp_timeout)  # meet the other processes under the bound (collectives.py)
     trainer = EpisodeGRPOTrainer(
-        rollout=rollout,
-        plan=plan,
+        run=run,
         drop_masked_rows=config.rl_zero_std_groups != "keep",
         external_weight_sync=plan.generation.external_weight_sync,
         model=model,

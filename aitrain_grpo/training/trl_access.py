@@ -13,24 +13,20 @@ The touches, by who needs them:
   trainer's `model_wrapped` (hf), and TRL's colocated engine `vllm_generation.llm` with its
   tensor-parallel group (vllm_colocate);
 - weight sync this package does itself (generation.py, trainer.py): `use_vllm` turned on after TRL's
-  `__init__` built nothing, so TRL applies its importance-sampling correction
-  (`turn_on_importance_sampling`), and `_last_loaded_step` marking TRL's own push as done
-  (`mark_weights_pushed`);
-- playing steps ahead (async_rollout.py): `_get_train_sampler`, `_train_batch_size`, and the keys of
-  TRL's scored batch (`importance_weights`);
-- checkpoints (checkpoints.py): transformers' `_get_output_dir` and `_save_checkpoint` called outside
-  the training loop, and TRL's `RepeatSampler` (its `shuffle`, `seed`, `generator`, `num_samples`),
-  which checkpoints.py subclasses and re-classes in place;
-- the shared-prefix loss (shared_prefix.py): TRL's micro-batch buffer `_buffered_inputs` and its step
-  counter `_step`;
-- the difficulty curriculum (curriculum.py): the rewards of the batch TRL scored last, from all processes
-  (its completion log `_logs`), and the `RepeatSampler`'s batch shape (`batch_size`, `repeat_count`,
-  `mini_repeat_count`).
+  `__init__` built nothing, so TRL's loss applies the importance-sampling weights the step computes
+  (`turn_on_importance_sampling`); where TRL moves them (CUDA), its engine's `sync_weights`
+  (`push_weights_through_trl`);
+- playing steps ahead (async_rollout.py): `_get_train_sampler` and `_train_batch_size`;
+- checkpoints (checkpoints.py): `_save_checkpoint` called outside the training loop, and TRL's
+  `RepeatSampler` (its `shuffle`, `seed`, `generator`, `num_samples`, and for the curriculum its batch
+  shape `batch_size`, `repeat_count`, `mini_repeat_count`), which checkpoints.py subclasses and
+  re-classes in place;
+- the shared-prefix loss (shared_prefix.py): the accelerator-wrapped model (`model_wrapped`).
 
-Left out: public API (`accelerator`, `args`, `state`, `processing_class`, `num_generations`, callbacks),
-the batch keys the loss-side modules read from TRL's inputs (groups, micro_batches, turn_credit,
-shared_prefix; their tests run TRL's own step), and the private methods overridden (trl_hooks.py, pinned
-by signature in tests/test_trl_hooks.py).
+Left out: public API (`accelerator`, `args`, `state`, `processing_class`, `num_generations`,
+`reward_funcs`, `reward_weights`, `beta`, `ref_model`, the `vllm_importance_sampling_*` settings,
+callbacks), the batch keys TRL's loss reads (the step makes them: step/batch.py), and the private methods
+overridden (trl_hooks.py, pinned by signature in tests/test_trl_hooks.py).
 """
 
 from __future__ import annotations
@@ -42,26 +38,21 @@ from trl.trainer.utils import RepeatSampler  # subclassed by checkpoints.Resumab
 # Trainer methods called here (not overridden): name -> the parameter names they were read with.
 PINNED_METHODS = {
     "_get_train_sampler": ("self", "dataset"),
-    "_get_output_dir": ("self", "trial"),
     "_save_checkpoint": ("self", "model", "trial"),
 }
 # Trainer instance attributes read or set here: each is assigned `self.<name> = ...` by TRL or transformers.
-PINNED_ATTRIBUTES = ("_train_batch_size", "_last_loaded_step", "_buffered_inputs", "_step", "use_vllm",
-                     "vllm_generation", "model_wrapped", "_logs")
+PINNED_ATTRIBUTES = ("_train_batch_size", "use_vllm", "vllm_generation", "model_wrapped")
 # Attributes of TRL's `VLLMGeneration` (`trainer.vllm_generation`) read here.
 PINNED_VLLM_GENERATION = ("llm", "tp_group", "tensor_parallel_size")
 # Attributes of TRL's `RepeatSampler` that checkpoints.ResumableRepeatSampler reads.
 PINNED_SAMPLER = ("shuffle", "seed", "generator", "num_samples", "batch_size", "repeat_count", "mini_repeat_count")
-# Keys of the batch TRL's `_generate_and_score_completions` returns, read by `importance_weights`.
-PINNED_OUTPUT_KEYS = ("completion_mask", "tool_mask", "importance_sampling_ratio")
 # TRL functions called here: dotted name -> the leading parameter names passed.
 PINNED_FUNCTIONS = {
     "trl.models.unwrap_model_for_generation": ("model", "accelerator", "gather_deepspeed3_params"),
 }
 
-__all__ = ["RepeatSampler", "buffered_micro_batches", "generation_handles", "importance_weights",
-           "last_rewards", "mark_weights_pushed", "model_for_generation", "run_output_dir", "save_checkpoint", "set_buffered_micro_batches",
-           "step_in_generation", "train_batch_size", "train_sampler", "turn_on_importance_sampling", "wrapped_model"]
+__all__ = ["RepeatSampler", "generation_handles", "model_for_generation", "save_checkpoint", "train_batch_size",
+           "push_weights_through_trl", "train_sampler", "turn_on_importance_sampling", "wrapped_model"]
 
 
 # ------------------------------------------------------------------------------- generation (engine)
@@ -99,19 +90,19 @@ def generation_handles(trainer, kind: str) -> dict[str, Any]:
     return {}
 
 
+def push_weights_through_trl(trainer) -> None:
+    """TRL's engine moves the trainer's weights into vLLM (colocated on CUDA, or a server over NCCL)."""
+    trainer.vllm_generation.sync_weights()
+
+
 def turn_on_importance_sampling(trainer) -> None:
-    """TRL gates its importance-sampling correction on `use_vllm`: set after TRL's `__init__` built no vLLM
-    of its own (this package moves the weights), so the correction runs. `mark_weights_pushed` then keeps
-    TRL from looking for an engine to push to."""
+    """TRL's loss applies the importance-sampling weights only when `use_vllm` is set: set after TRL's
+    `__init__` built no vLLM of its own (this package moves the weights). TRL's own generation call, which
+    would look for an engine to push to, is not on the step's path (step/flow.py)."""
     trainer.use_vllm = True
 
 
-def mark_weights_pushed(trainer) -> None:
-    """Mark the weights as pushed for this step, so TRL's `_generate` does not push them itself."""
-    trainer._last_loaded_step = trainer.state.global_step
-
-
-# ------------------------------------------------------------------------------ data and scored batch
+# ------------------------------------------------------------------------------------------- data
 
 
 def train_sampler(trainer, dataset):
@@ -124,61 +115,12 @@ def train_batch_size(trainer) -> int:
     return trainer._train_batch_size
 
 
-def importance_weights(output: dict[str, Any]):
-    """From a batch TRL scored: (its importance-sampling ratio, the mask of model tokens), or (None, None)
-    when the correction is off."""
-    ratio = output.get("importance_sampling_ratio")
-    if ratio is None:
-        return None, None
-    mask = output["completion_mask"]
-    if "tool_mask" in output:
-        mask = mask * output["tool_mask"]
-    return ratio, mask
-
-
-def last_rewards(trainer) -> list[float]:
-    """The reward of each episode of the generation batch TRL scored last, every process's in the sampler's
-    order (TRL gathers them): its reward functions weighted and summed as TRL does, NaN where none scored.
-    Read from TRL's completion log, which holds exactly one generation batch."""
-    import math
-
-    columns = [list(trainer._logs["rewards"][name]) for name in trainer.reward_func_names]
-    weights = [float(w) for w in trainer.reward_weights]
-    rewards = []
-    for values in zip(*columns):
-        scored = [w * v for w, v in zip(weights, values) if not math.isnan(v)]
-        rewards.append(sum(scored) if scored else math.nan)
-    return rewards
-
-
-def buffered_micro_batches(trainer):
-    """The micro-batches TRL split its latest generation batch into (None before the first)."""
-    return getattr(trainer, "_buffered_inputs", None)
-
-
-def set_buffered_micro_batches(trainer, batches) -> None:
-    trainer._buffered_inputs = batches
-
-
-def step_in_generation(trainer) -> int:
-    """Which of the buffered micro-batches TRL hands out now."""
-    return trainer._step % trainer.args.steps_per_generation
-
-
 def wrapped_model(trainer):
     """The model as the accelerator wrapped it (the plain model before wrapping)."""
     return getattr(trainer, "model_wrapped", None) or trainer.model
 
 
 # -------------------------------------------------------------------------------------- checkpoints
-
-
-def run_output_dir(trainer) -> str:
-    """transformers' own `_get_output_dir`: the run's folder, not the staging folder trl_hooks.py's override
-    points at while a checkpoint is written."""
-    from trl import GRPOTrainer
-
-    return GRPOTrainer._get_output_dir(trainer, None)
 
 
 def save_checkpoint(trainer) -> None:

@@ -3,114 +3,113 @@ one place, each with why. Read from trl 1.16.0 with transformers 5.17 and 5.23; 
 parameter names each was read with, and tests/test_trl_hooks.py fails naming the method when TRL or
 transformers change one (then re-read that method before raising the pin).
 
-What each override does lives in the module of its concern; the hooks only call it:
-- `_generate_and_score_completions`: hands the batch's dataset rows to the rollout first (TRL gives
-  `rollout_func` only the prompts; an episode needs its row), then after TRL's scoring adds the
-  share of importance-sampling-masked tokens to the step's metrics (async_rollout.py), the turn
-  credit of `--rl-advantage turn` to the batch (turn_credit.py), and a row for each sequence an
-  episode played before its last, with its episode's advantage (segments.py).
-- `_generate`: with weights synced by this package (generation.py), marks TRL's own push before each
-  rollout as done, so TRL does not push them a second time.
-- `_compute_loss`: per micro-batch, cuts padding no row uses (micro_batches.py), makes the advantages
-  per token for turn credit (turn_credit.py), and takes dropped groups' all-masked rows out of the loss
-  and its normalisation (groups.py); then TRL's own loss.
-- `_get_per_token_logps_and_entropies` (the loss pass and the old/reference log-prob passes): each
-  distinct prompt of a chunk forwarded once and its episodes' continuations on it, where the model
-  allows and it pays (shared_prefix.py, `--shared-prefix-loss`).
-- `_prepare_inputs`: after TRL shuffles a new generation batch into micro-batches, the episodes of one
-  prompt are put next to each other while the shared-prefix loss is on, so a micro-batch holds whole
-  groups to share (shared_prefix.py, micro_batches.py).
+The step is ours (step/flow.py); the hooks are where TRL's loop hands over to it:
+- `_prepare_inputs`: transformers' loop asks for each micro-batch. At a step's first, the step's
+  generation batch is made by `generation_batch` (rollout, rewards, advantages, typed records, TRL's
+  tensors, reference forwards) and split into micro-batches (step/loss.py); the rest are handed out in
+  turn. This replaces TRL's `_generate_and_score_completions`, `_generate` and its micro-batch buffer:
+  none of them runs.
+- `_compute_loss`: per micro-batch, padding no row uses cut and dropped groups' rows taken out
+  (step/loss.py); importance weights from the loss pass where they come from there; then TRL's loss.
+- `_get_per_token_logps_and_entropies` (the loss pass and the reference/old passes): each distinct
+  prompt of a chunk forwarded once and its episodes' continuations on it, where the model allows and it
+  pays (shared_prefix.py, `--shared-prefix-loss`); the loss pass's log-probabilities feed the
+  importance weights.
 - `_get_train_sampler`: TRL's sampler re-classed so its order after a resume is the uninterrupted
   run's (checkpoints.py), and with `--rl-curriculum pools` so the curriculum draws its batches
-  (curriculum.py), which `_generate_and_score_completions` feeds each scored batch's rewards.
-- `_get_output_dir`, `_save_checkpoint`: checkpoints written into a staging folder and renamed into
-  place when whole, with the run's own state (checkpoints.py); a signal waits for the write (signals.py).
+  (curriculum.py).
+- `_save_checkpoint`: checkpoints written into a staging folder and renamed into place when whole,
+  with the run's own state (checkpoints.py); a signal waits for the write (signals.py).
 - `_load_optimizer_and_scheduler`: on resume, several CPU processes load the optimizer state onto
   `cpu`, not `cpu:<rank>`, which torch cannot restore to (checkpoints.py).
 
-And one private module function, replaced in its module (`PINNED_FUNCTIONS`, `replace_trl_functions`):
+And one private module function, replaced for the trainer's `train()` only and put back after
+(`PINNED_FUNCTIONS`, `trl_functions_replaced`):
 - `trl.trainer.utils._use_triton`: answers True for a CPU, so TRL's fused LM head scores only the
   completion positions there too, as it does on CUDA (lm_head.py).
 
-Left out: public methods and callbacks (`train`, `log`; TrainerCallback events), which are stable API,
-and the private attributes and methods read or set without overriding them (trl_access.py, pinned by
+Left out: public methods and callbacks (`train`, `log`, `compute_loss`; TrainerCallback events), which
+are stable API, and the private attributes read or set without overriding them (trl_access.py, pinned by
 tests/test_trl_access.py).
 """
 
 from __future__ import annotations
 
-from aitrain_grpo.training.async_rollout import masked_share_metrics
+import contextlib
+from typing import Iterator
+
 from aitrain_grpo.training.checkpoints import plain_cpu_device, resumable_sampler, save_checkpoint_atomically
-from aitrain_grpo.training.curriculum import curriculum_sampler, record_groups
-from aitrain_grpo.training.groups import without_masked_rows
+from aitrain_grpo.training.curriculum import curriculum_sampler
 from aitrain_grpo.training.lm_head import scoring_labelled_positions
-from aitrain_grpo.training.micro_batches import trim_padding
-from aitrain_grpo.training.segments import with_earlier_sequences
-from aitrain_grpo.training.shared_prefix import group_micro_batches, shared_logps
+from aitrain_grpo.training.run_context import RunContext
+from aitrain_grpo.training.shared_prefix import shares_micro_batches, shared_logps
 from aitrain_grpo.training.signals import uninterrupted
-from aitrain_grpo.training.trl_access import mark_weights_pushed
-from aitrain_grpo.training.turn_credit import attach_turn_advantages, with_turn_advantages
+from aitrain_grpo.training.step.flow import generation_batch
+from aitrain_grpo.training.step.loss import LossPassImportance, loss_inputs, split_micro_batches
 
 # Method -> the parameter names it was read with (trl 1.16.0; transformers 5.17 and 5.23 for Trainer's).
 PINNED = {
-    "_generate_and_score_completions": ("self", "inputs"),
-    "_generate": ("self", "prompts"),
+    "_prepare_inputs": ("self", "generation_batch"),
     "_compute_loss": ("self", "model", "inputs"),
     "_get_per_token_logps_and_entropies": (
         "self", "model", "input_ids", "attention_mask", "logits_to_keep", "batch_size", "compute_entropy",
         "compute_aux_loss", "pixel_values", "image_grid_thw", "num_images", "pixel_attention_mask",
         "spatial_shapes", "num_tiles", "image_sizes", "token_type_ids", "mm_token_type_ids", "image_position_ids"),
-    "_prepare_inputs": ("self", "generation_batch"),
     "_get_train_sampler": ("self", "dataset"),
-    "_get_output_dir": ("self", "trial"),
     "_save_checkpoint": ("self", "model", "trial"),
     "_load_optimizer_and_scheduler": ("self", "checkpoint"),
 }
 
-# Module function -> the parameter names it was read with (trl 1.16.0), replaced by replace_trl_functions.
+# Module function -> the parameter names it was read with (trl 1.16.0), replaced by trl_functions_replaced.
 PINNED_FUNCTIONS = {
     "trl.trainer.utils._use_triton": ("device",),
 }
 
 
-def replace_trl_functions() -> None:
-    """Install the PINNED_FUNCTIONS replacements in their modules (idempotent; read at call time)."""
+@contextlib.contextmanager
+def trl_functions_replaced() -> Iterator[None]:
+    """The PINNED_FUNCTIONS replacements installed in their modules for the block, then put back."""
     import trl.trainer.utils as utils
 
-    utils._use_triton = scoring_labelled_positions(utils._use_triton)
+    original = utils._use_triton
+    utils._use_triton = scoring_labelled_positions(original)
+    try:
+        yield
+    finally:
+        utils._use_triton = original
 
 
 class TRLHooks:
-    """Mixin placed before `GRPOTrainer`. The trainer sets `rollout`, `step_metrics` (the run's metrics
-    sink), `drop_masked_rows` (leave rows whose loss mask is all zero out of the loss: --rl-zero-std-groups
-    drop/refill) and `external_weight_sync` (this package, not TRL, moves the weights into vLLM)."""
+    """Mixin placed before `GRPOTrainer`. The trainer sets `run` (the run's `RunContext`), `drop_masked_rows`
+    (leave rows whose loss mask is all zero out of the loss: --rl-zero-std-groups drop/refill) and
+    `loss_pass_importance` (a `LossPassImportance`, or None where the loss pass does not give the weights)."""
 
+    run: RunContext
     drop_masked_rows = False
-    external_weight_sync = False
-    _staging_dir = None  # a checkpoint being written (checkpoints.py)
+    loss_pass_importance: LossPassImportance | None = None
+    _micro_batches: list | None = None  # this step's micro-batches, handed out in turn
+    _micro_step = 0  # micro-batches handed out since the run (or the resume) started
 
-    def _generate_and_score_completions(self, inputs):
-        self.rollout.take_rows(inputs)
-        output = super()._generate_and_score_completions(inputs)
-        self.step_metrics.update(masked_share_metrics(self, output))  # the run's metrics sink
-        self.step_metrics.update(record_groups(self))  # --rl-curriculum pools (curriculum.py)
-        # TRL leaves the rollout's per-sample extra fields in `inputs`: turn credit joins the batch here,
-        # then each episode's earlier sequences, scored by TRL's own log-probability pass.
-        output = attach_turn_advantages(output, inputs)
-        return with_earlier_sequences(self, output, inputs, lambda model, ids, mask, keep, size: (
-            self._get_per_token_logps_and_entropies(model, ids, mask, keep, batch_size=size)[0]))
-
-    def _generate(self, prompts):
-        if self.external_weight_sync:
-            mark_weights_pushed(self)  # marks TRL's weights as pushed: ours are
-        return super()._generate(prompts)
+    def _prepare_inputs(self, generation_batch_rows):
+        if not self.model.training:  # an evaluation batch: scored whole, no buffering
+            return generation_batch(self, self.run, list(generation_batch_rows))
+        steps = self.args.steps_per_generation
+        if self._micro_step % (steps * self.num_iterations) == 0 or self._micro_batches is None:
+            batch = generation_batch(self, self.run, list(generation_batch_rows))
+            self._micro_batches = split_micro_batches(batch, steps, together=shares_micro_batches(self, self.run))
+        inputs = self._micro_batches[self._micro_step % steps]
+        self._micro_step += 1
+        return inputs
 
     def _compute_loss(self, model, inputs):
-        inputs = trim_padding(inputs)
-        inputs = with_turn_advantages(inputs)
-        if self.drop_masked_rows:
-            inputs = without_masked_rows(inputs)
-        return super()._compute_loss(model, inputs)
+        inputs = loss_inputs(inputs, drop_masked_rows=self.drop_masked_rows)
+        if self.loss_pass_importance is None:
+            return super()._compute_loss(model, inputs)
+        self.loss_pass_importance.arm(inputs)
+        try:
+            return super()._compute_loss(model, inputs)
+        finally:
+            self.loss_pass_importance.disarm()
 
     def _get_per_token_logps_and_entropies(self, model, input_ids, attention_mask, logits_to_keep, batch_size=None,
                                            compute_entropy=False, compute_aux_loss=False, **extras):
@@ -119,19 +118,14 @@ class TRLHooks:
                 model, ids, mask, logits_to_keep, batch_size=size, compute_entropy=compute_entropy,
                 compute_aux_loss=compute_aux_loss, **extras)
 
-        return shared_logps(self, model, input_ids, attention_mask, logits_to_keep, batch_size,
-                            compute_entropy, compute_aux_loss, extras, plain)
-
-    def _prepare_inputs(self, generation_batch):
-        return group_micro_batches(self, super()._prepare_inputs(generation_batch))
+        out = shared_logps(self, self.run.shared_prefix, model, input_ids, attention_mask, logits_to_keep,
+                           batch_size, compute_entropy, compute_aux_loss, extras, plain)
+        if compute_entropy and self.loss_pass_importance is not None:  # the loss pass
+            self.loss_pass_importance.fill(out[0])
+        return out
 
     def _get_train_sampler(self, dataset=None):
-        return curriculum_sampler(self, resumable_sampler(super()._get_train_sampler(dataset)))
-
-    def _get_output_dir(self, trial):
-        if self._staging_dir is not None:
-            return str(self._staging_dir)
-        return super()._get_output_dir(trial)
+        return curriculum_sampler(self.run, resumable_sampler(super()._get_train_sampler(dataset)), self.train_dataset)
 
     def _load_optimizer_and_scheduler(self, checkpoint):
         with plain_cpu_device(self.args):
@@ -139,5 +133,4 @@ class TRLHooks:
 
     def _save_checkpoint(self, model, trial):
         with uninterrupted():  # a signal lets the write finish (signals.py)
-            save_checkpoint_atomically(self, trial, lambda: super(TRLHooks, self)._save_checkpoint(model, trial),
-                                       run_dir=super()._get_output_dir(trial))
+            save_checkpoint_atomically(self, self.run, lambda: super(TRLHooks, self)._save_checkpoint(model, trial))

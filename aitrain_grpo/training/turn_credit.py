@@ -17,19 +17,16 @@ environments' states are free-form and rarely identical, so grouping by turn pos
 applies to all of them. Turn rewards are used as given (no clipping); an environment that gives none
 leaves A_turn at 0, so `turn` then trains exactly as `outcome`.
 
-How the numbers reach TRL's loss: the training rollout returns them per completion token as the
-per-sample extra field `turn_advantages` of its `rollout_func` result (TRL's channel to reward
-functions, which also leaves it in each input row); the trainer pads them into a (batch, tokens)
-tensor beside TRL's `advantages` (`attach_turn_advantages`), TRL splits and shuffles it with the
-rest of the batch, and the loss override (trl_hooks.py `_compute_loss`) adds it to the
-(batch,) advantages, giving TRL's loss the (batch, tokens) advantages it supports. Environment
-tokens carry 0 and are masked out of the loss anyway.
+How the numbers reach TRL's loss: each sequence record carries its tokens' credit (step/records.py),
+and the batch's `advantages` are (rows, tokens): the episode's advantage plus its tokens' credit
+(step/batch.py), the shape TRL's loss supports. Environment tokens carry their turn's value and are
+masked out of the loss anyway.
 
-An episode of several sequences (its history rewritten mid-episode, segments.py) counts its turns
+An episode of several sequences (its history rewritten mid-episode) counts its turns
 across them: each model turn has the episode turn its sequence numbers it with (`TokenTrace.turn_numbers`:
 a `summarize` strategy's summary turn shares the number of the turn after it), or, where the sequences
 do not number the episode's turns in order (an agent's segments), its order across the sequences; each
-sequence's tokens get their own turns' credit (`add_turn_credit`).
+sequence's tokens get their own turns' credit (`rollout_turn_advantages`).
 
 Left out: discounting (a factor below 1 for later turns), per-turn rewards from reward functions,
 and groups spanning processes (groups are local to a process, as for --rl-zero-std-groups).
@@ -41,7 +38,6 @@ import math
 from bisect import bisect_right
 from typing import Any, Sequence
 
-from aitrain_grpo.training.segments import EARLIER, sequences_of
 
 STD_EPSILON = 1e-4  # TRL's: advantage = (r - mean) / (std + 1e-4)
 
@@ -113,40 +109,3 @@ def rollout_turn_advantages(episodes, sequences, group_size: int) -> list[list[l
     return [[token_turn_advantages([values[n] for n in per], t.turn_starts, len(t.completion_ids))
              for t, per in zip(seqs, ep_numbers)]
             for values, seqs, ep_numbers in zip(per_turn, sequences, numbers)]
-
-
-def add_turn_credit(out: dict[str, Any], batch, group_size: int) -> None:
-    """Put A_turn into the rollout's result `out`: the last sequence's as the extra field
-    `turn_advantages`, each earlier sequence's into its row of `earlier_sequences` (segments.py)."""
-    credit = rollout_turn_advantages(batch.episodes, sequences_of(batch), group_size)
-    out["turn_advantages"] = [per_sequence[-1] for per_sequence in credit]
-    for rows, per_sequence in zip(out.get(EARLIER) or (), credit):
-        for row, values in zip(rows, per_sequence[:-1]):
-            row["turn_advantages"] = values
-
-
-def attach_turn_advantages(output: dict[str, Any], inputs: Sequence[dict[str, Any]]) -> dict[str, Any]:
-    """Put the rows' `turn_advantages` (lists per completion token) into TRL's batch `output` as a
-    tensor padded like `completion_ids`. No-op when the rollout returned none (`outcome`)."""
-    if not inputs or "turn_advantages" not in inputs[0]:
-        return output
-    import torch
-
-    completion_ids = output["completion_ids"]
-    padded = torch.zeros(completion_ids.shape, dtype=torch.float32, device=completion_ids.device)
-    for row, values in enumerate(row["turn_advantages"] for row in inputs):
-        width = min(len(values), padded.shape[1])
-        padded[row, :width] = torch.tensor(values[:width], dtype=torch.float32)
-    output["turn_advantages"] = padded
-    return output
-
-
-def with_turn_advantages(inputs: dict[str, Any]) -> dict[str, Any]:
-    """A micro-batch for TRL's `_compute_loss` whose (batch,) `advantages` have become (batch, tokens):
-    TRL's advantage plus each token's turn credit. Unchanged without `turn_advantages`."""
-    turn = inputs.get("turn_advantages")
-    if turn is None:
-        return inputs
-    inputs = {key: value for key, value in inputs.items() if key != "turn_advantages"}
-    inputs["advantages"] = inputs["advantages"].reshape(-1, 1) + turn.to(inputs["advantages"].dtype)
-    return inputs

@@ -228,3 +228,22 @@ class ColocateWeightSync:
         self.llm.reset_prefix_cache()  # cached prefixes hold keys and values of the old weights
         self.last_step = step
         return time.perf_counter() - started
+
+
+class TRLWeightPush:
+    """Trainer weights -> vLLM through TRL's own engine (`vllm_generation.sync_weights`: colocated on
+    CUDA, or a server over NCCL), once per optimizer step, at the step's start (step/flow.py's rollout)."""
+
+    def __init__(self):
+        self.last_step: int | None = None
+
+    def maybe_sync(self, trainer) -> float | None:
+        from aitrain_grpo.training.trl_access import push_weights_through_trl
+
+        step = trainer.state.global_step
+        if step == self.last_step:
+            return None
+        started = time.perf_counter()
+        push_weights_through_trl(trainer)
+        self.last_step = step
+        return time.perf_counter() - started
