@@ -150,11 +150,11 @@ def measure(model: str, workload: str, batch: int, micro: int, reps: int) -> dic
         times = {("loss", m): [] for m in ("on", "off")} | {("ref", m): [] for m in ("on", "off")}
         losses = {}
         for mode in ("off", "on"):  # a warm-up: one micro-batch each, not counted
-            trainer._shared_prefix = SharedPrefix(mode)
+            trainer.run.shared_prefix = SharedPrefix(mode)
             time_loss(trainer, micro_batches(data, micro, mode == "on", seed=0)[:1])
         for rep in range(reps):
             for mode in ("off", "on"):
-                trainer._shared_prefix = SharedPrefix(mode)
+                trainer.run.shared_prefix = SharedPrefix(mode)
                 seconds, losses[mode] = time_loss(trainer, micro_batches(data, micro, mode == "on", seed=rep))
                 times[("loss", mode)].append(seconds)
                 times[("ref", mode)].append(time_ref(trainer, data, micro))

@@ -61,7 +61,7 @@ def build(dtype):
         if "lora_B" in name:
             parameter.data.normal_(0, 0.02)
     model.train()
-    return model, types.SimpleNamespace(accelerator=Accelerator(), _shared_prefix=SharedPrefix("on"))
+    return model, types.SimpleNamespace(accelerator=Accelerator(), shared_prefix=SharedPrefix("on"))
 
 
 def batch(workload: str, rows: int = 16, seed: int = 0):
@@ -94,7 +94,7 @@ def logps(model, trainer, shared, ids, mask, keep, chunk):
     if not shared:
         parts = [plain(model, ids[i:i + chunk], mask[i:i + chunk], keep) for i in range(0, ids.size(0), chunk)]
         return torch.cat([p[0] for p in parts]), torch.cat([p[1] for p in parts])
-    got = per_token_logps(trainer, model, ids, mask, keep, chunk, True, lambda i, m: plain(model, i, m, keep))
+    got = per_token_logps(trainer, trainer.shared_prefix, model, ids, mask, keep, chunk, True, lambda i, m: plain(model, i, m, keep))
     return got[0], got[1]
 
 
@@ -120,7 +120,7 @@ def exactness(workload: str, chunk: int) -> str:
             with torch.no_grad():
                 lp, entropy = logps(model, trainer, shared, *data[:3], chunk)
             out[dtype, shared] = (lp.float(), entropy.float(), grads)
-        shared_chunks = trainer._shared_prefix.shared_chunks
+        shared_chunks = trainer.shared_prefix.shared_chunks
         del model
     scored = batch(workload)[1][:, -batch(workload)[2]:].bool()
 

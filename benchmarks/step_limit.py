@@ -62,7 +62,7 @@ def run_steps(config: RunConfig, clock) -> tuple[Any, list[dict[str, Any]], floa
     """Train `config.max_steps` steps with the package's trainer, its step phases timed by `clock`; the
     trainer, its metrics records and the wall time of `trainer.train()`."""
     trainer = build_trainer(config)
-    trainer.step_timing.clock.clock = clock
+    trainer.run.timing.clock.clock = clock
     started = time.perf_counter()
     with contextlib.redirect_stdout(io.StringIO()):
         trainer.train()
@@ -144,7 +144,7 @@ def profile(args) -> dict[str, Any]:
             "bare": bare, "rows": rows, "wall": wall, "records": len(records),
             "unit": "CPU s" if args.clock == "cpu" else "wall s",
             "settings": f"generation {'vLLM' if config.use_vllm else 'hf'}, shared-prefix loss "
-                        f"{trainer.run_config.shared_prefix_loss}, micro-batch {trainer.args.per_device_train_batch_size}"}
+                        f"{trainer.run.config.shared_prefix_loss}, micro-batch {trainer.args.per_device_train_batch_size}"}
 
 
 def record(path: Path, label: str, command: str, result: dict[str, Any]) -> None:

@@ -71,12 +71,22 @@ def test_the_replacement_answers_for_a_cpu_only_and_wraps_once():
 
 
 @pytest.mark.integration
-def test_a_trainer_installs_it(tiny_model_dir, tmp_path, monkeypatch):
+def test_a_trainer_installs_it_for_its_training_only(tiny_model_dir, tmp_path, monkeypatch):
+    from transformers import TrainerCallback
+
     from aitrain_grpo import RunConfig
     from aitrain_grpo.training.trainer import build_trainer
+
+    class Seen(TrainerCallback):
+        during = None
+
+        def on_step_end(self, args, state, control, **kwargs):
+            Seen.during = trl_utils._use_triton(torch.device("cpu"))
 
     monkeypatch.setattr(trl_utils, "_use_triton", TRL_USE_TRITON)
     config = RunConfig(model=tiny_model_dir, output_dir=str(tmp_path / "run"), rl_env_module="envs.letters",
                        rl_env_class="LetterEnv", max_steps=1, batch_size=4)
-    build_trainer(config)
-    assert trl_utils._use_triton(torch.device("cpu"))
+    trainer = build_trainer(config, callbacks=[Seen()])
+    trainer.train()
+    assert Seen.during is True  # while the trainer trains, the CPU scores completion positions only
+    assert trl_utils._use_triton is TRL_USE_TRITON  # and TRL's own function is back afterwards, for the process

@@ -24,33 +24,70 @@ class FakeTime:
         return self.now
 
 
-def one_step(timing: StepTiming, t: FakeTime, rollout_s: float) -> None:
-    """A step as the trainer drives it: transformers' events, the rollout inside TRL's scoring."""
+class FakeMemory:
+    """The process's resident memory as runlog/memory.py reads it, scripted: `use(gb)` is the resident
+    size now; the high-water mark follows it up and `reset_peak` brings it down to the size now (Linux's
+    VmHWM and clear_refs)."""
+
+    def __init__(self):
+        self.now = self.high = 0.5
+
+    def use(self, gb: float) -> None:
+        self.now = gb
+        self.high = max(self.high, gb)
+
+    def peak_rss_bytes(self) -> int:
+        return int(self.high * 2**30)
+
+    def reset_peak(self) -> bool:
+        self.high = self.now
+        return True
+
+
+def one_step(timing: StepTiming, t: FakeTime, rollout_s: float, memory: FakeMemory | None = None,
+             gb: tuple[float, float, float] = (1, 1, 1)) -> None:
+    """A step as the trainer drives it: transformers' events, the rollout inside TRL's scoring; `memory`
+    (where given) peaks at `gb` in the rollout, the loss and the optimizer step, then falls back."""
+    use = memory.use if memory is not None else (lambda _: None)
     timing.on_step_begin(None, None, None)
     t.now += 1  # TRL's scoring before the rollout
     with timing.phase("rollout"):
         t.now += rollout_s
+        use(gb[0])
+        use(0.5)
         timing.mark("rollout")
     timing.clock.base("loss_forward_backward")  # the trainer's first compute_loss
     t.now += 4
+    use(gb[1])
+    use(0.5)
     timing.on_pre_optimizer_step(None, None, None)
     t.now += 0.5
+    use(gb[2])
+    use(0.5)
     timing.on_step_end(None, None, None)
 
 
-def test_step_timing_writes_each_step_s_phases_and_peaks_into_the_sink_which_averages_them_at_the_log():
+def test_step_timing_writes_each_step_s_phases_and_peaks_into_the_sink_which_averages_them_at_the_log(monkeypatch):
+    import aitrain_grpo.runlog.memory as memory_module
+
+    memory = FakeMemory()
+    monkeypatch.setattr(memory_module, "peak_rss_bytes", memory.peak_rss_bytes)
+    monkeypatch.setattr(memory_module, "reset_peak", memory.reset_peak)
+    monkeypatch.setattr(memory_module, "_cuda", lambda: None)  # the same keys on a GPU machine
     t = FakeTime()
     sink = StepMetrics()
     timing = StepTiming(sink, PhaseClock(t))
-    one_step(timing, t, rollout_s=10)
-    one_step(timing, t, rollout_s=20)
+    one_step(timing, t, rollout_s=10, memory=memory, gb=(3, 5, 2))
+    one_step(timing, t, rollout_s=20, memory=memory, gb=(1, 7, 4))
     logged = sink.drain()
     assert {k: v for k, v in logged.items() if k.startswith("time/")} == {
         "time/rollout_s": 15, "time/score_s": 1, "time/ref_logprobs_s": 0, "time/loss_forward_backward_s": 4,
         "time/optimizer_step_s": 0.5, "time/step_s": 20.5}
-    peaks = ("memory/rollout_peak_rss_gb", "memory/loss_peak_rss_gb", "memory/optimizer_peak_rss_gb")
-    assert set(peaks) | {"memory/peak_rss_gb"} <= set(logged)
-    assert all(logged[k] > 0 for k in peaks)
+    # Each phase's own peak (the mark after the rollout resets the high-water mark, so the loss's 5 is not
+    # the rollout's), each step's afresh (step 2's rollout peaked at 1, not step 1's 3), averaged at the log.
+    assert {k: v for k, v in logged.items() if k.startswith("memory/")} == {
+        "memory/rollout_peak_rss_gb": 2, "memory/loss_peak_rss_gb": 6, "memory/optimizer_peak_rss_gb": 3,
+        "memory/peak_rss_gb": 6}
     assert sink.drain() == {}  # drained: the next log starts afresh
 
 
@@ -144,9 +181,8 @@ def test_a_rollout_without_an_engine_says_the_trainer_attaches_one():
     from aitrain_grpo.training.rollout_func import TrainingRollout
 
     rollout = TrainingRollout(object(), RunConfig())
-    rollout.take_rows([{"task": 0}])
     with pytest.raises(RuntimeError, match="the trainer attaches one when it is built"):
-        rollout(["a prompt"], trainer=None)
+        rollout.play([{"task": 0}], trainer=None)
     assert rollout.timing.sink is rollout.metrics  # a rollout built alone still has one sink
 
 
@@ -162,12 +198,12 @@ def test_the_trainer_builds_the_engine_with_itself_and_owns_one_sink(tmp_path):
     try:
         assert trainer.rollout.engine is trainer.rollout_parts.engine is not None  # before any rollout
         assert trainer.rollout.engine.max_new_tokens == 8
-        sink = trainer.step_metrics
-        assert sink is trainer.rollout.metrics is trainer.rollout_parts.sink is trainer.step_timing.sink
+        sink = trainer.run.metrics
+        assert sink is trainer.rollout.metrics is trainer.rollout_parts.sink is trainer.run.timing.sink
         callbacks = trainer.callback_handler.callbacks
         assert not any(isinstance(c, TrainingRollout) for c in callbacks)
         ours = [c for c in callbacks if type(c).__module__.startswith("aitrain_grpo.")]
-        assert ours[0] is trainer.step_timing  # first: a step's edges are measured before the others' work
+        assert ours[0] is trainer.run.timing  # first: a step's edges are measured before the others' work
         sink.update({"env/score": 0.5})
         trainer.model.train()
         logs: dict[str, float] = {}

@@ -1,4 +1,4 @@
-"""Every sequence of an episode trains (training/segments.py): real TRL steps on the tiny model, whose
+"""Every sequence of an episode trains (training/step/records.py, step/batch.py): real TRL steps on the tiny model, whose
 episodes are cut into two sequences after playing (the first model turn, then the rest on a prompt that
 holds it), as a history rewrite cuts them. A causal model scores each sampled token the same with or
 without the cut, so with a token-level loss a step over the cut episodes must be the step over the
@@ -9,14 +9,14 @@ from __future__ import annotations
 
 import copy
 import math
-from types import SimpleNamespace
 
 import pytest
 import torch
 
 from aitrain_grpo import Environment, RunConfig
 from aitrain_grpo.env.base import Episode
-from aitrain_grpo.training.segments import importance_ratio
+from aitrain_grpo.training import trl_hooks
+from aitrain_grpo.training.step.scoring import importance_ratio
 from aitrain_grpo.training.trainer import build_trainer
 from aitrain_grpo.training.trl_access import turn_on_importance_sampling
 from envs_fixtures.agents import SummarisingAgent
@@ -77,9 +77,12 @@ def one_step(tiny_model_dir, out, env, which=(), keep_earlier=True, prepare=None
         engine = trainer.rollout.engine
         engine.run = cutting(engine.run, which, keep_earlier)
     scored = []
-    score = trainer._generate_and_score_completions
-    trainer._generate_and_score_completions = lambda inputs: scored.append(score(inputs)) or scored[-1]
-    trainer.train()
+    step = trl_hooks.generation_batch  # the step's batch, as the trainer splits it into micro-batches
+    trl_hooks.generation_batch = lambda *args: scored.append(step(*args)) or scored[-1]
+    try:
+        trainer.train()
+    finally:
+        trl_hooks.generation_batch = step
     (log,) = [h for h in trainer.state.log_history if "loss" in h]
     return trainer, log, scored[0]
 
@@ -110,8 +113,8 @@ def test_each_earlier_sequence_is_a_row_with_its_sampled_tokens_and_its_episodes
         prompt, completion, mask, logprobs = rows_of(scored, row)
         assert prompt == trace.prompt_ids and completion == trace.completion_ids and mask == trace.env_mask
         assert logprobs == pytest.approx(trace.logprobs)
-        assert scored["advantages"][row] == scored["advantages"][i] != 0
-    assert int(scored["completion_mask"][11].sum()) == 0 and scored["advantages"][11] == 0  # the blank row
+        assert scored["advantages"][row, 0] == scored["advantages"][i, 0] != 0
+    assert int(scored["completion_mask"][11].sum()) == 0 and scored["advantages"][11, 0] == 0  # the blank row
     # TRL's token count, dapo's normaliser, counts the earlier sequences' model tokens.
     tokens = sum(sum(t.env_mask) for seqs in batch.earlier + [[t] for t in batch.traces] for t in seqs)
     assert int(scored["num_items_in_batch"]) == tokens
@@ -151,31 +154,28 @@ def as_on_a_vllm_server(trainer):
         return batch
 
     trainer.rollout.engine.run = play
-    trainer.external_weight_sync = True
     turn_on_importance_sampling(trainer)
     trainer.vllm_importance_sampling_correction, trainer.vllm_importance_sampling_mode = True, "token_truncate"
 
 
 def test_the_importance_sampling_correction_covers_the_earlier_rows(tiny_model_dir, tmp_path):
-    # The correction needs every row's old log-probabilities and ratio, computed as TRL computes its own.
+    # The correction needs every row's ratio; on a batch trained once the loss pass gives it (no second
+    # forward: the step's batch has no old log-probabilities), for the earlier rows as for the last ones.
     options = dict(peft=False, prepare=as_on_a_vllm_server)
     _, whole, _ = one_step(tiny_model_dir, tmp_path / "whole", TurnRewardEnv(flat_score=None), **options)
     _, cut_up, scored = one_step(tiny_model_dir, tmp_path / "cut", TurnRewardEnv(flat_score=None), which=(0, 3, 6),
                                  **options)
-    ratio, old = scored["importance_sampling_ratio"], scored["old_per_token_logps"]
-    assert ratio.shape == old.shape == scored["completion_ids"].shape and ratio.shape[0] == 12
-    mask = (scored["completion_mask"] * scored["tool_mask"]).bool()
-    assert old[8:][mask[8:]].abs().sum() > 0 and not torch.isnan(ratio).any()
+    assert "old_per_token_logps" not in scored and "importance_sampling_ratio" not in scored
+    assert scored["advantages"].shape[0] == 12
+    assert 0 < cut_up["sampling/importance_sampling_ratio/mean"] != 1 and cut_up["sampling/is_masked_frac"] == 0
     assert cut_up["grad_norm"] == pytest.approx(whole["grad_norm"], rel=1e-3)
     assert cut_up["loss"] == pytest.approx(whole["loss"], rel=1e-4, abs=1e-6)
 
 
 def test_the_sequence_level_ratio_of_trls_default_mode_masks_a_row_out_of_bounds():
     # TRL's default (sequence_mask): one ratio per row over its model tokens, 0 outside [min, max].
-    trainer = SimpleNamespace(vllm_importance_sampling_mode="sequence_mask", vllm_importance_sampling_clip_min=0.5,
-                              vllm_importance_sampling_clip_max=3.0)
     old, sampling = torch.tensor([[-1.0, -2.0, -3.0], [-1.0, -1.0, 0.0]]), torch.tensor([[-1.5, -2.0, -9.0], [-3.0, -1.0, 0.0]])
-    ratio = importance_ratio(trainer, old, sampling, torch.tensor([[1, 1, 0], [1, 1, 0]]))
+    ratio = importance_ratio(old, sampling, torch.tensor([[1, 1, 0], [1, 1, 0]]), mode="sequence_mask", low=0.5, high=3.0)
     assert ratio.shape == (2, 1) and ratio[0, 0] == pytest.approx(math.exp(0.5)) and ratio[1, 0] == 0
 
 
@@ -216,7 +216,7 @@ def test_an_agents_rewritten_history_trains_both_segments(tiny_model_dir, tmp_pa
         (trace,) = seqs
         assert rows_of(scored, row)[:3] == (trace.prompt_ids, trace.completion_ids, trace.env_mask)
         assert "about hotels" in trainer.processing_class.decode(trace.prompt_ids)
-        assert scored["advantages"][row] == scored["advantages"][i]
+        assert scored["advantages"][row, 0] == scored["advantages"][i, 0]
 
 
 def test_one_sequence_episodes_add_nothing(tiny_model_dir, tmp_path):

@@ -80,23 +80,23 @@ def joined(batch):
 
 
 def logps(trainer, mode: str, batch, chunk: int | None = None):
-    trainer._shared_prefix = SharedPrefix(mode)
+    trainer.run.shared_prefix = SharedPrefix(mode)
     ids, mask, keep = joined(batch)
     with torch.no_grad():
         got, entropy, _ = trainer._get_per_token_logps_and_entropies(trainer.model, ids, mask, keep, batch_size=chunk,
                                                                      compute_entropy=True)
-    return got, entropy, trainer._shared_prefix
+    return got, entropy, trainer.run.shared_prefix
 
 
 def loss_and_grads(trainer, mode: str | SharedPrefix, batch):
-    trainer._shared_prefix = mode if isinstance(mode, SharedPrefix) else SharedPrefix(mode)
+    trainer.run.shared_prefix = mode if isinstance(mode, SharedPrefix) else SharedPrefix(mode)
     trainer.model.train()
     trainer.model.zero_grad(set_to_none=True)
     loss = trainer._compute_loss(trainer.model, dict(batch))
     loss.backward()
     grads = {name: p.grad.detach().clone() for name, p in trainer.model.named_parameters() if p.grad is not None}
     trainer.model.zero_grad(set_to_none=True)
-    return loss.detach(), grads, trainer._shared_prefix
+    return loss.detach(), grads, trainer.run.shared_prefix
 
 
 @pytest.mark.parametrize("chunk, unused", [(None, 0), (4, 0), (3, 0), (None, 3)])
@@ -161,10 +161,9 @@ def test_auto_shares_only_where_it_leaves_out_enough_tokens(lora_trainer):
 
 
 def test_auto_leaves_devices_it_was_not_measured_on_to_the_plain_path(lora_trainer, caplog):
-    lora_trainer._shared_prefix = SharedPrefix("auto")
     ids = torch.zeros(2, 5, dtype=torch.long, device="meta")  # not a CPU tensor
     with caplog.at_level(logging.WARNING, logger="aitrain_grpo.training.shared_prefix"):
-        got = shared_logps(lora_trainer, lora_trainer.model, ids, ids, 2, None, False, False, {},
+        got = shared_logps(lora_trainer, SharedPrefix("auto"), lora_trainer.model, ids, ids, 2, None, False, False, {},
                            lambda i, m, b: "plain")
     assert got == "plain" and "auto shares on cpu only" in caplog.text
 
@@ -230,7 +229,7 @@ def test_a_training_step_is_the_same_with_sharing_on(tiny_model_dir, tmp_path):
         if mode == "on":
             # Every pass shared: the reference pass's 4 chunks of 2 (groups in order) and the loss's 4
             # micro-batches, each two episodes of one prompt once kept together.
-            assert (trainer._shared_prefix.shared_chunks, trainer._shared_prefix.plain_chunks) == (8, 0)
+            assert (trainer.run.shared_prefix.shared_chunks, trainer.run.shared_prefix.plain_chunks) == (8, 0)
     assert logs["on"]["grad_norm"] > 0
     for key in ("loss", "grad_norm", "reward"):  # per-micro-batch means (kl, entropy) depend on the split
         assert logs["on"][key] == pytest.approx(logs["off"][key], rel=1e-4, abs=1e-6), key

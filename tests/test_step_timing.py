@@ -127,28 +127,13 @@ def test_the_clock_charges_each_second_to_the_innermost_phase():
                        "time/loss_forward_backward_s": 7, "time/optimizer_step_s": 0.5, "time/step_s": 20.5}
 
 
-def test_only_forwards_made_while_scoring_count_as_reference_forwards():
-    import torch
-
-    from aitrain_grpo.training.step_phases import PhaseClock, time_forwards
-
-    t = FakeTime()
-    clock = PhaseClock(t)
-
-    class Slow(torch.nn.Module):
-        def forward(self, x):
-            t.now += 4
-            return x
-
-    model = Slow()
-    time_forwards(clock, [model, None])
-    clock.start()
-    model(torch.zeros(1))  # a scoring forward
-    t.now += 1
-    with clock.phase("rollout"):
-        model(torch.zeros(1))  # generation
-    clock.base("loss_forward_backward")
-    model(torch.zeros(1))  # the loss forward
-    metrics = clock.stop()
-    assert (metrics["time/ref_logprobs_s"], metrics["time/score_s"], metrics["time/rollout_s"],
-            metrics["time/loss_forward_backward_s"]) == (4, 1, 4, 4)
+def test_a_step_without_a_kl_term_spends_nothing_on_reference_forwards(tiny_model_dir, tmp_path):
+    # The step times its scoring forwards by name (training/step/flow.py): with --rl-kl-coef 0 and no
+    # reused batch there is none, while the timed run above (KL 0.1) spends time there every step.
+    out = tmp_path / "run"
+    config = RunConfig(model=tiny_model_dir, output_dir=str(out), rl_env_module="envs.letters", rl_env_class="LetterEnv",
+                       max_steps=1, batch_size=4, rl_num_generations=2, rl_max_new_tokens=8, rl_kl_coef=0.0, seed=3)
+    with redirect_stdout(io.StringIO()):
+        train(config, LetterEnv(turns=1, num_tasks=4))
+    record = json.loads((out / "metrics.jsonl").read_text().splitlines()[0])
+    assert record["time/ref_logprobs_s"] == 0.0 and record["time/score_s"] > 0

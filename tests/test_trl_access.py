@@ -16,8 +16,8 @@ from trl import GRPOTrainer
 
 from helpers import REPO
 from aitrain_grpo.training import trl_access
-from aitrain_grpo.training.trl_access import (PINNED_ATTRIBUTES, PINNED_FUNCTIONS, PINNED_METHODS, PINNED_OUTPUT_KEYS,
-                                              PINNED_SAMPLER, PINNED_VLLM_GENERATION, RepeatSampler)
+from aitrain_grpo.training.trl_access import (PINNED_ATTRIBUTES, PINNED_FUNCTIONS, PINNED_METHODS, PINNED_SAMPLER,
+                                              PINNED_VLLM_GENERATION, RepeatSampler)
 
 # The modules allowed to touch TRL's private names: the accessors and the overrides.
 ALLOWED = {"aitrain_grpo/training/trl_access.py", "aitrain_grpo/training/trl_hooks.py"}
@@ -65,15 +65,16 @@ def test_the_pattern_finds_assignments_only():
     assert [assigned_in([Probe], n) for n in "abcd"] == [True, True, False, False]
 
 
-def test_the_trainer_reads_the_attributes_the_way_the_accessors_rely_on():
-    # turn_on_importance_sampling: the correction is gated on use_vllm; mark_weights_pushed: TRL's push
-    # before a custom rollout is skipped when _last_loaded_step is the current step.
-    scoring = inspect.getsource(GRPOTrainer._generate_and_score_completions)
-    assert "self.use_vllm and self.vllm_importance_sampling_correction" in scoring
-    missing = [key for key in PINNED_OUTPUT_KEYS if f'"{key}"' not in scoring]
-    assert not missing, f"TRL's scored batch no longer has {missing} (trl_access.importance_weights)"
-    assert "self.use_vllm and self.state.global_step != self._last_loaded_step" in inspect.getsource(GRPOTrainer._generate)
-    assert "self._buffered_inputs[self._step % self.args.steps_per_generation]" in inspect.getsource(GRPOTrainer._prepare_inputs)
+def test_trls_loss_reads_the_batch_the_way_the_step_relies_on():
+    # turn_on_importance_sampling: TRL's loss applies the weights only with use_vllm on; the loss-pass
+    # weights (step/loss.py) are written into the micro-batch after its log-probabilities are computed
+    # and before the loss reads them; a batch without old log-probabilities uses the pass's own, detached.
+    loss = inspect.getsource(GRPOTrainer._compute_loss)
+    assert "if self.use_vllm and self.vllm_importance_sampling_correction" in loss
+    forward = loss.index("self._get_per_token_logps_and_entropies(")
+    assert loss.index('inputs["importance_sampling_ratio"]') > forward
+    assert "per_token_logps.detach() if old_per_token_logps is None else old_per_token_logps" in loss
+    assert "advantages.dim() == 1" in loss  # (rows, tokens) advantages pass through as they are (step/batch.py)
 
 
 def test_every_called_trl_function_takes_the_arguments_passed():
@@ -115,8 +116,8 @@ def test_only_the_accessors_and_the_hooks_touch_trls_private_names():
 
 def test_the_scan_sees_each_kind_of_touch(tmp_path):
     probe = tmp_path / "probe.py"
-    probe.write_text("a = t._step\nb = getattr(t, 'model_wrapped', None)\nt.use_vllm = True\nc = config.use_vllm\n")
-    assert sorted(hit.split(" ", 1)[1] for hit in private_touches(probe, tmp_path)) == ["_step", "model_wrapped", "use_vllm set"]
+    probe.write_text("a = t._train_batch_size\nb = getattr(t, 'model_wrapped', None)\nt.use_vllm = True\nc = config.use_vllm\n")
+    assert sorted(hit.split(" ", 1)[1] for hit in private_touches(probe, tmp_path)) == ["_train_batch_size", "model_wrapped", "use_vllm set"]
 
 
 def test_no_engine_function_takes_a_trainer():

@@ -13,6 +13,12 @@ chat template, without the tools' text (a lower bound: a prompt refused here is 
 tools add). Only rows whose UTF-8 length could exceed the limit are tokenized (a token covers at least one
 byte), so a large dataset of short prompts costs nothing.
 
+`--rl-context-window` is held to the same two limits (`check_context_window`): past the model's context it
+is refused (a window of 10^8 on a 4,096-position model was accepted, and generation would run past the
+position embeddings), and a window that cannot hold a prompt plus one reply is refused (a window of 10
+played 0 turns an episode, trained on zero rewards and exited 0). `model_context` reads a model or just
+its config (`AutoConfig`), so `aitrain grpo` checks the window before the weights load (run_checks.py).
+
 Left out: episodes that grow past the context over their turns (the rollout cuts those, as truncated).
 """
 
@@ -30,8 +36,9 @@ _NO_LIMIT = 10**8  # a tokenizer's model_max_length above this is transformers' 
 
 
 def model_context(model: Any, tokenizer: Any) -> int | None:
-    """The longest sequence the model takes, in tokens; None when neither the model nor the tokenizer says."""
-    limits = [getattr(getattr(model, "config", None), "max_position_embeddings", None),
+    """The longest sequence the model takes, in tokens; None when neither the model (or its config, which
+    needs no weights loaded) nor the tokenizer says."""
+    limits = [getattr(getattr(model, "config", model), "max_position_embeddings", None),
               getattr(tokenizer, "model_max_length", None)]
     sane = [int(n) for n in limits if isinstance(n, int) and 0 < n < _NO_LIMIT]
     return min(sane) if sane else None
@@ -51,13 +58,35 @@ def prompt_tokens(messages: list[dict], tokenizer: Any) -> int | None:
     return len(tokenizer(text, add_special_tokens=False)["input_ids"])
 
 
-def check_prompt_lengths(rows: list[dict[str, Any]], tokenizer: Any, model: Any, *, reply_tokens: int,
-                         model_name: str) -> None:
-    """Refuse the dataset when a prompt plus one reply of `reply_tokens` does not fit the context."""
+def check_context_window(window: int, model: Any, tokenizer: Any, *, model_name: str) -> None:
+    """Refuse `--rl-context-window` past the model's context (`model_context`)."""
     context = model_context(model, tokenizer)
-    if context is None:
-        return
-    limit = context - reply_tokens
+    if context is not None and window > context:
+        raise ConfigError(f"--rl-context-window {window} is past {model_name}'s context of {context} tokens (what its "
+                          f"positions and tokenizer take); give at most {context}, or leave the option out for the "
+                          f"model's own")
+
+
+def check_prompt_lengths(rows: list[dict[str, Any]], tokenizer: Any, model: Any, *, reply_tokens: int,
+                         model_name: str, window: int | None = None) -> None:
+    """Refuse the dataset when a prompt plus one reply of `reply_tokens` does not fit the context, or the
+    `--rl-context-window` when that is what it does not fit (`window`, where given and smaller)."""
+    context = model_context(model, tokenizer)
+    if window is not None and (context is None or window < context):
+        _check_fit(rows, tokenizer, window - reply_tokens, lambda count, index, tokens: (
+            f"--rl-context-window {window} cannot hold {count} of {len(rows)} dataset prompts with room for a "
+            f"{reply_tokens}-token reply (the longest, row {index}, is {tokens} tokens): their episodes would be "
+            f"cut at the first turn; give a window of at least {tokens + reply_tokens} tokens, or leave the option out"))
+    if context is not None:
+        _check_fit(rows, tokenizer, context - reply_tokens, lambda count, index, tokens: (
+            f"{count} of {len(rows)} dataset prompts do not fit {model_name}'s context of {context} tokens with "
+            f"room for a {reply_tokens}-token reply (the longest, row {index}, is {tokens} tokens); shorten or drop "
+            f"them in build_dataset (at most {max(context - reply_tokens, 0)} tokens), or use a model with a longer "
+            f"context"))
+
+
+def _check_fit(rows: list[dict[str, Any]], tokenizer: Any, limit: int, message) -> None:
+    """Raise `ConfigError(message(count, row, tokens))` naming the longest prompt over `limit` tokens."""
     too_long: list[tuple[int, int]] = []  # (row index, tokens)
     for index, row in enumerate(rows):
         messages = prompt_messages(row["prompt"])
@@ -69,8 +98,4 @@ def check_prompt_lengths(rows: list[dict[str, Any]], tokenizer: Any, model: Any,
     if not too_long:
         return
     index, tokens = max(too_long, key=lambda item: item[1])
-    raise ConfigError(
-        f"{len(too_long)} of {len(rows)} dataset prompts do not fit {model_name}'s context of {context} tokens with "
-        f"room for a {reply_tokens}-token reply (the longest, row {index}, is {tokens} tokens); shorten or drop them "
-        f"in build_dataset (at most {max(limit, 0)} tokens), or use a model with a longer context"
-    )
+    raise ConfigError(message(len(too_long), index, tokens))

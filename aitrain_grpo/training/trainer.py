@@ -72,8 +72,6 @@ from aitrain_grpo.training.scoring_passes import trim_scoring_passes
 from aitrain_grpo.training.signals import SignalStop
 from aitrain_grpo.training.run_context import RunContext
 from aitrain_grpo.training.shared_prefix import SharedPrefix
-from aitrain_grpo.training.step.flow import importance_from_loss_pass
-from aitrain_grpo.training.step.loss import LossPassImportance
 from aitrain_grpo.training.step_phases import PhaseClock
 from aitrain_grpo.training.stopping import ErrorRateStop, clean_stops
 from aitrain_grpo.training.trl_access import turn_on_importance_sampling
@@ -111,11 +109,6 @@ class EpisodeGRPOTrainer(TRLHooks, AtomicCheckpoints, GRPOTrainer):
             # TRL gates its importance-sampling correction in the loss on use_vllm, so that goes on once
             # TRL has built whatever it builds.
             turn_on_importance_sampling(self)
-        if importance_from_loss_pass(self):  # vLLM sampled; the loss pass gives the weights (step/loss.py)
-            self.loss_pass_importance = LossPassImportance(
-                mode=self.vllm_importance_sampling_mode, low=self.vllm_importance_sampling_clip_min,
-                high=self.vllm_importance_sampling_clip_max, gather=self.accelerator.gather,
-                record=run.metrics.update)
         trim_scoring_passes((self.model, self.ref_model))  # reference passes over each chunk's own length
         # Engine, weight sync, async rollout: built now that TRL has made the model (and vLLM) they use.
         self.rollout_parts = build_rollout_parts(self, run.rollout.env, run.config, run.plan.generation, run.metrics)

@@ -44,8 +44,8 @@ from aitrain_grpo.training.lm_head import scoring_labelled_positions
 from aitrain_grpo.training.run_context import RunContext
 from aitrain_grpo.training.shared_prefix import shares_micro_batches, shared_logps
 from aitrain_grpo.training.signals import uninterrupted
-from aitrain_grpo.training.step.flow import generation_batch
-from aitrain_grpo.training.step.loss import LossPassImportance, loss_inputs, split_micro_batches
+from aitrain_grpo.training.step.flow import generation_batch, importance_from_loss_pass
+from aitrain_grpo.training.step.loss import importance_from_logps, loss_inputs, split_micro_batches
 
 # Method -> the parameter names it was read with (trl 1.16.0; transformers 5.17 and 5.23 for Trainer's).
 PINNED = {
@@ -80,15 +80,15 @@ def trl_functions_replaced() -> Iterator[None]:
 
 
 class TRLHooks:
-    """Mixin placed before `GRPOTrainer`. The trainer sets `run` (the run's `RunContext`), `drop_masked_rows`
-    (leave rows whose loss mask is all zero out of the loss: --rl-zero-std-groups drop/refill) and
-    `loss_pass_importance` (a `LossPassImportance`, or None where the loss pass does not give the weights)."""
+    """Mixin placed before `GRPOTrainer`. The trainer sets `run` (the run's `RunContext`) and
+    `drop_masked_rows` (leave rows whose loss mask is all zero out of the loss: --rl-zero-std-groups
+    drop/refill)."""
 
     run: RunContext
     drop_masked_rows = False
-    loss_pass_importance: LossPassImportance | None = None
     _micro_batches: list | None = None  # this step's micro-batches, handed out in turn
     _micro_step = 0  # micro-batches handed out since the run (or the resume) started
+    _awaiting_weights: dict | None = None  # the micro-batch whose importance weights the loss pass gives
 
     def _prepare_inputs(self, generation_batch_rows):
         if not self.model.training:  # an evaluation batch: scored whole, no buffering
@@ -103,13 +103,12 @@ class TRLHooks:
 
     def _compute_loss(self, model, inputs):
         inputs = loss_inputs(inputs, drop_masked_rows=self.drop_masked_rows)
-        if self.loss_pass_importance is None:
-            return super()._compute_loss(model, inputs)
-        self.loss_pass_importance.arm(inputs)
+        if "importance_sampling_ratio" not in inputs and importance_from_loss_pass(self):
+            self._awaiting_weights = inputs
         try:
             return super()._compute_loss(model, inputs)
         finally:
-            self.loss_pass_importance.disarm()
+            self._awaiting_weights = None
 
     def _get_per_token_logps_and_entropies(self, model, input_ids, attention_mask, logits_to_keep, batch_size=None,
                                            compute_entropy=False, compute_aux_loss=False, **extras):
@@ -120,8 +119,11 @@ class TRLHooks:
 
         out = shared_logps(self, self.run.shared_prefix, model, input_ids, attention_mask, logits_to_keep,
                            batch_size, compute_entropy, compute_aux_loss, extras, plain)
-        if compute_entropy and self.loss_pass_importance is not None:  # the loss pass
-            self.loss_pass_importance.fill(out[0])
+        if compute_entropy and self._awaiting_weights is not None:  # the loss pass (only it asks for entropies)
+            inputs, self._awaiting_weights = self._awaiting_weights, None
+            self.run.metrics.update(importance_from_logps(
+                inputs, out[0], mode=self.vllm_importance_sampling_mode, low=self.vllm_importance_sampling_clip_min,
+                high=self.vllm_importance_sampling_clip_max, gather=self.accelerator.gather))
         return out
 
     def _get_train_sampler(self, dataset=None):

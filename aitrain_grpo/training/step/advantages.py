@@ -11,8 +11,9 @@ over the `--rl-num-generations` episodes of its prompt (`scale_rewards="group"`;
 standard deviation over the whole batch, `"none"` does not divide). `"normalize_then_sum"` normalises
 each function within its group first, then sums and normalises over the batch. An episode every
 function abstained on gets advantage 0. The formulas are TRL's (grpo_trainer.py,
-`_generate_and_score_completions`), so a run's advantages are the ones TRL's own step would give;
-tests/test_step_records.py compares the two on the same rewards.
+`_generate_and_score_completions`), so a run's advantages are the ones TRL's own step would give:
+benchmarks/step_equivalence.py replays runs of the step TRL scored and of this one to the same numbers;
+tests/test_step_records.py pins the rule on small cases.
 
 The rewards are gathered from every process first (a group may span processes), and each process keeps
 its own slice.

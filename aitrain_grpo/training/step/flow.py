@@ -85,8 +85,7 @@ def generation_batch(trainer, run, rows: list[dict[str, Any]]) -> dict[str, Any]
     out["num_items_in_batch"] = accelerator.gather(mask[:episodes].sum()).sum() + totals[:, 1].sum().to(device)
 
     # 6. reference and old log-probabilities, importance weights (no gradients)
-    with clock.phase("ref_logprobs"):
-        out.update(scoring_passes(trainer, out, training))
+    out.update(scoring_passes(trainer, out, training, clock))
 
     if training:
         trainer.state.num_input_tokens_seen += accelerator.gather(
@@ -111,8 +110,9 @@ def batch_reused(trainer) -> bool:
     return trainer.args.gradient_accumulation_steps % (trainer.args.steps_per_generation * trainer.num_iterations) != 0
 
 
-def scoring_passes(trainer, out: dict[str, Any], training: bool) -> dict[str, torch.Tensor]:
-    """The old and reference log-probabilities and importance weights `out` needs (step/scoring.py)."""
+def scoring_passes(trainer, out: dict[str, Any], training: bool, clock) -> dict[str, torch.Tensor]:
+    """The old and reference log-probabilities and importance weights `out` needs (step/scoring.py);
+    each forward's time is charged to `clock`'s `ref_logprobs` phase."""
     from trl.models.utils import disable_gradient_checkpointing
     from trl.trainer.utils import use_adapter
 
@@ -122,7 +122,8 @@ def scoring_passes(trainer, out: dict[str, Any], training: bool) -> dict[str, to
     size = trainer.args.per_device_train_batch_size if training else trainer.args.per_device_eval_batch_size
 
     def logps(model):
-        return trainer._get_per_token_logps_and_entropies(model, ids, attention, keep, batch_size=size)[0]
+        with clock.phase("ref_logprobs"):
+            return trainer._get_per_token_logps_and_entropies(model, ids, attention, keep, batch_size=size)[0]
 
     scored: dict[str, torch.Tensor] = {}
     with torch.no_grad(), disable_gradient_checkpointing(trainer.model, trainer.args.gradient_checkpointing_kwargs):

@@ -7,7 +7,7 @@ TRL's `_compute_loss` (its loss types, clipping, KL, entropy bonus) stays TRL's.
   loss runs, re-split with each prompt's episodes together (micro_batches.py `keep_prompts_together`);
 - `loss_inputs`: the trailing completion columns no row uses cut (micro_batches.py `trim_padding`), and
   with `--rl-zero-std-groups drop|refill` the all-masked rows of dropped groups taken out (groups.py);
-- `LossPassImportance`: with vLLM's importance-sampling correction on a batch trained once
+- `importance_from_logps`: with vLLM's importance-sampling correction on a batch trained once
   (step/flow.py `importance_from_loss_pass`), the weights come from the loss pass's own
   log-probabilities, detached, as soon as the pass has them and before TRL's loss reads them: TRL would
   otherwise run a second forward over the whole batch for the same numbers (step/scoring.py).
@@ -42,34 +42,16 @@ def loss_inputs(inputs: dict[str, Any], *, drop_masked_rows: bool) -> dict[str, 
     return without_masked_rows(inputs) if drop_masked_rows else inputs
 
 
-class LossPassImportance:
-    """Importance weights from the loss pass. `arm(inputs)` before TRL's loss on a micro-batch whose
-    weights are still to come; `fill(logps)` when the pass's log-probabilities are computed (the call
-    with entropies: only the loss pass asks for them) writes `importance_sampling_ratio` into that
-    micro-batch, where TRL's loss reads it; `disarm()` after. `settings` are TRL's mode and bounds."""
-
-    def __init__(self, *, mode: str, low: float | None, high: float | None,
-                 gather: Callable[[torch.Tensor], torch.Tensor], record: Callable[[dict[str, float]], None]):
-        self.mode, self.low, self.high = mode, low, high
-        self.gather, self.record = gather, record
-        self._inputs: dict[str, Any] | None = None
-
-    def arm(self, inputs: dict[str, Any]) -> None:
-        self._inputs = inputs if "importance_sampling_ratio" not in inputs else None
-
-    def disarm(self) -> None:
-        self._inputs = None
-
-    def fill(self, logps: torch.Tensor) -> None:
-        inputs, self._inputs = self._inputs, None
-        if inputs is None:
-            return
-        old = logps.detach()
-        mask = loss_mask(inputs)
-        ratio = importance_ratio(old, inputs["sampling_per_token_logps"], mask, mode=self.mode, low=self.low,
-                                 high=self.high)
-        inputs["importance_sampling_ratio"] = ratio
-        self.record(sampling_metrics(ratio, old, inputs["sampling_per_token_logps"], mask, self.gather))
+def importance_from_logps(inputs: dict[str, Any], logps: torch.Tensor, *, mode: str, low: float | None,
+                          high: float | None, gather: Callable[[torch.Tensor], torch.Tensor]) -> dict[str, float]:
+    """Write the micro-batch's `importance_sampling_ratio` from the loss pass's own log-probabilities
+    `logps` (detached: the old policy's, on a batch trained once), where TRL's loss reads it after the
+    pass; returns the `sampling/*` metrics. `mode`, `low`, `high`: TRL's importance-sampling settings."""
+    old = logps.detach()
+    mask = loss_mask(inputs)
+    ratio = importance_ratio(old, inputs["sampling_per_token_logps"], mask, mode=mode, low=low, high=high)
+    inputs["importance_sampling_ratio"] = ratio
+    return sampling_metrics(ratio, old, inputs["sampling_per_token_logps"], mask, gather)
 
 
-__all__ = ["LossPassImportance", "loss_inputs", "split_micro_batches"]
+__all__ = ["importance_from_logps", "loss_inputs", "split_micro_batches"]
