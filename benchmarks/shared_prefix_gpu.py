@@ -94,7 +94,7 @@ def logps(model, trainer, shared, ids, mask, keep, chunk):
     if not shared:
         parts = [plain(model, ids[i:i + chunk], mask[i:i + chunk], keep) for i in range(0, ids.size(0), chunk)]
         return torch.cat([p[0] for p in parts]), torch.cat([p[1] for p in parts])
-    got = per_token_logps(trainer, trainer.shared_prefix, model, ids, mask, keep, chunk, True, lambda i, m: plain(model, i, m, keep))
+    got = per_token_logps(trainer.accelerator, trainer.shared_prefix, model, ids, mask, keep, chunk, True, lambda i, m: plain(model, i, m, keep))
     return got[0], got[1]
 
 

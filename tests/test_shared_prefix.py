@@ -163,7 +163,7 @@ def test_auto_shares_only_where_it_leaves_out_enough_tokens(lora_trainer):
 def test_auto_leaves_devices_it_was_not_measured_on_to_the_plain_path(lora_trainer, caplog):
     ids = torch.zeros(2, 5, dtype=torch.long, device="meta")  # not a CPU tensor
     with caplog.at_level(logging.WARNING, logger="aitrain_grpo.training.shared_prefix"):
-        got = shared_logps(lora_trainer, SharedPrefix("auto"), lora_trainer.model, ids, ids, 2, None, False, False, {},
+        got = shared_logps(lora_trainer.accelerator, SharedPrefix("auto"), lora_trainer.model, ids, ids, 2, None, False, False, {},
                            lambda i, m, b: "plain")
     assert got == "plain" and "auto shares on cpu only" in caplog.text
 

@@ -158,7 +158,7 @@ class AgentPlayer:
 
 def play_agent_text(runner: EpisodeRunner, rows: list[dict], policy: Policy) -> list[Episode]:
     """`play_text` for an agent environment: each request answered by `policy` (runner.play_text)."""
-    limits = AgentLimits("policy", 0, runner.max_turns, 0, runner.tool_parser)
+    limits = AgentLimits("policy", runner.max_turns, tool_parser=runner.tool_parser)
     player = AgentPlayer(runner, None, limits, None)
     episodes = [runner.new_episode(row) for row in rows]
     try:

@@ -10,17 +10,26 @@ episode's sequence (`RolloutBatch.traces`), the earlier ones (`RolloutBatch.earl
 of their own with the episode's score and advantage (training/segments.py); their model tokens are
 counted in `agent/earlier_segment_tokens`.
 
-Budgets are the run's: `--rl-max-new-tokens` per reply (a request's `max_tokens` lowers it, never raises
-it; a request asking for more is clipped and counted), `--rl-max-turns` replies, and
-`--rl-max-completion-length` tokens after a segment's prompt. A request past a budget gets an empty reply
-with `finish_reason` "length", which ends an agent loop, and the episode is marked truncated. Sampling
-settings other than `max_tokens` and `stop` stay the run's (the loss assumes the run's temperature);
-requests that asked for others are counted in `agent/ignored_sampling`.
+Budgets are the run's, applied by the arithmetic environment episodes use (engine/budgets.py):
+`--rl-max-new-tokens` per reply (a request's `max_tokens` lowers it, never raises it; a request asking
+for more is clipped and counted), `--rl-max-turns` replies, `--rl-max-completion-length` tokens after a
+segment's prompt, the context window (`--rl-context-window`, else the tokenizer's), and
+`--rl-max-episode-tokens` model tokens over all segments. A request whose new messages leave no room for
+a reply, a new segment whose prompt fills the window, and a request past a budget get an empty reply
+with `finish_reason` "length", which ends an agent loop; the episode is marked truncated with the stop
+reason an environment's episode would get (`max_turns`, `completion_budget`, `context`). An agent that
+answers by sending a shorter history (a new segment that fits) goes on. Tool and user messages after the
+model's first turn longer than `--rl-max-tool-result-tokens` are cut in the sequence the model sees, as
+an environment's replies are (`episode.log.tool_results_cut`, once per segment that holds them); the
+agent's own copy is not, and requests are still compared with what it sent. Sampling settings other than
+`max_tokens` and `stop` stay the run's (the loss assumes the run's temperature); requests that asked for
+others are counted in `agent/ignored_sampling`.
 
 A streamed request (`stream: true`) is answered the same way; the endpoint sends the finished reply as
 stream events (agent_messages.stream_events).
 
-Left out: `n > 1` and logprobs in the response (both refused by the endpoint), streaming token by token.
+Left out: `n > 1` and logprobs in the response (both refused by the endpoint), streaming token by token,
+and context strategies (`--rl-context` other than keep is refused for agents: engine/context.py).
 """
 
 from __future__ import annotations
@@ -33,6 +42,7 @@ from typing import Any, Awaitable, Callable
 from aitrain_grpo.engine.agent_messages import (EndpointError, check_messages, completion_body, meaning,
                                                 reply_message, template_messages)
 from aitrain_grpo.engine.backends.base import Sample
+from aitrain_grpo.engine.budgets import Budgets
 from aitrain_grpo.engine.chat import ChatRenderer
 from aitrain_grpo.engine.tool_parsers import ParsedTurn, read_tool_calls, tool_names_of
 from aitrain_grpo.env.base import Episode
@@ -47,12 +57,12 @@ Policy = Callable[[Episode], str]
 
 @dataclass
 class AgentLimits:
-    """The run's budgets and reading rules, as the endpoint applies them to each request."""
+    """The run's budgets and reading rules, as the endpoint applies them to each request (`budgets`
+    None: text-level play, where no tokens are counted)."""
 
     model_name: str
-    max_new_tokens: int
     max_turns: int
-    max_completion_length: int
+    budgets: Budgets | None = None
     tool_parser: str = "auto"
 
 
@@ -160,31 +170,48 @@ class AgentSession:
         n = len(segment.previous)
         return len(meanings) > n and meanings[:n] == segment.previous
 
+    def _cut_results(self, messages: list, start: int) -> tuple[list, int]:
+        """`messages` with those from `start` on that are not the model's cut to `--rl-max-tool-result-tokens`,
+        and how many were cut."""
+        at = [i for i in range(start, len(messages)) if messages[i].get("role") != "assistant"]
+        cut, count = self.limits.budgets.cut_results([messages[i] for i in at], self.tokenizer)
+        out = list(messages)
+        for i, message in zip(at, cut):
+            out[i] = message
+        return out, count
+
     async def _model_reply(self, messages, tools, renderer: ChatRenderer, asked, stops) -> dict[str, Any]:
+        budgets, log = self.limits.budgets, self.episode.log
+        if budgets.episode_spent(log.model_tokens):
+            return self._out_of_budget("completion_budget")
         meanings = [meaning(m) for m in messages]
         tools_key = repr(tools)
         segment = self.segments[-1] if self.segments else None
-        native = _native(renderer)
+        rendered = template_messages(messages, native_calls=_native(renderer), raw_replies=self._raw_replies)
         if self._extends(segment, meanings, tools_key):
-            new = template_messages(messages, native_calls=native, raw_replies=self._raw_replies)[len(segment.previous):]
+            new, cut = self._cut_results(rendered[len(segment.previous):], 0)
             suffix = renderer.reply_ids(new, segment.ended_with_eos)
-            trace = segment.trace
-            if len(trace.completion_ids) + len(suffix) >= self.limits.max_completion_length:
-                return self._out_of_budget("completion_budget")
-            trace.add_env_tokens(suffix)
+            over = budgets.reply_overflow(segment.trace, len(suffix))
+            if over:
+                return self._out_of_budget(over)
+            segment.trace.add_env_tokens(suffix)
             self.episode.messages.extend(new)
         else:
             if segment is not None:
                 self.counts["history_rewrites"] += 1
-            rendered = template_messages(messages, native_calls=native, raw_replies=self._raw_replies)
-            segment = Segment(self.new_trace(renderer.prompt_ids(rendered)), tools_key)
+            first = next((i for i, m in enumerate(rendered) if m["role"] == "assistant"), len(rendered))
+            rendered, cut = self._cut_results(rendered, first)  # the task is not a result: only what answers the model
+            prompt = renderer.prompt_ids(rendered)
+            if not budgets.fits_window(len(prompt)):
+                return self._out_of_budget("context")
+            segment = Segment(self.new_trace(prompt), tools_key)
             self.segments.append(segment)
             self.episode.messages = list(rendered)
+        log.tool_results_cut += cut
         trace = segment.trace
-        budget = self.limits.max_completion_length - len(trace.completion_ids)
-        if budget <= 0:
-            return self._out_of_budget("completion_budget")
-        limit = min(self.limits.max_new_tokens, budget)
+        limit, reason = budgets.turn_limit(trace, log.model_tokens)
+        if limit <= 0:
+            return self._out_of_budget(reason)
         if isinstance(asked, int) and asked > 0:
             if asked > limit:
                 self.counts["clipped_requests"] += 1
@@ -201,6 +228,7 @@ class AgentSession:
             keep, text = cut
             ids, logprobs, ended_with_eos, finish = ids[:keep], logprobs[:keep], False, "stop"
         trace.add_model_tokens(ids, logprobs)
+        log.model_tokens += len(ids)
         segment.ended_with_eos = ended_with_eos
         if finish != "stop":
             self.episode.truncated_turns += 1

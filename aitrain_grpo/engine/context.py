@@ -1,13 +1,14 @@
-"""An episode's token budgets and its context strategy: how its history is kept as it outgrows the context.
+"""An environment episode's token budgets and its context strategy: how its history is kept as it
+outgrows the context.
 
-Three budgets, kept apart (engine/settings.py): the tokens of one model turn (`max_new_tokens`), the
-model tokens of the whole episode (`max_episode_tokens`, summed over its sequences), and what one
-sequence may hold: its completion (`max_completion_length`, what TRL pads each training row to) and the
-model's context window (prompt plus completion). Before each turn `ContextKeeper.limit` gives the turn the
-smallest of what is left; at 0 the episode stops, scored as it stands, with the reason of the limit that
-ran out (`turn_tokens`, `completion_budget`, or `context` for the window). A tool or environment result
-longer than `max_tool_result_tokens` is cut to its head and tail with a marker between
-(`episode.log.tool_results_cut`); that is environment text, so re-encoding it breaks no token rule.
+The budgets are engine/budgets.py's, the arithmetic agent episodes share: the tokens of one model turn
+(`max_new_tokens`), the model tokens of the whole episode (`max_episode_tokens`, summed over its
+sequences), and what one sequence may hold: its completion (`max_completion_length`, what TRL pads each
+training row to) and the model's context window (prompt plus completion). Before each turn
+`ContextKeeper.limit` gives the turn the smallest of what is left; at 0 the episode stops, scored as it
+stands, with the reason of the limit that ran out (`turn_tokens`, `completion_budget`, or `context` for
+the window). A tool or environment result longer than `max_tool_result_tokens` is cut to its head and
+tail with a marker between (`episode.log.tool_results_cut`).
 
 The strategy (`--rl-context`, else the environment's `context_strategy`, else `compact` where it has the
 hook, else `keep`) decides what happens when an environment reply would make the sequence too long. It is
@@ -33,9 +34,10 @@ sees from then on), and the log keeps each earlier sequence's messages, the turn
 and the tokens the rewrites left out. The default threshold is three quarters of what a sequence may
 hold (its prompt plus `max_completion_length`, or the window if smaller), which leaves room for a summary.
 
-Left out: agent environments (their code owns its messages: a rewrite there is a new segment,
-engine/agent_session.py), text-level play (env check's oracle and empty policies, sft: no tokens, so no
-budgets or strategies), and turns the environment asks of the policy itself (not in the sequence).
+Left out: strategies for agent environments (their code owns its messages: a rewrite there is a new
+segment, engine/agent_session.py; `resolve_strategy` refuses any but `keep`), text-level play (env
+check's oracle and empty policies, sft: no tokens, so no budgets or strategies), and turns the
+environment asks of the policy itself (not in the sequence).
 """
 
 from __future__ import annotations
@@ -45,14 +47,15 @@ from typing import Callable
 
 from aitrain_grpo.config import CONTEXT_STRATEGIES
 from aitrain_grpo.engine.backends.base import Sample
+from aitrain_grpo.engine.budgets import Budgets
 from aitrain_grpo.engine.chat import ChatRenderer
 from aitrain_grpo.engine.runner import EpisodeRunner
 from aitrain_grpo.engine.settings import EpisodeSettings
 from aitrain_grpo.engine.traces import TokenTrace
+from aitrain_grpo.env.agent import is_agent_environment
 from aitrain_grpo.env.base import Environment, Episode, Message, has_compact
 from aitrain_grpo.errors import ConfigError
 
-_NO_LIMIT = 10**8  # a tokenizer's model_max_length above this is transformers' "not set" sentinel
 DROPPED = "[older tool result left out to save context]"
 SUMMARY_REQUEST = ("Your context is nearly full. Write a summary of this episode so far: the task, what you have "
                    "found out, and what is left to do. It will replace the conversation so far, so keep everything "
@@ -63,11 +66,19 @@ SUMMARY_FOLLOW_UP = "That is your summary of the episode so far; the conversatio
 
 def resolve_strategy(env: Environment, chosen: str | None) -> str:
     """The strategy in force: the option's, else the environment's `context_strategy`, else `compact`
-    where the environment has the hook, else `keep`."""
+    where the environment has the hook, else `keep`. An agent environment plays only `keep`: its code
+    sends whole histories, so a rewrite of them here would be undone by its next request."""
     name = type(env).__name__
     strategy = chosen or getattr(env, "context_strategy", None) or ("compact" if has_compact(env) else "keep")
     if strategy not in CONTEXT_STRATEGIES:
         raise ConfigError(f"{name}.context_strategy {strategy!r} is not one of {', '.join(CONTEXT_STRATEGIES)}")
+    if strategy != "keep" and is_agent_environment(env):
+        source = (f"--rl-context {strategy}" if chosen else f"{name}.context_strategy {strategy!r}"
+                  if getattr(env, "context_strategy", None) else f"{name}.compact")
+        fix = "leave out --rl-context (or pass keep)" if chosen else "remove it"
+        raise ConfigError(f"{source} does not apply to {name}, an agent environment: its rollout sends the "
+                          f"history itself (a rewritten one starts a new sequence); {fix} and shorten the "
+                          f"history in rollout")
     if strategy == "compact" and not has_compact(env):
         raise ConfigError(f"--rl-context compact needs {name}.compact(self, episode) returning messages or None; "
                           f"define it, or choose keep, drop-tool-results or summarize")
@@ -116,12 +127,6 @@ def summarized(messages: list[Message], summary: str) -> list[Message]:
             {"role": "user", "content": SUMMARY_FOLLOW_UP}]
 
 
-def model_window(tokenizer) -> int:
-    """The tokenizer's `model_max_length`, or no limit where it sets none."""
-    length = getattr(tokenizer, "model_max_length", None)
-    return int(length) if isinstance(length, int) and 0 < length < _NO_LIMIT else _NO_LIMIT
-
-
 @dataclass
 class RecordedTurn:
     """One model turn as recorded: the text to decode, whether it ended with a stop token, and which
@@ -141,12 +146,8 @@ class ContextKeeper:
         self.env, self.tokenizer, self.runner, self.renderer_for = env, tokenizer, runner, renderer_for
         self.strategies = resolve_strategies(env, settings.context)
         self.keep_last = settings.context_keep_last
-        self.max_new_tokens = settings.max_new_tokens
         self.summary_tokens = settings.context_summary_tokens or max(SUMMARY_TOKENS, settings.max_new_tokens)
-        self.max_completion_length = settings.max_completion_length
-        self.max_episode_tokens = settings.max_episode_tokens
-        self.max_result_tokens = settings.max_tool_result_tokens
-        self.window = settings.context_window or model_window(tokenizer)
+        self.budgets = Budgets.of(settings, tokenizer)
         self.threshold = settings.context_threshold
         self.stop_ids = stop_ids
 
@@ -174,13 +175,8 @@ class ContextKeeper:
     def limit(self, episode: Episode, trace: TokenTrace) -> tuple[int, str]:
         """Tokens the episode's next turn may take, and the limit that sets it; at 0 the episode stops
         here (scored as it stands) for that limit's reason."""
-        turn = (self.summary_tokens, "summary_tokens") if episode.log.summarizing else (self.max_new_tokens, "turn_tokens")
-        limits = [turn,
-                  (self.max_completion_length - len(trace.completion_ids), "completion_budget"),
-                  (self.window - trace.length, "context")]
-        if self.max_episode_tokens is not None:
-            limits.append((self.max_episode_tokens - episode.log.model_tokens, "completion_budget"))
-        left, reason = min(limits, key=lambda item: item[0])  # the first of equals: the turn's own
+        turn = (self.summary_tokens, "summary_tokens") if episode.log.summarizing else None
+        left, reason = self.budgets.turn_limit(trace, episode.log.model_tokens, turn)
         if left <= 0:
             self.stop(episode, reason)
         return left, reason
@@ -215,39 +211,25 @@ class ContextKeeper:
 
     def cut_results(self, episode: Episode, reply: list[Message]) -> list[Message]:
         """`reply` with each message longer than `max_tool_result_tokens` cut to its head and tail."""
-        if self.max_result_tokens is None:
-            return reply
-        limit = self.max_result_tokens
-        encoded = self.tokenizer([str(m.get("content") or "") for m in reply], add_special_tokens=False)["input_ids"]
-        out = []
-        for message, ids in zip(reply, encoded):
-            if len(ids) > limit:
-                head, tail = ids[:limit // 2], ids[len(ids) - (limit - limit // 2):]
-                text = (self._decode(head) + f"\n[... {len(ids) - limit} tokens cut ...]\n" + self._decode(tail))
-                message = {**message, "content": text}
-                episode.log.tool_results_cut += 1
-            out.append(message)
-        return out
-
-    def _decode(self, ids: list[int]) -> str:
-        return self.tokenizer.decode(ids, skip_special_tokens=False, clean_up_tokenization_spaces=False)
+        reply, cut = self.budgets.cut_results(reply, self.tokenizer)
+        episode.log.tool_results_cut += cut
+        return reply
 
     def _threshold(self, trace: TokenTrace) -> int:
         if self.threshold is not None:
             return self.threshold
-        return 3 * min(self.window, len(trace.prompt_ids) + self.max_completion_length) // 4
+        return 3 * min(self.budgets.window, len(trace.prompt_ids) + self.budgets.max_completion_length) // 4
 
     async def place_reply(self, batch, i: int, reply: list[Message], suffix: list[int], ended_with_eos: bool) -> None:
         """Episode `i`'s reply (its template suffix `suffix`) into its sequence, or into a new sequence its
         strategy rewrites the history into; where neither fits, the episode stops here, scored as it stands."""
         episode, trace = batch.episodes[i], batch.traces[i]
-        if self.max_episode_tokens is not None and episode.log.model_tokens >= self.max_episode_tokens:
+        if self.budgets.episode_spent(episode.log.model_tokens):
             self.stop(episode, "completion_budget")  # no turn is left to answer it: no rewrite for nothing
             return
         seen = list(episode.messages)  # what the model has seen: the current sequence's messages
         length = trace.length + len(suffix)
-        over = ("completion_budget" if len(trace.completion_ids) + len(suffix) >= self.max_completion_length
-                else "context" if length >= self.window else None)
+        over = self.budgets.reply_overflow(trace, len(suffix))
         self.runner.accept(episode, reply)
         episode.log.context_tokens = length
         rewritten, strategy = None, self.strategy_of(episode)
@@ -275,8 +257,7 @@ class ContextKeeper:
         """Append the reply and `SUMMARY_REQUEST` to the sequence, where they and a turn fit."""
         asked = with_summary_request(reply)
         suffix = self.renderer_for(episode).reply_ids(asked, ended_with_eos)
-        if (len(trace.completion_ids) + len(suffix) >= self.max_completion_length
-                or trace.length + len(suffix) >= self.window):
+        if self.budgets.reply_overflow(trace, len(suffix)):
             return False
         episode.messages[seen:] = asked
         trace.add_env_tokens(suffix)
@@ -303,7 +284,7 @@ class ContextKeeper:
         except Exception as exc:  # a template that refuses the rewritten conversation (roles out of order)
             self._failed(episode, f"the chat template cannot render the rewritten messages: {type(exc).__name__}: {exc}")
             return False
-        if len(prompt) >= self.window:
+        if not self.budgets.fits_window(len(prompt)):
             return False
         episode.log.earlier_messages.append(seen)
         episode.log.rewrite_turns.append(episode.turns)

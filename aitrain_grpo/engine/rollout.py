@@ -14,10 +14,11 @@ as sampled (mask 1, with its log-probabilities), each environment reply as the c
 environment asks of the policy itself (`episode.policy_turn`: a self-play opponent) are drawn the same way
 and stay out of the sequence (engine/policy_turns.py).
 
-Budgets and history (engine/context.py's `ContextKeeper`, as engine/settings.py's `EpisodeSettings` say):
-`max_new_tokens` per model turn, `max_turns`, `max_completion_length` for everything after a sequence's
-prompt, the episode's model tokens and the context window; the context strategy may rewrite an episode's
-history, which starts a new sequence (`RolloutBatch.earlier`). A turn that hits its token limit ends the
+Budgets and history (engine/context.py's `ContextKeeper`, as engine/settings.py's `EpisodeSettings` say;
+its budgets, engine/budgets.py, are an agent's too): `max_new_tokens` per model turn, `max_turns`,
+`max_completion_length` for everything after a sequence's prompt, the episode's model tokens and the
+context window; the context strategy may rewrite an episode's history, which starts a new sequence
+(`RolloutBatch.earlier`). A turn that hits its token limit ends the
 episode as truncated (`cut_turn="end"`) or is answered by the environment as it stands (`cut_turn="continue"`);
 a reply that would overflow a budget, with no rewrite that fits, ends the episode as truncated; it is
 scored as it stands. Each episode's `stop_reason` says which of these ended it (or the environment, or an error).
@@ -119,17 +120,16 @@ class RolloutEngine:
         schedule = settings.schedule
         if schedule == "auto":
             schedule = "continuous" if isinstance(backend, RequestBackend) else "lockstep"
+        self.context = ContextKeeper(env, tokenizer, self.runner, settings, self.renderer_for, self.stop_ids)
         self.agents: AgentPlayer | None = None
         if is_agent_environment(env):  # the agent drives its episode: its requests come one at a time
             schedule = "continuous"
-            limits = AgentLimits(settings.model_name, settings.max_new_tokens, self.runner.max_turns,
-                                 settings.max_completion_length, settings.tool_parser)
+            limits = AgentLimits(settings.model_name, self.runner.max_turns, self.context.budgets, settings.tool_parser)
             host, port = settings.agent_address
             self.agents = AgentPlayer(self.runner, tokenizer, limits, renderer_cache(tokenizer, self.template_kwargs),
                                       stop_ids=self.stop_ids, host=host, port=port)
         self.schedule = schedule
         self.max_concurrent_episodes = max(1, settings.max_concurrent_episodes)
-        self.context = ContextKeeper(env, tokenizer, self.runner, settings, self.renderer_for, self.stop_ids)
         self.on_episode_done: Callable[[RolloutBatch, int], None] | None = None  # see the module docstring
 
     def _episode_done(self, batch: RolloutBatch, i: int) -> None:

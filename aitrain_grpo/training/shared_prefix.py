@@ -52,7 +52,6 @@ from typing import Any, Callable
 import torch
 
 from aitrain_grpo.config import SHARED_PREFIX_MODES
-from aitrain_grpo.training.trl_access import wrapped_model
 
 logger = logging.getLogger(__name__)
 
@@ -91,29 +90,28 @@ class SharedPrefix:
             logger.warning("shared-prefix loss: %s", message)
 
 
-def shared_logps(trainer: Any, state: SharedPrefix, model: Any, input_ids: torch.Tensor,
+def shared_logps(accelerator: Any, state: SharedPrefix, model: Any, input_ids: torch.Tensor,
                  attention_mask: torch.Tensor, logits_to_keep: int, batch_size: int | None, compute_entropy: bool,
                  compute_aux_loss: bool, extras: dict[str, Any],
                  plain: Callable[[torch.Tensor, torch.Tensor, int | None], tuple]) -> tuple:
     """What TRL's `_get_per_token_logps_and_entropies` returns, shared where this call allows it;
     `plain(ids, mask, batch_size)` is TRL's own method; `state` the run's (run_context.py)."""
-    if not declined(trainer, state, model, input_ids.device, extras, compute_aux_loss):
-        shared = per_token_logps(trainer, state, model, input_ids, attention_mask, logits_to_keep, batch_size,
+    if not declined(accelerator, state, model, input_ids.device, extras, compute_aux_loss):
+        shared = per_token_logps(accelerator, state, model, input_ids, attention_mask, logits_to_keep, batch_size,
                                  compute_entropy, lambda ids, mask: plain(ids, mask, None))
         if shared is not None:
             return shared
     return plain(input_ids, attention_mask, batch_size)
 
 
-def shares_micro_batches(trainer: Any, run: Any) -> bool:
-    """Whether the loss pass shares, so a step's micro-batches should hold whole groups (step/loss.py
+def shares_micro_batches(accelerator: Any, state: SharedPrefix, model: Any, wrapped: Any) -> bool:
+    """Whether the loss pass of `model` (`wrapped`: as the accelerator wrapped it) shares, so a step's micro-batches should hold whole groups (step/loss.py
     `split_micro_batches`). Where it does not, TRL's split stays as it is (the same run as with sharing
     off). Why keeping groups together is safe for every loss type: micro_batches.py."""
-    model = wrapped_model(trainer)
-    return not declined(trainer, run.shared_prefix, model, next(trainer.model.parameters()).device)
+    return not declined(accelerator, state, wrapped, next(model.parameters()).device)
 
 
-def declined(trainer: Any, state: SharedPrefix, model: Any, device: torch.device,
+def declined(accelerator: Any, state: SharedPrefix, model: Any, device: torch.device,
              extras: dict[str, Any] | None = None, compute_aux_loss: bool = False) -> str | None:
     """Why this pass takes TRL's path (None: it shares), said once per reason. Besides what the
     model cannot do (`unsupported`), `auto` leaves to TRL's path the devices it was not measured to pay
@@ -121,8 +119,8 @@ def declined(trainer: Any, state: SharedPrefix, model: Any, device: torch.device
     instead of once per episode, a valid sample but not the plain path's (`on` shares it, and says so)."""
     if not state.active:
         return "off"
-    reason = unsupported(trainer, model, extras or {}, compute_aux_loss)
-    if not reason and dropout_in_use(_trained(trainer, model)):
+    reason = unsupported(accelerator, model, extras or {}, compute_aux_loss)
+    if not reason and dropout_in_use(_trained(accelerator, model)):
         if state.mode == "auto":
             reason = ("dropout is on (--lora-dropout): auto leaves passes with dropout to TRL's path "
                       "(--lora-dropout 0 or --shared-prefix-loss on shares them)")
@@ -154,26 +152,26 @@ def dropout_in_use(model: Any) -> bool:
                for m in model.modules())
 
 
-def _trained(trainer: Any, model: Any) -> Any:
+def _trained(accelerator: Any, model: Any) -> Any:
     """The causal LM under `model`'s wrappers (accelerate's, PEFT's)."""
-    unwrapped = trainer.accelerator.unwrap_model(model)
+    unwrapped = accelerator.unwrap_model(model)
     return unwrapped.get_base_model() if hasattr(unwrapped, "get_base_model") else unwrapped
 
 
-def unsupported(trainer: Any, model: Any, extras: dict[str, Any], compute_aux_loss: bool) -> str | None:
+def unsupported(accelerator: Any, model: Any, extras: dict[str, Any], compute_aux_loss: bool) -> str | None:
     """Why this call cannot share (None: it can)."""
     if any(value is not None for value in extras.values()):
         return "multimodal inputs"
     if compute_aux_loss:
         return "a MoE auxiliary loss is on"
-    unwrapped = trainer.accelerator.unwrap_model(model)
+    unwrapped = accelerator.unwrap_model(model)
     if unwrapped is not model:
         return "the model is wrapped for distributed training"
     peft_config = getattr(unwrapped, "active_peft_config", None)
     if peft_config is not None and (peft_config.is_prompt_learning
                                     or getattr(peft_config, "alora_invocation_tokens", None)):
         return "a prompt-learning or aLoRA adapter"
-    causal = _trained(trainer, model)
+    causal = _trained(accelerator, model)
     if getattr(causal.config.get_text_config(), "output_router_logits", False):
         return "the model returns router logits"
     if torch.is_grad_enabled() and causal.training and _checkpointing(causal):
@@ -197,7 +195,7 @@ def saved_share(input_ids: torch.Tensor, prompt_len: int, distinct: int) -> floa
     return 1.0 - shared_tokens / (rows * width)
 
 
-def per_token_logps(trainer: Any, state: SharedPrefix, model: Any, input_ids: torch.Tensor, attention_mask: torch.Tensor,
+def per_token_logps(accelerator: Any, state: SharedPrefix, model: Any, input_ids: torch.Tensor, attention_mask: torch.Tensor,
                     logits_to_keep: int, batch_size: int | None, compute_entropy: bool,
                     plain: Callable[[torch.Tensor, torch.Tensor], tuple]) -> tuple | None:
     """TRL's `(logps, entropies, aux_loss)` for these rows, each chunk of `batch_size` rows shared where
@@ -210,7 +208,7 @@ def per_token_logps(trainer: Any, state: SharedPrefix, model: Any, input_ids: to
     logps, entropies = [], []
     for start in range(0, input_ids.size(0), batch_size):
         ids, mask = input_ids[start:start + batch_size], attention_mask[start:start + batch_size]
-        result = _shared_chunk(trainer, state, model, ids, mask, prompt_len, compute_entropy) if state.active else None
+        result = _shared_chunk(accelerator, state, model, ids, mask, prompt_len, compute_entropy) if state.active else None
         if result is None:
             state.plain_chunks += 1
             result = plain(ids, mask)[:2]
@@ -221,7 +219,7 @@ def per_token_logps(trainer: Any, state: SharedPrefix, model: Any, input_ids: to
     return torch.cat(logps), (torch.cat(entropies) if compute_entropy else None), None
 
 
-def _shared_chunk(trainer: Any, state: SharedPrefix, model: Any, ids: torch.Tensor, mask: torch.Tensor,
+def _shared_chunk(accelerator: Any, state: SharedPrefix, model: Any, ids: torch.Tensor, mask: torch.Tensor,
                   prompt_len: int, compute_entropy: bool) -> tuple[torch.Tensor, torch.Tensor | None] | None:
     # Completion columns no row uses are left out, as TRL's scoring passes leave them out (scoring_passes.py)
     # and trim_padding does in the loss pass; their scores are zeros, as the plain path's are.
@@ -237,7 +235,7 @@ def _shared_chunk(trainer: Any, state: SharedPrefix, model: Any, ids: torch.Tens
         return None
     prefix_ids = distinct[:, :prompt_len - 1]
     prefix_mask = distinct[:, prompt_len:2 * prompt_len - 1].to(mask.dtype)
-    with trainer.accelerator.autocast():
+    with accelerator.autocast():
         # Through the model's own forward (PEFT and TRL's patched forward pass it on), one position of
         # logits: only the cache is used.
         prefix = model(input_ids=prefix_ids, attention_mask=prefix_mask, use_cache=True, logits_to_keep=1)
@@ -251,7 +249,7 @@ def _shared_chunk(trainer: Any, state: SharedPrefix, model: Any, ids: torch.Tens
     continuation = ids[:, prompt_len - 1:]
     labels = continuation.masked_fill(mask[:, prompt_len - 1:] == 0, -100)
     labels[:, 0] = -100  # the last prompt token is input only, as in the plain path
-    with trainer.accelerator.autocast():
+    with accelerator.autocast():
         out = model(input_ids=continuation, attention_mask=mask, past_key_values=cache, labels=labels,
                     fused_lm_head=True)
     if cache.get_seq_length() != end:

@@ -46,6 +46,7 @@ from aitrain_grpo.training.shared_prefix import shares_micro_batches, shared_log
 from aitrain_grpo.training.signals import uninterrupted
 from aitrain_grpo.training.step.flow import generation_batch, importance_from_loss_pass
 from aitrain_grpo.training.step.loss import importance_from_logps, loss_inputs, split_micro_batches
+from aitrain_grpo.training.trl_access import wrapped_model
 
 # Method -> the parameter names it was read with (trl 1.16.0; transformers 5.17 and 5.23 for Trainer's).
 PINNED = {
@@ -96,7 +97,8 @@ class TRLHooks:
         steps = self.args.steps_per_generation
         if self._micro_step % (steps * self.num_iterations) == 0 or self._micro_batches is None:
             batch = generation_batch(self, self.run, list(generation_batch_rows))
-            self._micro_batches = split_micro_batches(batch, steps, together=shares_micro_batches(self, self.run))
+            self._micro_batches = split_micro_batches(batch, steps, together=shares_micro_batches(
+                self.accelerator, self.run.shared_prefix, self.model, wrapped_model(self)))
         inputs = self._micro_batches[self._micro_step % steps]
         self._micro_step += 1
         return inputs
@@ -117,7 +119,7 @@ class TRLHooks:
                 model, ids, mask, logits_to_keep, batch_size=size, compute_entropy=compute_entropy,
                 compute_aux_loss=compute_aux_loss, **extras)
 
-        out = shared_logps(self, self.run.shared_prefix, model, input_ids, attention_mask, logits_to_keep,
+        out = shared_logps(self.accelerator, self.run.shared_prefix, model, input_ids, attention_mask, logits_to_keep,
                            batch_size, compute_entropy, compute_aux_loss, extras, plain)
         if compute_entropy and self._awaiting_weights is not None:  # the loss pass (only it asks for entropies)
             inputs, self._awaiting_weights = self._awaiting_weights, None
