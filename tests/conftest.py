@@ -114,8 +114,32 @@ def isolated_imports(monkeypatch):
 # source; a helper deeper than that, in tests/helpers/, should say so in its name or be marked by hand).
 _MODEL_FIXTURES = {"tiny_model_dir", "smollm2_model_dir", "tiny_model_and_tokenizer", "model_dir", "cached_model_dir",
                    "servers", "vllm_server"}
-_HEAVY_CALLS = ("run_cli(", "train(", "grpo(", "sft(", "run_eval(", "run_env_check(", "Popen(", "subprocess.run(",
-                "RolloutEngine(", "HFBackend", "invoke(", "build_trainer(")
+# What starts a command, a trainer or a generation backend, as called in a test's source (read as code, so a
+# name that only contains one, `trl_batch(` or a test named `..._train`, does not count).
+_HEAVY_CALLS = {"run_cli", "train", "grpo", "sft", "run_eval", "run_env_check", "Popen", "RolloutEngine", "HFBackend",
+                "invoke", "build_trainer"}
+_HEAVY_SUBPROCESS = {"run", "Popen", "check_output", "check_call"}
+
+
+def _heavy_calls(source: str) -> bool:
+    """Whether `source` calls one of `_HEAVY_CALLS` (by its name or as an attribute) or `subprocess.run`."""
+    import ast
+    import textwrap
+
+    try:
+        tree = ast.parse(textwrap.dedent(source))
+    except SyntaxError:
+        return any(f"{name}(" in source for name in _HEAVY_CALLS)
+    for node in ast.walk(tree):
+        if not isinstance(node, ast.Call):
+            continue
+        func = node.func
+        if isinstance(func, ast.Name) and func.id in _HEAVY_CALLS:
+            return True
+        if isinstance(func, ast.Attribute) and (func.attr in _HEAVY_CALLS or (
+                func.attr in _HEAVY_SUBPROCESS and isinstance(func.value, ast.Name) and func.value.id == "subprocess")):
+            return True
+    return False
 
 
 def _source(function) -> str:
@@ -145,8 +169,7 @@ def _called_functions(function, source: str) -> list:
 def _starts_something(function, cache: dict) -> bool:
     if function not in cache:
         source = _source(function)
-        cache[function] = any(c in text for text in [source] + [_source(f) for f in _called_functions(function, source)]
-                              for c in _HEAVY_CALLS)
+        cache[function] = any(_heavy_calls(text) for text in [source] + [_source(f) for f in _called_functions(function, source)])
     return cache[function]
 
 

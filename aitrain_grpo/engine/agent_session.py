@@ -7,7 +7,7 @@ as an environment's reply is (engine/chat.py), and the model's sampled tokens st
 else (the agent rewrote or summarised its history, changed its tools, or branched) starts a new segment,
 rendered from its messages, and counts as a history rewrite. Every segment trains: the last is the
 episode's sequence (`RolloutBatch.traces`), the earlier ones (`RolloutBatch.earlier`) become training rows
-of their own with the episode's score and advantage (training/segments.py); their model tokens are
+of their own with the episode's score and advantage (training/step/records.py); their model tokens are
 counted in `agent/earlier_segment_tokens`.
 
 Budgets are the run's, applied by the arithmetic environment episodes use (engine/budgets.py):
@@ -295,7 +295,7 @@ class AgentSession:
         return {"message": message, "finish_reason": finish}
 
     def earlier_segment_tokens(self) -> int:
-        """Model tokens of the segments before the last (trained as rows of their own: training/segments.py)."""
+        """Model tokens of the segments before the last (trained as rows of their own: training/step/records.py)."""
         return sum(sum(s.trace.env_mask) for s in self.segments[:-1])
 
 

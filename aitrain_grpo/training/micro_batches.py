@@ -12,7 +12,7 @@ into `steps_per_generation` micro-batches that accumulate gradients into one opt
 as one pass of B (every TRL loss type divides by the accumulation steps or by the generation batch's
 token count), in pieces. The old/reference log-probabilities are computed in chunks of M too.
 
-An episode whose history was rewritten mid-episode trains a row per sequence (segments.py): its earlier
+An episode whose history was rewritten mid-episode trains a row per sequence (step/records.py): its earlier
 sequences' rows join the generation batch before TRL shuffles and splits it, with blank rows up to a
 multiple of the micro-batches, so a pass then holds more rows than `--micro-batch-size` episodes (each
 pass grows by the step's extra rows over its passes; a lower `--micro-batch-size` makes room).

@@ -102,7 +102,7 @@ def episode_turn_numbers(sequences) -> list[list[int]]:
 
 def rollout_turn_advantages(episodes, sequences, group_size: int) -> list[list[list[float]]]:
     """Per episode of a played batch, per sequence of it (`sequences`: its earlier ones, then its last;
-    segments.py), A_turn per completion token."""
+    step/records.py), A_turn per completion token."""
     numbers = [episode_turn_numbers(seqs) for seqs in sequences]
     turns = [1 + max((n for per in ep for n in per), default=-1) for ep in numbers]
     per_turn = group_turn_advantages([ep.turn_rewards for ep in episodes], turns, group_size)
