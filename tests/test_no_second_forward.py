@@ -16,7 +16,6 @@ from aitrain_grpo.training.step.batch import loss_mask
 from aitrain_grpo.training.step.loss import loss_inputs
 from aitrain_grpo.training.step.scoring import importance_ratio
 from aitrain_grpo.training.trainer import build_trainer
-from aitrain_grpo.training.trl_access import turn_on_importance_sampling
 from envs_fixtures.turn_rewards import TurnRewardEnv
 
 
@@ -31,7 +30,7 @@ def off_policy(trainer):
         return batch
 
     trainer.rollout.engine.run = play
-    turn_on_importance_sampling(trainer)
+    trainer.use_importance_sampling()
     trainer.vllm_importance_sampling_correction, trainer.vllm_importance_sampling_mode = True, "token_truncate"
 
 

@@ -18,7 +18,6 @@ from aitrain_grpo.env.base import Episode
 from aitrain_grpo.training import trl_hooks
 from aitrain_grpo.training.step.scoring import importance_ratio
 from aitrain_grpo.training.trainer import build_trainer
-from aitrain_grpo.training.trl_access import turn_on_importance_sampling
 from envs_fixtures.agents import SummarisingAgent
 from envs_fixtures.turn_rewards import TurnRewardEnv
 
@@ -154,7 +153,7 @@ def as_on_a_vllm_server(trainer):
         return batch
 
     trainer.rollout.engine.run = play
-    turn_on_importance_sampling(trainer)
+    trainer.use_importance_sampling()
     trainer.vllm_importance_sampling_correction, trainer.vllm_importance_sampling_mode = True, "token_truncate"
 
 

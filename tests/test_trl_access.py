@@ -66,7 +66,7 @@ def test_the_pattern_finds_assignments_only():
 
 
 def test_trls_loss_reads_the_batch_the_way_the_step_relies_on():
-    # turn_on_importance_sampling: TRL's loss applies the weights only with use_vllm on; the loss-pass
+    # use_importance_sampling (trl_hooks.py): TRL's loss applies the weights only with use_vllm on; the loss-pass
     # weights (step/loss.py) are written into the micro-batch after its log-probabilities are computed
     # and before the loss reads them; a batch without old log-probabilities uses the pass's own, detached.
     loss = inspect.getsource(GRPOTrainer._compute_loss)

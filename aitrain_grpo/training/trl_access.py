@@ -12,10 +12,9 @@ The touches, by who needs them:
 - the engine's backends (`generation_handles`): TRL's `unwrap_model_for_generation` around the
   trainer's `model_wrapped` (hf), and TRL's colocated engine `vllm_generation.llm` with its
   tensor-parallel group (vllm_colocate);
-- weight sync this package does itself (generation.py, trainer.py): `use_vllm` turned on after TRL's
-  `__init__` built nothing, so TRL's loss applies the importance-sampling weights the step computes
-  (`turn_on_importance_sampling`); where TRL moves them (CUDA), its engine's `sync_weights`
-  (`push_weights_through_trl`);
+- weight sync: where TRL moves the weights (CUDA), its engine's `sync_weights` (`push_weights_through_trl`);
+  `use_vllm`, which the trainer turns on itself where this package moves them (trl_hooks.py
+  `use_importance_sampling`), so TRL's loss applies the importance-sampling weights the step computes;
 - playing steps ahead (async_rollout.py): `_get_train_sampler` and `_train_batch_size`;
 - checkpoints (checkpoints.py): `_save_checkpoint` called outside the training loop, and TRL's
   `RepeatSampler` (its `shuffle`, `seed`, `generator`, `num_samples`, and for the curriculum its batch
@@ -52,7 +51,7 @@ PINNED_FUNCTIONS = {
 }
 
 __all__ = ["RepeatSampler", "generation_handles", "model_for_generation", "save_checkpoint", "train_batch_size",
-           "push_weights_through_trl", "train_sampler", "turn_on_importance_sampling", "wrapped_model"]
+           "push_weights_through_trl", "train_sampler", "wrapped_model"]
 
 
 # ------------------------------------------------------------------------------- generation (engine)
@@ -93,13 +92,6 @@ def generation_handles(trainer, kind: str) -> dict[str, Any]:
 def push_weights_through_trl(trainer) -> None:
     """TRL's engine moves the trainer's weights into vLLM (colocated on CUDA, or a server over NCCL)."""
     trainer.vllm_generation.sync_weights()
-
-
-def turn_on_importance_sampling(trainer) -> None:
-    """TRL's loss applies the importance-sampling weights only when `use_vllm` is set: set after TRL's
-    `__init__` built no vLLM of its own (this package moves the weights). TRL's own generation call, which
-    would look for an engine to push to, is not on the step's path (step/flow.py)."""
-    trainer.use_vllm = True
 
 
 # ------------------------------------------------------------------------------------------- data

@@ -91,6 +91,11 @@ class TRLHooks:
     _micro_step = 0  # micro-batches handed out since the run (or the resume) started
     _awaiting_weights: dict | None = None  # the micro-batch whose importance weights the loss pass gives
 
+    def use_importance_sampling(self) -> None:
+        """TRL's loss applies the importance-sampling weights only with `use_vllm` set: set after TRL's
+        `__init__` built no vLLM of its own, where this package moves the weights into vLLM."""
+        self.use_vllm = True
+
     def _prepare_inputs(self, generation_batch_rows):
         if not self.model.training:  # an evaluation batch: scored whole, no buffering
             return generation_batch(self, self.run, list(generation_batch_rows))
