@@ -21,8 +21,10 @@ from typing import Any, Mapping
 
 from aitrain_grpo.env_spec import check_environment_named, env_specs, environment_of, spec_label
 from aitrain_grpo.errors import ConfigError, one_line
-from aitrain_grpo.option_rules import (NON_NEGATIVE, POSITIVE, POSITIVE_SECONDS, Bound, at_least, check_judge, count,
-                                        reward_func_specs, reward_weights, server_urls)
+from aitrain_grpo.option_effects import check_curriculum_reachable
+from aitrain_grpo.option_rules import (NON_NEGATIVE, POSITIVE, POSITIVE_SECONDS, Bound, at_least, check_bound,
+                                        check_judge, check_save_best, check_seed, count, reward_func_specs,
+                                        reward_weights, server_urls)
 
 
 _SECTION = ["options"]
@@ -55,9 +57,8 @@ def check_options(values: Mapping[str, Any]) -> None:
         choices, bound = f.metadata.get("choices"), f.metadata.get("bound")
         if choices and value not in choices:
             raise ConfigError(f"{flag} {value!r} is not one of {', '.join(choices)}")
-        if bound is not None and not bound.holds(value):
-            note = f" ({bound.note})" if bound.note else ""
-            raise ConfigError(f"{flag} must be {bound.describe()}{note}, got {value!r}")
+        if bound is not None:
+            check_bound(flag, bound, value)
 
 
 VLLM_MODES = ("colocate", "server")
@@ -139,7 +140,7 @@ class RunConfig:
     gradient_accumulation_steps: int = _opt(1, "Generation batches (each --batch-size episodes) per optimizer step.", bound=count(65536, "generation batches per optimizer step"))
     micro_batch_size: int | None = _opt(None, "Episodes per forward/backward pass: the --batch-size episodes of a step are trained in passes of this many, with the gradient of one pass (default: 2, or 1 for an odd batch; one pass with --rl-zero-std-groups drop/refill).", bound=count(65536, "episodes per forward/backward pass"))
     shared_prefix_loss: str = _opt("auto", "Forward each distinct prompt of a micro-batch once, its episodes' continuations on it, in the loss and log-prob passes (exact: the same loss and gradients): auto on a CPU where that leaves out at least 15% of the tokens and no dropout is drawn (the reference pass; the loss pass too with --lora-dropout 0), on wherever two episodes of a pass share a prompt, off for TRL's path. Keeps each group's episodes in the same passes when the loss pass shares. Setups it cannot run (gradient checkpointing in the loss pass, sliding-window caches, distributed wrappers, images) take TRL's path, said once in the log.", choices=SHARED_PREFIX_MODES)
-    seed: int = _opt(42, "Random seed.", bound=Bound(low=0, high=2**32 - 1, integer=True, note='numpy takes seeds in that range'))
+    seed: int = _opt(42, "Random seed: an integer from 0 to 4294967295 (2**32 - 1), as every command's --seed.")
     _section("judge")
     rl_judge_rubric: str | None = _opt(None, "Add a judge's reward (training/judge.py): a language model scores each episode's transcript by this rubric (text, or @file), from 0 to 1; logged as rewards/judge/mean and weighted last in --rl-reward-weights.")
     rl_judge_model: str | None = _opt(None, "The judge: self (a frozen copy of the run's base model, in-process), a model path or id (in-process), or with --rl-judge-url the served model's name.")
@@ -162,6 +163,15 @@ class RunConfig:
     log_episodes_every: int = _opt(10, "Write a sample of whole episodes to episodes.jsonl at step 1 and every N steps (0 = never).", minimum=0)
     log_episodes_count: int = _opt(4, "Episodes in each sample written to episodes.jsonl (the best, the worst, and random others).", minimum=0)
     overwrite: bool = _opt(False, "Replace an output directory that holds a finished run of the same environment (its checkpoints and files are removed, and the run says which); never another kind of folder (an export, a tiny model).")
+    _section("held-back evaluation")
+    eval_every: int = _opt(0, "Play --eval-episodes held-back tasks before step 1 and every N optimizer steps, as `aitrain eval` plays them, and log eval/mean_score, eval/success, eval/pass@k, eval/turns, eval/tool_errors, eval/truncated and time/eval_s (0 = never; evaluation/held_back.py).", minimum=0)
+    eval_episodes: int = _opt(32, "Held-back tasks each evaluation plays: the first N rows of the evaluation environment's dataset.", bound=count(65536, "held-back tasks"))
+    eval_num_generations: int = _opt(1, "Episodes per held-back task: the k of eval/pass@k.", bound=count(1024, "episodes of one held-back task"))
+    eval_temperature: float | None = _opt(None, "Sampling temperature of the held-back episodes, 0 greedy (default: --rl-temperature).", bound=Bound(low=0, high=10, note='0 samples greedily; above 10 a sample is noise'))
+    eval_env_config: Any = _opt(None, "JSON object of keyword arguments (or @file.json) for the held-back environment: the training environment with these in place of --rl-env-config, e.g. another seed or split (default: --rl-env-config, i.e. the training tasks themselves).")
+    eval_env_module: str | None = _opt(None, "Python module of another environment to evaluate on, with --eval-env-class (default: the training environment).")
+    eval_env_class: str | None = _opt(None, "Environment class in --eval-env-module.")
+    save_best: str | None = _opt(None, "Keep the weights with the best value of this held-back metric (needs --eval-every; eval/success, eval/mean_score, eval/pass@k with k = --eval-num-generations: highest; eval/turns, eval/tool_errors, eval/truncated: lowest) as best/ in the output folder, beside the final model; `aitrain eval --model DIR/best` and `aitrain export` read it.")
     _section("several processes")
     ddp_timeout: float = _opt(1800.0, "Seconds a process of a multi-process run (accelerate launch, torchrun) waits for the others to start, and then in a collective (the episodes gathered after a rollout, the gradients, a save) before it stops with one line saying another process likely died or hangs (exit 1; the checkpoints written stay). It must cover the longest time one process may spend alone: a slower rollout, a wait for a vLLM server, rank 0's checkpoint save.", bound=POSITIVE_SECONDS)
     _section("vLLM")
@@ -276,6 +286,7 @@ class RunConfig:
     def _check_rules(self) -> None:
         check_environment_named(self.rl_env, self.rl_env_module, self.rl_env_class, self.rl_env_weights)
         check_options(vars(self))
+        check_seed(self.seed)  # the seed rule of every command (option_rules.py)
         if self.resume_from_checkpoint is not None and not self.resume_from_checkpoint.strip():
             raise ConfigError("--resume-from-checkpoint needs a value: auto, or a checkpoint-N folder")
         if self.output_dir is not None and not self.output_dir.strip():  # '' used to mean "not given"
@@ -312,6 +323,10 @@ class RunConfig:
                               "the pools learn from; use --rl-zero-std-groups drop (or keep) with the curriculum")
         check_judge(vars(self), [name for _, name in self.reward_specs], dict(os.environ))
         _ = self.vllm_servers, self.reward_weight_list  # parsed, and so checked, once: here
+        check_curriculum_reachable(self)  # option_effects.py: a threshold no group's reward can reach
+        if bool(self.eval_env_module) != bool(self.eval_env_class):
+            raise ConfigError("--eval-env-module and --eval-env-class name the held-back environment together; give both")
+        check_save_best(self.save_best, self.eval_every, self.eval_num_generations)  # before a model loads
 
     # ------------------------------------------------------------------------------- parsed values
     # Options written as text, parsed once per config; every user reads these, not the text.

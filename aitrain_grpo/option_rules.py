@@ -1,8 +1,9 @@
 """What an option's value may be, apart from which options exist (config.py): numeric ranges (`Bound`,
 declared in a field's metadata and checked by `config.check_options` with one message shape) and the
 options written as text that are parsed into lists (`server_urls`, `reward_func_specs`, `reward_weights`;
-`RunConfig` parses each once, and every user reads its parsed form), and the judge's options
-(`check_judge`, which reads no file beyond checking the rubric's exists).
+`RunConfig` parses each once, and every user reads its parsed form), the judge's options
+(`check_judge`, which reads no file beyond checking the rubric's exists), and the metrics a held-back
+evaluation logs, which `--save-best` may name (`eval_metrics`, `check_save_best`).
 
 Left out: rules that relate options to each other (`RunConfig.validate`).
 """
@@ -72,6 +73,24 @@ def count(high: int, note: str) -> Bound:
     no machine holds (`--batch-size 1000000000000` filled memory before saying anything), so it is
     refused in one line before anything loads."""
     return Bound(low=1, high=high, integer=True, note=note)
+
+
+def check_bound(flag: str, bound: Bound, value: Any) -> None:
+    """Raise `ConfigError` "--flag must be <range> (<note>), got <value>" when `value` is outside `bound`:
+    the one message of every range check (`config.check_options`, `check_seed`)."""
+    if not bound.holds(value):
+        note = f" ({bound.note})" if bound.note else ""
+        raise ConfigError(f"{flag} must be {bound.describe()}{note}, got {value!r}")
+
+
+# Every command's --seed (grpo, sft, eval, env check, tiny-model): numpy's RandomState takes 0 <= seed < 2**32,
+# and a seed outside it was a numpy traceback in eval, silently taken by env check and tiny-model.
+SEED = Bound(low=0, high=2**32 - 1, integer=True, note="numpy takes seeds in that range")
+
+
+def check_seed(seed: Any, flag: str = "--seed") -> None:
+    """The seed rule of every command: an integer from 0 to 2**32 - 1, else one line naming --seed and the range."""
+    check_bound(flag, SEED, seed)
 
 
 POSITIVE = Bound(low=0, low_open=True)
@@ -169,3 +188,27 @@ def check_judge(options: dict[str, Any], reward_names: list[str], environ: dict[
     if "judge" in reward_names:
         raise ConfigError("--rl-reward-funcs has a reward named 'judge', the name the judge is logged under; bind it "
                           "to another name in your module")
+
+
+# The metrics a held-back evaluation logs (evaluation/held_back.py names its numbers from here), each with
+# whether a higher value is better, which is how `--save-best` compares them: more score, success and
+# pass@k is better; fewer turns, tool errors and truncated episodes is (a cost, for the same success).
+EVAL_METRICS = {"mean_score": True, "success": True, "pass@{k}": True, "turns": False, "tool_errors": False,
+                "truncated": False}
+
+
+def eval_metrics(samples: int) -> dict[str, bool]:
+    """`eval/<name>` -> higher is better, for an evaluation of `samples` episodes a task (k of pass@k)."""
+    return {f"eval/{name.format(k=samples)}": higher for name, higher in EVAL_METRICS.items()}
+
+
+def check_save_best(metric: str | None, eval_every: int, samples: int) -> None:
+    """`--save-best` must name a metric the run logs: one of `eval_metrics`, and only with `--eval-every`."""
+    if metric is None:
+        return
+    allowed = ", ".join(eval_metrics(samples))
+    if not eval_every:
+        raise ConfigError(f"--save-best {metric}: the run logs no eval/* metric without --eval-every N (held-back "
+                          f"evaluation every N steps); with it, --save-best takes one of {allowed}")
+    if metric not in eval_metrics(samples):
+        raise ConfigError(f"--save-best {metric} is not a metric the held-back evaluation logs; use one of {allowed}")

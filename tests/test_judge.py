@@ -3,7 +3,7 @@ JSON scores; a nonsense reply, an HTTP error or a refused connection scores the 
 repeated transcripts hit the cache; a CLI run on the tiny model with a judge behind a local fake
 OpenAI-compatible server (no provider is reachable here) logs rewards/judge/mean, weights it into the
 total, sends the key and writes it into no file of the run folder; the tiny model judges in-process for
-one step; bad options are named in one line, a pasted key never echoed. About a minute (two tiny-model runs)."""
+one step (its model's generate scripted to write a score); bad options are named in one line, a pasted key never echoed. About a minute (two tiny-model runs)."""
 
 from __future__ import annotations
 
@@ -153,14 +153,53 @@ def test_a_cli_run_with_a_judge_at_a_url_logs_it_and_writes_the_key_nowhere(fake
     assert KEY not in result.stdout + result.stderr
 
 
-def test_the_tiny_model_judges_in_process_for_one_step(tiny_model_dir, tmp_path, capsys):
+def a_share(judge_prompt: str) -> float:
+    """The share of the letters of the judged reply (the transcript's last assistant turn) that are 'a'."""
+    reply = judge_prompt.rsplit("[assistant]", 1)[-1].split("\n\nScore it by the rubric")[0]
+    letters = [c for c in reply.lower() if c.isalpha()]
+    return round(letters.count("a") / len(letters), 2) if letters else 0.0
+
+
+@pytest.fixture
+def scripted_local_judge(monkeypatch):
+    """The in-process judge (`LocalJudge`: the model loaded, its chat template, its context check, decoding
+    and parsing) with the model's generate scripted: it writes `{"score": S}`, S the share of the letters
+    of the judged reply that are 'a' (the rubric's ask), as tokens after the prompt. The tiny model itself
+    never writes a readable score, so a judge that scores at all shows here. The prompts it was given
+    are kept."""
+    import torch
+
+    from aitrain_grpo.training.judge import LocalJudge
+
+    prompts: list[str] = []
+    load = LocalJudge.__init__
+
+    def scripted(self, model_name):
+        load(self, model_name)
+        tokenizer = self.tokenizer
+
+        def generate(inputs, **kwargs):
+            prompt = tokenizer.decode(inputs[0])
+            prompts.append(prompt)
+            ids = tokenizer(json.dumps({"score": a_share(prompt)}), add_special_tokens=False)["input_ids"]
+            return torch.cat([inputs, torch.tensor([ids], device=inputs.device)], dim=1)
+
+        self.model.generate = generate
+
+    monkeypatch.setattr(LocalJudge, "__init__", scripted)
+    return prompts
+
+
+def test_an_in_process_judge_scores_each_episode_for_one_step(tiny_model_dir, tmp_path, capsys, scripted_local_judge):
     record = one_judged_step(tiny_model_dir, tmp_path / "out", rl_num_generations=2, rl_judge_model="self",
-                             rl_judge_mode="episode", rl_judge_fallback=0.5)
-    # The tiny model generates ("the the the ..."), greedily, so no score is readable: each of the four
-    # episodes' replies scores the fallback and is counted, and the run goes on.
-    assert record["judge/failures"] == 4 and record["rewards/judge/mean"] == pytest.approx(0.5)
-    warning = [line for line in capsys.readouterr().err.splitlines() if "warning: the judge" in line]
-    assert len(warning) == 1 and "(self" not in warning[0] and "in-process) answered no 1 score(s)" in warning[0]
+                             rl_judge_mode="episode", rl_judge_fallback=0.321)
+    prompts = scripted_local_judge
+    assert len(prompts) == 4 and all("Many letters a." in prompt for prompt in prompts)  # one call per episode
+    expected = [a_share(prompt) for prompt in prompts]  # what the scripted judge wrote, read back as its reward
+    assert record["judge/failures"] == 0
+    assert record["rewards/judge/mean"] == pytest.approx(sum(expected) / 4, abs=1e-4)
+    assert record["rewards/judge/mean"] != pytest.approx(0.321)  # four 2-decimal scores never average to the fallback
+    assert "warning: the judge" not in capsys.readouterr().err
 
 
 @pytest.mark.parametrize("options, fragment", [

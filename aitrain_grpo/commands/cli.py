@@ -53,7 +53,9 @@ from aitrain_grpo.env_spec import environment_of
 from aitrain_grpo.engine.backends.choice import require_vllm
 from aitrain_grpo.env.loading import describe_interface, load_environment
 from aitrain_grpo.errors import EXIT_USAGE, UserError, one_line
+from aitrain_grpo.option_rules import check_seed
 from aitrain_grpo.outputs import check_file_output, replaced_contents
+from aitrain_grpo.training.run_checks import check_run
 from aitrain_grpo.runlog.report import write_report
 from aitrain_grpo.models.tiny import build_tiny_model
 from aitrain_grpo.training.small_dataset import steps_short
@@ -132,6 +134,9 @@ def grpo(**kwargs) -> None:
             )
         env = load_environment(*config.environment())
         out.print(f"environment {type(env).__name__}: {describe_interface(env)}", markup=False, highlight=False)
+        notes = check_run(config, env)  # refusals that need the environment, before the model loads (run_checks.py)
+        for note in notes if os.environ.get("RANK", "0") == "0" else ():
+            err.print(note, markup=False)
         from aitrain_grpo.training.trainer import train  # after the checks: TRL imports vLLM, which prints
 
         summary = train(config, env=env, plan=plan)
@@ -360,10 +365,12 @@ def init_command(
 @app.command("tiny-model")
 def tiny_model(
     output_dir: str = typer.Argument(..., help="Directory to write the model and tokenizer to (a new or empty one)."),
-    seed: int = typer.Option(0, help="Seed of the build (same seed, same weights)."),
+    seed: int = typer.Option(0, help="Seed of the build (same seed, same weights): 0 to 4294967295."),
     overwrite: bool = typer.Option(False, "--overwrite", help="Replace OUTPUT_DIR when it holds a tiny model built before."),
 ) -> None:
     """Build the tiny local model (Llama architecture, byte-level BPE, ChatML template with tools)."""
+    with reported_errors(False):
+        check_seed(seed)  # before the folder is looked at or anything is built
     replaced = replaced_contents(output_dir, overwrite)
     with reported_errors(False):
         path = build_tiny_model(output_dir, seed=seed, overwrite=overwrite)

@@ -20,6 +20,7 @@ from aitrain_grpo.engine.settings import EpisodeSettings
 from aitrain_grpo.engine.tool_parsers import read_tool_calls, tool_names_of
 from aitrain_grpo.errors import ConfigError
 from aitrain_grpo.evaluation.envcheck import COMPLETION_BUDGET, POLICIES, EnvCheckReport, env_check
+from aitrain_grpo.option_rules import check_seed
 
 # The episode flags of `aitrain env check` (RunConfig's names), handed to `run_env_check` as `options`.
 CHECK_FLAGS = ("rl_max_new_tokens", "rl_max_turns", "rl_temperature", "rl_env_timeout", "rl_tool_parser", *CONTEXT_OPTIONS)
@@ -123,6 +124,7 @@ def run_env_check(
     if unknown or not chosen:
         raise ConfigError(f"--policies takes a comma-separated list of {', '.join(POLICIES)}; got {policies!r}")
     check_positive(episodes=episodes)
+    check_seed(seed)
     check_options(options)
     # No flags for these: the model samples untruncated, with room for long episodes (COMPLETION_BUDGET).
     settings = EpisodeSettings.from_options({**options, "rl_top_k": 0, "rl_top_p": 1.0,

@@ -22,6 +22,7 @@ from aitrain_grpo.commands.options import check_positive
 from aitrain_grpo.config import CONTEXT_OPTIONS, RunConfig, check_options
 from aitrain_grpo.env_spec import env_specs, environment_of
 from aitrain_grpo.engine.backends.base import SamplingParams
+from aitrain_grpo.engine.context import resolve_strategies
 from aitrain_grpo.engine.settings import EpisodeSettings
 from aitrain_grpo.env.base import needs_policy
 from aitrain_grpo.env.dataset import build_rows
@@ -29,6 +30,7 @@ from aitrain_grpo.env.loading import load_environment
 from aitrain_grpo.errors import ConfigError
 from aitrain_grpo.evaluation.evaluate import EvalResult, evaluate, open_backend, write_records
 from aitrain_grpo.models.loading import load_for_generation, resolve_source
+from aitrain_grpo.option_rules import check_seed
 from aitrain_grpo.outputs import check_file_output
 from aitrain_grpo.runlog.shortcuts import eval_warning
 
@@ -63,6 +65,7 @@ def run_eval(*, model: str, baseline: str | None, spec: str | list[str] | None =
     """What `aitrain eval` does: resolve models and environment, play, print the table, write JSONL.
     `options` holds the sampling and budget flags (None where not given)."""
     check_positive(episodes=episodes, rl_num_generations=samples, batch_size=batch_size)
+    check_seed(seed)
     check_options(options)
     sources = [resolve_source(model)] + ([resolve_source(baseline)] if baseline else [])
     if output is not None:  # before anything loads: never over a folder, '.', or a file of a run being read
@@ -80,6 +83,7 @@ def run_eval(*, model: str, baseline: str | None, spec: str | list[str] | None =
     settings = {name: _option(options.get(name), run_config, name) for name in (*RUN_FLAGS, "rl_cut_turn")}
     check_options(settings)  # a training run's values too (its run_config.json may be older)
     played = EpisodeSettings.from_options(settings)  # how both models play their episodes
+    resolve_strategies(env, played.context)  # a strategy the environment cannot play, refused before a model loads
     labels = ["model", "baseline"]
     results: list[EvalResult] = []
     rows = None

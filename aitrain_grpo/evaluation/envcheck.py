@@ -31,6 +31,7 @@ from typing import Any
 
 from aitrain_grpo.config import DEFAULT_TOOL_PARSER
 from aitrain_grpo.engine.chat import ChatRenderer
+from aitrain_grpo.engine.context import resolve_strategies
 from aitrain_grpo.engine.rollout import RolloutEngine
 from aitrain_grpo.engine.runner import EpisodeRunner, oracle_policy, play_text
 from aitrain_grpo.engine.settings import EpisodeSettings
@@ -279,6 +280,7 @@ def env_check(*, module: str, class_name: str, env_config: str | None, model_nam
     """Load the environment and the model (`model_name`) and check them (`check_environment`'s `options`).
     Loading mistakes raise EnvLoadError (exit 2); a broken contract is in the report's problems."""
     env = load_environment(module, class_name, env_config)
+    resolve_strategies(env, getattr(options.get("settings"), "context", None))  # refused before a model loads
     source = resolve_source(model_name)
     model = None
     # A score_episode that takes the policy model (needs_policy: AITraining's interface) scores every

@@ -1,7 +1,8 @@
 """Health checks over a run's metric history, and a callback that prints each warning once, with advice.
 
 Each check is a pure function of the per-step metric records (the dicts of `metrics.jsonl`: `step`,
-TRL's `reward`, `reward_std`, `entropy`, `grad_norm`, ... and the rollout's `env/*`), so it can be tested
+TRL's `reward`, `reward_std`, `entropy`, `grad_norm`, ... the rollout's `env/*`, and a held-back
+evaluation's `eval/*` every few steps), so it can be tested
 on constructed sequences and rerun over a finished run by `aitrain report`. A check returns a
 `HealthWarning` (what is wrong and what to do about it) or None.
 
@@ -186,21 +187,80 @@ def shortcut(records: Sequence[Record]) -> HealthWarning | None:
     return HealthWarning("shortcut", found.step, found.message(), ADVICE)
 
 
+HELD_BACK = "eval/success"  # logged by a held-back evaluation (evaluation/held_back.py)
+HELD_BACK_EVALS = 3          # two falls in a row take three evaluations
+
+
+def _evaluations(records: Sequence[Record]) -> list[tuple[float, float]]:
+    """(held-back success, training score) of each evaluation in `records` that has a training score: the
+    mean score of the steps since the evaluation before it (at most RECENT_STEPS), its own step included.
+    The evaluation before step 1 has none, so the first counted is the first after training began."""
+    found, since = [], []
+    for record in records:
+        since.append(record)
+        success = _number(record, HELD_BACK)
+        if success is None:
+            continue
+        scores = _scores(since[-RECENT_STEPS:])
+        if scores:
+            found.append((success, sum(scores) / len(scores)))
+        since = []
+    return found
+
+
+def held_back_falls(records: Sequence[Record]) -> HealthWarning | None:
+    """Held-back success fell at each of the last two evaluations while the training score rose over them:
+    the policy is learning something the held-back tasks do not reward (a shortcut, or tasks memorised)."""
+    evaluations = _evaluations(records)[-HELD_BACK_EVALS:]
+    if len(evaluations) < HELD_BACK_EVALS:
+        return None
+    (first, reward_then), (middle, _), (last, reward_now) = evaluations
+    if not (first > middle > last and reward_now > reward_then):
+        return None
+    return HealthWarning(
+        "held_back_falls", _step(records),
+        f"held-back success fell at two evaluations in a row ({first:.1%} -> {middle:.1%} -> {last:.1%}) while the "
+        f"training score rose ({reward_then:.3f} -> {reward_now:.3f})",
+        "the policy may be gaming the score or memorising its training tasks: read the latest transcripts, and keep "
+        "the best held-back weights (--save-best eval/success) or go back to an earlier checkpoint",
+    )
+
+
+def _window_start(length: int, evals: list[int]) -> int:
+    """Where the records the checks need begin, of `length` with evaluations at indices `evals`: the last
+    HISTORY, or more, back to the steps before the HELD_BACK_EVALS-th last evaluation that score it."""
+    start = length - HISTORY
+    if evals:
+        start = min(start, evals[-HELD_BACK_EVALS:][0] - RECENT_STEPS + 1)
+    return max(0, start)
+
+
+def kept_history(records: list[Record]) -> list[Record]:
+    """The tail of `records` the checks need (`_window_start`)."""
+    evals = [i for i, record in enumerate(records) if _number(record, HELD_BACK) is not None]
+    return records[_window_start(len(records), evals):]
+
+
 HEALTH_CHECKS: tuple[Callable[[Sequence[Record]], HealthWarning | None], ...] = (
     no_learning_signal, low_score, entropy_collapse, unstable_gradients, rising_errors, shortcut,
 )
 
 
 def check_health(records: Sequence[Record]) -> list[HealthWarning]:
-    """Every check that fires on the history as it stands."""
-    return [w for w in (check(records) for check in HEALTH_CHECKS) if w is not None]
+    """Every check that fires on the history as it stands: HEALTH_CHECKS on its last HISTORY records,
+    `held_back_falls` on all of it (`kept_history`: back to the evaluations it compares)."""
+    found = [check(records[-HISTORY:]) for check in HEALTH_CHECKS] + [held_back_falls(records)]
+    return [w for w in found if w is not None]
 
 
 def first_warnings(records: Sequence[Record]) -> list[HealthWarning]:
     """Replay a finished run: each kind of warning at the first step where it fired."""
     found: dict[str, HealthWarning] = {}
+    evals: list[int] = []
     for end in range(1, len(records) + 1):
-        for warning in check_health(records[max(0, end - HISTORY):end]):
+        if _number(records[end - 1], HELD_BACK) is not None:
+            evals.append(end - 1)
+        for warning in check_health(records[_window_start(end, evals):end]):
             found.setdefault(warning.key, warning)
     return sorted(found.values(), key=lambda w: w.step)
 
@@ -217,7 +277,7 @@ class HealthCallback(TrainerCallback):
         if not state.is_world_process_zero or not logs or "reward" not in logs:
             return
         self.history.append({"step": state.global_step, **logs})
-        del self.history[:-HISTORY]
+        self.history = kept_history(self.history)
         for warning in check_health(self.history):
             if warning.key in self.shown:
                 continue

@@ -6,7 +6,9 @@ in the page; a small inline script draws the charts as SVG (reward mean with its
 distribution early vs late, turns and errors over steps, every other logged metric) and lists the
 sampled transcripts with tool calls and tool results laid out readably. When the shortcut warning fired
 (shortcuts.py), report_shortcut.js marks the charts behind it and sets the best transcripts of the first
-and last logged steps side by side.
+and last logged steps side by side. A run with held-back evaluation (evaluation/held_back.py) gets, first among
+the training charts, held-back success against wall-clock minutes beside the training reward
+(report_held_back.js).
 
 Model text is never interpreted as HTML: the JSON is embedded with `<`, `>` and `&` escaped (so no
 `</script>` inside it can end the block), and the script puts text into the page with `textContent`
@@ -34,6 +36,8 @@ TITLE_MARK = "__AITRAIN_REPORT_TITLE__"
 SHORTCUT_MARK = "__AITRAIN_REPORT_SHORTCUT_SCRIPT__"
 SHORTCUT_SCRIPT = Path(__file__).with_name("report_shortcut.js")  # the shortcut warning's part of the page
 STYLE_MARK = "__AITRAIN_REPORT_STYLE__"
+HELD_BACK_MARK = "__AITRAIN_REPORT_HELD_BACK_SCRIPT__"
+HELD_BACK_SCRIPT = Path(__file__).with_name("report_held_back.js")  # held-back success over wall-clock time
 STYLE = Path(__file__).with_name("report_style.css")  # the page's style sheet, inlined: the report is one file
 MAX_EPISODES = 300        # transcripts embedded in the page, spread over the run
 MAX_METRIC_POINTS = 2000  # steps kept per chart; longer runs are thinned evenly (the last step kept)
@@ -131,6 +135,7 @@ def embed_json(data: Any) -> str:
 def render_report(data: dict[str, Any]) -> str:
     page = TEMPLATE.read_text().replace(STYLE_MARK, STYLE.read_text())  # the page's own parts, before any run text
     page = page.replace(SHORTCUT_MARK, SHORTCUT_SCRIPT.read_text())
+    page = page.replace(HELD_BACK_MARK, HELD_BACK_SCRIPT.read_text())
     page = page.replace(TITLE_MARK, html.escape(str(data.get("title", "training report"))))
     return page.replace(DATA_MARK, embed_json(data))
 

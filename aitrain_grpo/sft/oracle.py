@@ -56,10 +56,10 @@ def plays_tokens(env, config: RunConfig) -> bool:
     """Whether the oracle is played by the token-level engine: a context strategy other than `keep` is in
     force for some episode, or tool results are cut to `--rl-max-tool-result-tokens`; what the model sees
     then is the engine's rewritten history, not the conversation. Agent environments own their messages
-    (text level)."""
+    (text level; a strategy other than keep is refused for them, as GRPO refuses it)."""
+    strategies = resolve_strategies(env, config.rl_context).values()
     if is_agent_environment(env):
         return False
-    strategies = resolve_strategies(env, config.rl_context).values()
     return config.rl_max_tool_result_tokens is not None or any(strategy != "keep" for strategy in strategies)
 
 

@@ -37,7 +37,7 @@ from aitrain_grpo.config import RunConfig
 from aitrain_grpo.engine.rollout import RolloutBatch, RolloutEngine
 from aitrain_grpo.engine.stats import EpisodeSummary, episode_stats
 from aitrain_grpo.env.base import Environment, needs_policy
-from aitrain_grpo.errors import ConfigError
+from aitrain_grpo.training.run_checks import check_async_scoring
 from aitrain_grpo.runlog.group_replies import group_reply_metrics, model_replies
 from aitrain_grpo.runlog.step_metrics import StepMetrics
 from aitrain_grpo.runlog.step_timing import StepTiming
@@ -67,10 +67,7 @@ class TrainingRollout:
 
     def __init__(self, env: Environment, config: RunConfig, *, metrics: StepMetrics | None = None,
                  timing: StepTiming | None = None, observers: Iterable[SummaryObserver] = ()):
-        if needs_policy(env) and config.rl_async_steps:
-            # Its score_episode uses the live model, which would be training in another thread meanwhile.
-            raise ConfigError(f"{type(env).__name__} scores with the policy model (needs_policy), which "
-                              f"--rl-async-steps trains while episodes are scored; use --rl-async-steps 0")
+        check_async_scoring(env, config.rl_async_steps)  # a Python caller's trainer, built without the CLI's checks
         self.env = env
         self.config = config
         self.metrics = metrics if metrics is not None else StepMetrics()

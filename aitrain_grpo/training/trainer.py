@@ -45,6 +45,7 @@ from trl import GRPOConfig, GRPOTrainer
 from aitrain_grpo.config import RunConfig
 from aitrain_grpo.env.base import Environment
 from aitrain_grpo.errors import ConfigError, UserError
+from aitrain_grpo.evaluation.held_back import held_back_callbacks
 from aitrain_grpo.env.dataset import build_rows
 from aitrain_grpo.env.loading import as_environment, load_environment
 from aitrain_grpo.models.loading import load_model_and_tokenizer
@@ -64,6 +65,7 @@ from aitrain_grpo.training.memory_check import available_bytes, memory_warning
 from aitrain_grpo.training.micro_batches import BatchShape
 from aitrain_grpo.training.plan import RunPlan, plan_run
 from aitrain_grpo.training.prompt_length import check_prompt_lengths
+from aitrain_grpo.training.run_checks import check_run
 from aitrain_grpo.training.run_lock import release as release_lock
 from aitrain_grpo.training.reward_funcs import check_required_arguments, episode_rewards, load_reward_funcs
 from aitrain_grpo.training.rollout_func import TrainingRollout
@@ -74,7 +76,6 @@ from aitrain_grpo.training.run_context import RunContext
 from aitrain_grpo.training.shared_prefix import SharedPrefix
 from aitrain_grpo.training.step_phases import PhaseClock
 from aitrain_grpo.training.stopping import ErrorRateStop, clean_stops
-from aitrain_grpo.training.trl_access import turn_on_importance_sampling
 from aitrain_grpo.training.trl_hooks import TRLHooks, trl_functions_replaced
 
 
@@ -105,10 +106,8 @@ class EpisodeGRPOTrainer(TRLHooks, AtomicCheckpoints, GRPOTrainer):
         super().__init__(**kwargs)
         self.run = run
         self.drop_masked_rows = drop_masked_rows
-        if external_weight_sync:
-            # TRL gates its importance-sampling correction in the loss on use_vllm, so that goes on once
-            # TRL has built whatever it builds.
-            turn_on_importance_sampling(self)
+        if external_weight_sync:  # once TRL has built whatever it builds (trl_hooks.py)
+            self.use_importance_sampling()
         trim_scoring_passes((self.model, self.ref_model))  # reference passes over each chunk's own length
         # Engine, weight sync, async rollout: built now that TRL has made the model (and vLLM) they use.
         self.rollout_parts = build_rollout_parts(self, run.rollout.env, run.config, run.plan.generation, run.metrics)
@@ -211,19 +210,25 @@ def build_trainer(config: RunConfig, env: Environment | None = None, *, callback
     the environment, model and dataset, write `run_config.json`, and construct the trainer. Its
     `rollout` is the `TrainingRollout` (its `last_batch` the latest episodes played), `rollout_parts`
     what it plays with (built already; `rollout_parts.close()` ends it), `step_metrics` the run's
-    metrics sink and `plan` the `RunPlan`."""
+    metrics sink and `plan` the `RunPlan`. Without `plan` (a Python caller; `aitrain grpo` plans and checks
+    first) the run's options are checked against the environment before anything is planned or written
+    (run_checks.py), and their notes printed."""
     if plan is None and env is not None:
         config = with_environment_origin(config, env)
+    if env is None:
+        env = load_environment(*config.environment())
+    else:
+        env = as_environment(env)  # an instance handed in from Python, wrapped as load_environment would
+    if plan is None:
+        notes = check_run(config, env)
+        for note in notes if os.environ.get("RANK", "0") == "0" else ():
+            print(note, file=sys.stderr)
     plan = plan or plan_run(config)
     config = plan.config  # with the output folder the run really writes to
     check_vllm_server(config, plan.generation)
     warning = sampling_warning(config, plan.generation)
     if warning:
         print(warning, file=sys.stderr)
-    if env is None:
-        env = load_environment(*config.environment())
-    else:
-        env = as_environment(env)  # an instance handed in from Python, wrapped as load_environment would
     os.environ.setdefault("TRL_EXPERIMENTAL_SILENCE", "1")
     extra_rewards = load_reward_funcs(config.reward_specs)  # before the model: a bad one fails fast
     judge = build_judge(config)  # --rl-judge-rubric: one more reward, weighted last (judge.py)
@@ -233,7 +238,8 @@ def build_trainer(config: RunConfig, env: Environment | None = None, *, callback
     check_context_length(model, config)
     warn_if_a_step_may_not_fit(model, config, plan.batch)
     rows = build_rows(env, tokenizer)
-    check_prompt_lengths(rows, tokenizer, model, reply_tokens=config.rl_max_new_tokens, model_name=config.model)
+    check_prompt_lengths(rows, tokenizer, model, reply_tokens=config.rl_max_new_tokens, model_name=config.model,
+                         window=config.rl_context_window)
     dataset = Dataset.from_list(small_dataset.fill_one_step(rows, config))
     check_required_arguments(extra_rewards, dataset.column_names)
     prepare_output_dir(plan.output_dir, plan.resume)
@@ -257,7 +263,7 @@ def build_trainer(config: RunConfig, env: Environment | None = None, *, callback
         reward_funcs=[episode_score, *episode_rewards(extra_rewards, rollout), *judge_rewards(judge, rollout)],
         peft_config=lora_config(config),
         callbacks=[step_timing, *training_callbacks(config, plan.output_dir, rollout), SignalStop(finish_step=config.rl_async_steps > 0), error_stop,
-                   *(callbacks or [])],
+                   *held_back_callbacks(config, rollout, plan.output_dir), *(callbacks or [])],
     )
     # transformers prints every log dict; our TrainingProgress prints a compact line instead.
     trainer.remove_callback(PrinterCallback)

@@ -1,0 +1,69 @@
+"""A training run's options against its environment and its model's config, checked after the environment
+loads and before the model's weights do: a refusal costs no model load and writes nothing (a refused run
+leaves no lock, nor the folder its lock made: training/run_lock.py's `release_all`, called by the CLI).
+
+`check_run` (called by `aitrain grpo`, commands/cli.py, and by `build_trainer` for a Python caller's run):
+- the context strategy in force (`--rl-context`, else the environment's) must be one the environment can
+  play: `compact` needs its `compact()` (engine/context.py's `resolve_strategies`, the rule the engine
+  applies when it is built, after the model loads and run_config.json is written);
+- `--rl-async-steps` with an environment that scores with the policy (`needs_policy`) is refused
+  (`check_async_scoring`);
+- `--rl-context-window` must fit the model's context and hold every prompt with room for one reply
+  (training/prompt_length.py), measured with the model's config and tokenizer, not its weights
+  (`check_window`: the dataset is built once more for it, only when the option is given);
+- options that do nothing under the strategy and curriculum in force are returned as notes
+  (option_effects.py), for the caller to print.
+
+Left out: the other commands that take these options (`eval`, `env check`, `sft`).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from aitrain_grpo.engine.context import resolve_strategies
+from aitrain_grpo.env.base import needs_policy
+from aitrain_grpo.env.dataset import build_rows
+from aitrain_grpo.errors import ConfigError
+from aitrain_grpo.option_effects import unused_option_notes
+
+
+def check_async_scoring(env: Any, async_steps: int) -> None:
+    """Refuse `--rl-async-steps` for an environment whose score_episode uses the live policy, which would be
+    training in another thread while episodes played ahead are scored."""
+    if needs_policy(env) and async_steps:
+        raise ConfigError(f"{type(env).__name__} scores with the policy model (needs_policy), which "
+                          f"--rl-async-steps trains while episodes are scored; use --rl-async-steps 0")
+
+
+def _model_config(weights: str) -> Any:
+    """The model's config (no weights); None where it cannot be read here (an adapter's base that is itself
+    an adapter: the tokenizer's limit still applies, and loading the model names any real problem)."""
+    from transformers import AutoConfig
+
+    try:
+        return AutoConfig.from_pretrained(weights)
+    except (OSError, ValueError, KeyError):
+        return None
+
+
+def check_window(config: Any, env: Any) -> None:
+    """Refuse `--rl-context-window` past the model's context, or too small for a prompt plus one reply."""
+    from aitrain_grpo.models.loading import load_tokenizer, resolve_source
+    from aitrain_grpo.training.prompt_length import check_context_window, check_prompt_lengths
+
+    source = resolve_source(config.model)
+    model_config, tokenizer = _model_config(source.weights), load_tokenizer(source)
+    check_context_window(config.rl_context_window, model_config, tokenizer, model_name=config.model)
+    check_prompt_lengths(build_rows(env, tokenizer), tokenizer, model_config, reply_tokens=config.rl_max_new_tokens,
+                         model_name=config.model, window=config.rl_context_window)
+
+
+def check_run(config: Any, env: Any) -> list[str]:
+    """Refuse what the environment and the model's config rule out (see the module docstring); return
+    the `note:` lines of options that do nothing in this run."""
+    strategies = resolve_strategies(env, config.rl_context)
+    check_async_scoring(env, config.rl_async_steps)
+    if config.rl_context_window is not None:
+        check_window(config, env)
+    return unused_option_notes(config, strategies.values())

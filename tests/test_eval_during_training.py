@@ -1,0 +1,180 @@
+"""Held-back evaluation during training (`--eval-every`, evaluation/held_back.py) and the best weights kept
+(`--save-best`, evaluation/best_checkpoint.py): the evaluation runs before step 1 and at every N-th step,
+its eval/* metrics reach metrics.jsonl and report.html; it scores exactly what `aitrain eval` scores on the
+same weights, tasks and seed; best/ holds the weights of the best logged value, which `aitrain eval` and
+`aitrain export` read; a `--save-best` naming a metric the run never logs is refused before a model loads;
+and the health warning for held-back success falling while the training score rises."""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import io
+import json
+from types import SimpleNamespace
+
+import pytest
+from rich.console import Console
+from safetensors.torch import load_file
+
+from aitrain_grpo import RunConfig, train
+from aitrain_grpo.commands.evaluation import RUN_FLAGS, run_eval
+from aitrain_grpo.runlog.health import HealthCallback, first_warnings, held_back_falls
+from aitrain_grpo.runlog.report import report_data
+from helpers import REPO, in_process_cli
+from helpers.cli import refused
+
+RUN = dict(rl_env_module="envs.letters", rl_env_class="LetterEnv", batch_size=8, rl_max_new_tokens=16, lr=1e-2,
+           rl_kl_coef=0.0, seed=3, log_episodes_every=2)
+HELD_BACK = {"letter": "a", "turns": 2}  # another environment configuration than the training one
+EVAL_KEYS = ("eval/mean_score", "eval/success", "eval/pass@1", "eval/turns", "eval/tool_errors", "eval/truncated")
+# The summary of `aitrain eval` (EvalResult.summary) that each logged metric is.
+SUMMARY_OF = dict(zip(EVAL_KEYS, ("mean_score", "success_rate", "pass@1", "mean_turns", "tool_errors", "truncated")))
+
+
+def records(out) -> list[dict]:
+    return [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
+
+
+def trained(config: RunConfig) -> str:
+    """Train; what it printed."""
+    printed = io.StringIO()
+    with contextlib.redirect_stdout(printed):
+        assert train(config)["global_step"] == config.max_steps
+    return printed.getvalue()
+
+
+@pytest.fixture(scope="module")
+def evaluated_run(tiny_model_dir, tmp_path_factory):
+    """Four steps, held-back evaluation every two on four tasks of another configuration, the best
+    mean score kept: (output folder, what the run printed)."""
+    out = tmp_path_factory.mktemp("held_back") / "letters"
+    config = RunConfig(model=tiny_model_dir, output_dir=str(out), **RUN, max_steps=4, eval_every=2, eval_episodes=4,
+                       eval_env_config=HELD_BACK, save_best="eval/mean_score")
+    return out, trained(config)
+
+
+def test_evaluation_runs_at_the_steps_asked_and_reaches_metrics_and_report(evaluated_run):
+    out, printed = evaluated_run
+    logged = records(out)
+    assert [r["step"] for r in logged if "eval/success" in r] == [0, 2, 4]  # before step 1, then every 2
+    assert [r["step"] for r in logged] == [0, 1, 2, 3, 4]
+    for record in (r for r in logged if "eval/success" in r):
+        assert set(EVAL_KEYS) <= set(record) and record["time/eval_s"] > 0
+        assert record["eval/turns"] == 2.0  # the held-back configuration's two turns, not training's three
+    assert all("time/elapsed_s" in r for r in logged)
+    lines = [line for line in printed.splitlines() if line.startswith("held-back eval at step")]
+    assert [line.split(":")[0] for line in lines] == [f"held-back eval at step {s}" for s in (0, 2, 4)]
+    assert "(4 tasks x 1," in lines[0]
+    data = report_data(out)  # what report.html embeds
+    assert [r["step"] for r in data["metrics"] if "eval/success" in r] == [0, 2, 4]
+    page = (out / "report.html").read_text()
+    assert "eval/success" in page and "chart-held-back" in page and "time/eval_s" in page
+
+
+def test_training_plays_and_learns_the_same_with_or_without_evaluation(evaluated_run, tiny_model_dir, tmp_path):
+    """An evaluation seeds every random generator (as `aitrain eval` does); training's state is put back."""
+    out, _ = evaluated_run
+    plain = tmp_path / "plain"
+    trained(RunConfig(model=tiny_model_dir, output_dir=str(plain), **RUN, max_steps=4))
+    learned = [[(r["step"], r["reward"], r["loss"]) for r in records(folder) if "reward" in r] for folder in (out, plain)]
+    assert learned[0] == learned[1]
+
+
+def played_by_aitrain_eval(model: str, seed: int) -> dict[str, float]:
+    """`aitrain eval --model MODEL --episodes 4 --rl-env-config HELD_BACK --seed SEED`'s summary."""
+    results = run_eval(model=model, baseline=None, module=None, class_name=None, env_config=json.dumps(HELD_BACK),
+                       episodes=4, samples=1, use_vllm=False, output=None, options={name: None for name in RUN_FLAGS},
+                       seed=seed, batch_size=32, console=Console(file=io.StringIO()))
+    return results[0].summary()
+
+
+def test_eval_in_training_equals_aitrain_eval_on_the_same_weights_tasks_and_seed(evaluated_run):
+    out, _ = evaluated_run
+    logged = {r["step"]: r for r in records(out)}
+    best = json.loads((out / "best" / "best.json").read_text())
+    for model, step in ((out, 4), (out / "best", best["step"])):  # the final weights are step 4's
+        played = played_by_aitrain_eval(str(model), RUN["seed"])
+        assert {key: played[SUMMARY_OF[key]] for key in EVAL_KEYS} == {key: logged[step][key] for key in EVAL_KEYS}
+    assert logged[4]["eval/mean_score"] != logged[0]["eval/mean_score"]  # the weights did move
+
+
+def test_best_holds_the_weights_of_the_best_logged_value_and_outlives_a_resume(tiny_model_dir, tmp_path, monkeypatch):
+    out = tmp_path / "run"
+    # The held-back episodes score 0.2, 0.9 and 0.5 at the evaluations of steps 0, 1 and 2, whatever the model.
+    schedule = {"scores": [0.2, 0.9, 0.5], "per_call": 4}
+    config = RunConfig(model=tiny_model_dir, output_dir=str(out), **RUN, max_steps=2, save_steps=1, eval_every=1,
+                       eval_episodes=4, eval_env_module="envs_fixtures.scheduled_scores",
+                       eval_env_class="ScheduledScores", eval_env_config=schedule, save_best="eval/mean_score")
+    printed = trained(config)
+    assert [r["eval/mean_score"] for r in records(out) if "eval/mean_score" in r] == [0.2, 0.9, 0.5]
+    assert json.loads((out / "best" / "best.json").read_text()) == {"metric": "eval/mean_score", "value": 0.9, "step": 1}
+    assert "best eval/mean_score 0.9 at step 1: kept in" in printed
+    best = load_file(out / "best" / "adapter_model.safetensors")
+    step_1 = load_file(out / "checkpoint-1" / "adapter_model.safetensors")
+    final = load_file(out / "adapter_model.safetensors")
+    assert best.keys() == step_1.keys() and all(best[k].equal(step_1[k]) for k in best)
+    assert any(not best[k].equal(final[k]) for k in best)  # not the last weights
+    aitrain = in_process_cli(monkeypatch, REPO)
+    exported = aitrain("export", out / "best", "--to", tmp_path / "exported")
+    assert exported.exit_code == 0, exported.output
+    assert (tmp_path / "exported" / "config.json").is_file() and (tmp_path / "exported" / "run_config.json").is_file()
+    # Resumed from checkpoint-2, the run keeps best/ of step 1: its first evaluation (step 3, a fresh
+    # schedule: 0.2) is worse, and no evaluation before its first step repeats step 2's.
+    trained(dataclasses.replace(config, max_steps=3, resume_from_checkpoint="auto"))
+    assert [(r["step"], r["eval/mean_score"]) for r in records(out) if "eval/mean_score" in r] == [
+        (0, 0.2), (1, 0.9), (2, 0.5), (3, 0.2)]
+    assert json.loads((out / "best" / "best.json").read_text())["step"] == 1
+
+
+@pytest.fixture
+def no_training(monkeypatch):
+    """`aitrain grpo` from the repository root, where loading a model fails the test."""
+    import aitrain_grpo.training.trainer as trainer
+
+    def loaded(*args, **kwargs):
+        raise AssertionError("a model was loaded before the refusal")
+
+    monkeypatch.setattr(trainer, "load_model_and_tokenizer", loaded)
+    monkeypatch.chdir(REPO)
+
+
+ALLOWED = "eval/mean_score, eval/success, eval/pass@1, eval/turns, eval/tool_errors, eval/truncated"
+
+
+@pytest.mark.parametrize("flags, expected", [
+    (["--save-best", "eval/success"], ["--save-best eval/success", "without --eval-every", ALLOWED]),
+    (["--eval-every", "2", "--save-best", "eval/accuracy"], ["--save-best eval/accuracy is not a metric", ALLOWED]),
+    (["--eval-every", "2", "--eval-num-generations", "4", "--save-best", "eval/pass@1"],
+     ["--save-best eval/pass@1 is not a metric", "eval/pass@4"]),
+])
+def test_a_save_best_never_logged_is_refused_before_a_model_loads(tmp_path, no_training, flags, expected):
+    out = tmp_path / "run"
+    refused(["grpo", "--rl-env-module", "envs.letters", "--rl-env-class", "LetterEnv", "--output-dir", str(out),
+             *flags], tmp_path, *expected)
+    assert not out.exists()
+
+
+def history(successes: dict[int, float], rewards: list[float]) -> list[dict]:
+    """Logged records of steps 1.., with `reward` and, at the steps given, `eval/success`."""
+    return [{"step": step, "reward": reward, **({"eval/success": successes[step]} if step in successes else {})}
+            for step, reward in enumerate(rewards, start=1)]
+
+
+def test_held_back_success_falling_while_the_reward_rises_is_a_warning():
+    rising = [0.1 + 0.01 * i for i in range(90)]
+    falling = {30: 0.5, 60: 0.4, 90: 0.3}  # 30 steps apart: beyond the other checks' history
+    warning = held_back_falls(history(falling, rising))
+    assert warning and "held-back success fell at two evaluations in a row (50.0% -> 40.0% -> 30.0%)" in warning.message
+    assert held_back_falls(history({30: 0.5, 60: 0.4, 90: 0.45}, rising)) is None  # fell once
+    assert held_back_falls(history(falling, rising[::-1])) is None  # the reward fell too
+    assert held_back_falls(history({60: 0.4, 90: 0.3}, rising)) is None  # two evaluations: one fall
+    # The evaluation before step 1 has no training score to compare and is not counted.
+    assert held_back_falls([{"step": 0, "eval/success": 0.9}] + history({60: 0.4, 90: 0.3}, rising)) is None
+    assert [w.key for w in first_warnings(history(falling, rising))] == ["held_back_falls"]
+    console = io.StringIO()
+    callback = HealthCallback(Console(file=console, width=400))
+    for record in history(falling, rising):
+        callback.on_log(None, SimpleNamespace(is_world_process_zero=True, global_step=record["step"]), None,
+                        logs={k: v for k, v in record.items() if k != "step"})
+    assert console.getvalue().count("held-back success fell") == 1
