@@ -49,7 +49,7 @@ def __getattr__(name: str):
 
         return train_from_python
     if name == "TrainingStopped":
-        from aitrain_grpo.training.stopping import TrainingStopped
+        from aitrain_grpo.training.run.stopping import TrainingStopped
 
         return TrainingStopped
     raise AttributeError(f"module 'aitrain_grpo' has no attribute {name!r}")

@@ -71,10 +71,10 @@ CUT_TURN = ("end", "continue")
 DEFAULT_CUT_TURN = "continue"
 ROLLOUT_SCHEDULES = ("auto", "continuous", "lockstep")
 ZERO_STD_GROUPS = ("keep", "drop", "refill")
-ADVANTAGE_MODES = ("outcome", "turn")  # training/turn_credit.py
-SHARED_PREFIX_MODES = ("auto", "on", "off")  # training/shared_prefix.py
-JUDGE_MODES = ("group", "episode")  # training/judge.py
-CURRICULA = ("off", "pools")  # training/curriculum.py
+ADVANTAGE_MODES = ("outcome", "turn")  # training/step/turn_credit.py
+SHARED_PREFIX_MODES = ("auto", "on", "off")  # training/step/shared_prefix.py
+JUDGE_MODES = ("group", "episode")  # training/rewards/judge.py
+CURRICULA = ("off", "pools")  # training/rollout/curriculum.py
 TOOL_PARSERS = ("auto", "hermes", "json", "llama3_json", "mistral", "pythonic")  # engine/tool_parsers.py
 DEFAULT_TOOL_PARSER = "auto"
 CONTEXT_STRATEGIES = ("keep", "drop-tool-results", "summarize", "compact")  # engine/context.py
@@ -119,7 +119,7 @@ class RunConfig:
     rl_async_steps: int = _opt(0, "Play the episodes of the next N steps while a step trains, on weights at most N steps old (needs a vLLM server; 0 = on-policy).", minimum=0)
     rl_zero_std_groups: str = _opt("keep", "Groups whose episodes all scored the same: keep, drop (out of the loss) or refill (play more prompts).", choices=ZERO_STD_GROUPS)
     rl_refill_max_episodes: int | None = _opt(None, "Cap on the extra episodes --rl-zero-std-groups refill plays per step (default: twice the step's episodes).", minimum=0)
-    rl_curriculum: str = _opt("off", "Which prompts a batch gets (training/curriculum.py): off draws them uniformly; pools draws a prompt whose recent groups all reached --rl-curriculum-easy (easy) or all stayed at or below --rl-curriculum-hard (hard) only at the --rl-curriculum-revisit rate. Pays when the base model solves between about 10% and 80% of the prompts.", choices=CURRICULA)
+    rl_curriculum: str = _opt("off", "Which prompts a batch gets (training/rollout/curriculum.py): off draws them uniformly; pools draws a prompt whose recent groups all reached --rl-curriculum-easy (easy) or all stayed at or below --rl-curriculum-hard (hard) only at the --rl-curriculum-revisit rate. Pays when the base model solves between about 10% and 80% of the prompts.", choices=CURRICULA)
     rl_curriculum_easy: float = _opt(1.0, "With --rl-curriculum pools: a group whose mean reward (the weighted reward TRL trains on) is at least this succeeded.")
     rl_curriculum_hard: float = _opt(0.0, "With --rl-curriculum pools: a group whose mean reward is at most this failed.")
     rl_curriculum_revisit: float = _opt(0.1, "With --rl-curriculum pools: the probability that an easy or hard prompt is still drawn when its turn comes.", bound=Bound(low=0, high=1, note="a probability"))
@@ -142,7 +142,7 @@ class RunConfig:
     shared_prefix_loss: str = _opt("auto", "Forward each distinct prompt of a micro-batch once, its episodes' continuations on it, in the loss and log-prob passes (exact: the same loss and gradients): auto on a CPU where that leaves out at least 15% of the tokens and no dropout is drawn (the reference pass; the loss pass too with --lora-dropout 0), on wherever two episodes of a pass share a prompt, off for TRL's path. Keeps each group's episodes in the same passes when the loss pass shares. Setups it cannot run (gradient checkpointing in the loss pass, sliding-window caches, distributed wrappers, images) take TRL's path, said once in the log.", choices=SHARED_PREFIX_MODES)
     seed: int = _opt(42, "Random seed: an integer from 0 to 4294967295 (2**32 - 1), as every command's --seed.")
     _section("judge")
-    rl_judge_rubric: str | None = _opt(None, "Add a judge's reward (training/judge.py): a language model scores each episode's transcript by this rubric (text, or @file), from 0 to 1; logged as rewards/judge/mean and weighted last in --rl-reward-weights.")
+    rl_judge_rubric: str | None = _opt(None, "Add a judge's reward (training/rewards/judge.py): a language model scores each episode's transcript by this rubric (text, or @file), from 0 to 1; logged as rewards/judge/mean and weighted last in --rl-reward-weights.")
     rl_judge_model: str | None = _opt(None, "The judge: self (a frozen copy of the run's base model, in-process), a model path or id (in-process), or with --rl-judge-url the served model's name.")
     rl_judge_url: str | None = _opt(None, "OpenAI-compatible URL of the judge, e.g. http://127.0.0.1:8000/v1 (a vLLM server) or https://api.openai.com/v1.")
     rl_judge_api_key_env: str | None = _opt(None, "Name of the environment variable holding the judge's API key, e.g. OPENAI_API_KEY (the key is read from it and never written).")

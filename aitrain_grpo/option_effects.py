@@ -6,7 +6,7 @@ for a curriculum threshold no group's reward can ever reach.
   summarize, and the `--rl-curriculum-*` thresholds only with `--rl-curriculum pools`. One given away
   from its default where it does nothing gets one `note:` line (a shared config file may carry it for
   another run, so the run goes on). Which strategies are in force is the environment's to say when
-  `--rl-context` is not given, so the caller hands them in (run_checks.py).
+  `--rl-context` is not given, so the caller hands them in (preflight/run_checks.py).
 - `check_curriculum_reachable`: under `pools`, a group is easy when its mean reward is at least
   `--rl-curriculum-easy` and hard when at most `--rl-curriculum-hard`. Where every reward is bounded (the
   environment's score and the judge's are 0 to 1, times their `--rl-reward-weights`), `--rl-curriculum-easy

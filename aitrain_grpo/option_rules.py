@@ -100,7 +100,7 @@ POSITIVE_SECONDS = Bound(low=0, low_open=True, unit="seconds")
 
 def reward_func_specs(text: str | None) -> list[tuple[str, str]]:
     """`--rl-reward-funcs module:func[,module:func...]` as (module, attribute) pairs, checked for form
-    only (importing is training/reward_funcs.py's). The attribute's name is what TRL logs it under, so two
+    only (importing is training/rewards/functions.py's). The attribute's name is what TRL logs it under, so two
     with one name, or one named like the environment's score, are refused."""
     specs: list[tuple[str, str]] = []
     for entry in (text or "").split(",") if (text or "").strip() else []:
@@ -157,7 +157,7 @@ JUDGE_DEFAULTS = (("rl_judge_mode", "group"), ("rl_judge_fallback", 0.0))  # set
 
 
 def check_judge(options: dict[str, Any], reward_names: list[str], environ: dict[str, str]) -> None:
-    """The judge's options (training/judge.py) against each other: the rubric turns the judge on, it
+    """The judge's options (training/rewards/judge.py) against each other: the rubric turns the judge on, it
     needs a model, a URL needs its form, and the API key's variable must be a name that is set. The
     key's value is never put in a message (a key pasted in place of the name is not echoed)."""
     rubric = options.get("rl_judge_rubric")

@@ -20,7 +20,7 @@ training/ (checkpoints, weight sync) and the commands all write that way. Nothin
 handled is a killed process, not a power cut.
 
 Left out: the training output folder (`grpo`/`sft` --output-dir), whose rules involve checkpoints and
-resuming (training/checkpoints.py), and the model cache, which only ever gains new folders.
+resuming (training/run/checkpoints.py), and the model cache, which only ever gains new folders.
 """
 
 from __future__ import annotations
@@ -34,7 +34,7 @@ from aitrain_grpo.errors import ConfigError
 
 # Files only this package writes at the top of a folder: a run (grpo, sft), an export, a tiny model.
 OURS_MARKERS = ("run_config.json", "run_summary.json", "export_info.json", "aitrain_tiny.json")
-# The lock a live training run holds in its folder (training/run_lock.py). It is no content of the folder:
+# The lock a live training run holds in its folder (training/run/lock.py). It is no content of the folder:
 # a folder holding only a lock left by a killed run counts as empty.
 LOCK_NAME = ".aitrain.lock"
 _KINDS = {"run": "a training run", "export": "an exported model", "tiny": "a tiny model"}

@@ -1,6 +1,6 @@
 """Does a judge agree with an environment's own score? (issue 37, part 1)
 
-The judge (`--rl-judge-rubric`, training/judge.py) sees the rubric and the transcript, never the score.
+The judge (`--rl-judge-rubric`, training/rewards/judge.py) sees the rubric and the transcript, never the score.
 This measures how far its scores follow the true ones on episodes a model really played:
 
     python benchmarks/judge_agreement.py play  --model smollm2 --out /work/runs/judge   # aitrain eval, transcripts
@@ -88,7 +88,7 @@ def agreement(true: list[float], judged: list[float], groups: list[list[int]]) -
 
 def judge(args) -> None:
     sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-    from aitrain_grpo.training.judge import Judge, LocalJudge
+    from aitrain_grpo.training.rewards.judge import Judge, LocalJudge
 
     out = Path(args.out)
     records = [json.loads(line) for line in (out / "episodes.jsonl").read_text().splitlines() if line.strip()]

@@ -19,7 +19,7 @@ from aitrain_grpo.engine.backends.base import SamplingParams  # noqa: E402
 from aitrain_grpo.engine.rollout import RolloutEngine  # noqa: E402
 from aitrain_grpo.engine.settings import EpisodeSettings  # noqa: E402
 from aitrain_grpo.models.tiny import tiny_model_path  # noqa: E402
-from aitrain_grpo.training.judge import LocalJudge  # noqa: E402
+from aitrain_grpo.training.rewards.judge import LocalJudge  # noqa: E402
 from helpers.rollouts import StaggeredEnv, TurnEndingHF  # noqa: E402
 
 

@@ -1,5 +1,5 @@
 """Rollout + judge wall time of one batch: judge calls made after the rollout (as before issue 37's
-overlap) against calls started as each group (episode) is scored (training/judge.py, the engine's
+overlap) against calls started as each group (episode) is scored (training/rewards/judge.py, the engine's
 `on_episode_done`). The judge is the tests' fake OpenAI-compatible server (tests/helpers/fake_judge.py)
 holding each reply back `--delays` seconds, `--judge-slots` calls at a time (0: all at once); the policy
 the tiny model on hf (continuous schedule, sampled at temperature 1 so episodes differ); the environment
@@ -23,7 +23,7 @@ from aitrain_grpo.engine.backends.base import SamplingParams  # noqa: E402
 from aitrain_grpo.engine.rollout import RolloutEngine  # noqa: E402
 from aitrain_grpo.engine.settings import EpisodeSettings  # noqa: E402
 from aitrain_grpo.models.tiny import tiny_model_path  # noqa: E402
-from aitrain_grpo.training.judge import HttpJudge, Judge  # noqa: E402
+from aitrain_grpo.training.rewards.judge import HttpJudge, Judge  # noqa: E402
 from helpers.fake_judge import FakeJudge  # noqa: E402
 from helpers.rollouts import StaggeredEnv, TurnEndingHF  # noqa: E402
 

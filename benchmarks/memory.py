@@ -29,7 +29,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from results_table import machine, versions  # noqa: E402
 
-from aitrain_grpo.training.micro_batches import micro_batch_size  # noqa: E402
+from aitrain_grpo.training.step.micro_batches import micro_batch_size  # noqa: E402
 
 REPO = Path(__file__).resolve().parent.parent
 
@@ -64,7 +64,7 @@ def run_case(model: str, module: str, cls: str, batch: int, micro: int | None, e
                     "tail": (done.stderr or done.stdout)[-400:], "wall_s": wall}
         record = json.loads(metrics.read_text().splitlines()[0])
         return {"ok": True, "peak_gb": record["memory/peak_rss_gb"], "step_s": record["time/step_s"],
-                # The step outside the rollout (was `time/optimizer_s`, now split into phases: step_phases.py).
+                # The step outside the rollout (was `time/optimizer_s`, now split into phases: step/phases.py).
                 "optimizer_s": record["time/step_s"] - record["time/rollout_s"], "wall_s": wall,
                 "micro": micro or micro_batch_size(batch, None)}
 

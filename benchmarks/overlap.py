@@ -101,7 +101,7 @@ def figures(run: dict) -> dict:
     return {
         "step_s": mean([r.get("time/step_s") for r in later]),
         "rollout_s": mean([r.get("time/rollout_s") for r in later]),
-        # The step outside the rollout (was `time/optimizer_s`, now split into phases: step_phases.py).
+        # The step outside the rollout (was `time/optimizer_s`, now split into phases: step/phases.py).
         "optimizer_s": mean([r["time/step_s"] - r["time/rollout_s"] for r in later if "time/step_s" in r]),
         "wait_s": mean([r.get("async/wait_seconds") for r in later]),
         "staleness": mean([r.get("async/staleness_mean") for r in later]),

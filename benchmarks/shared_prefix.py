@@ -12,7 +12,7 @@ the loss mask, as in a multi-turn episode). Then, alternating plain and shared `
   the batch in generation order, as TRL runs it.
 
 LoRA dropout is 0 in both paths: with dropout on, `auto` leaves the loss pass to TRL's path and `on`
-draws one dropout mask per prompt (shared_prefix.py), so the two would not do the same work.
+draws one dropout mask per prompt (step/shared_prefix.py), so the two would not do the same work.
 
 Each row gives the median CPU seconds of each (the process's own, `time.process_time`, with one torch
 thread: the work done, whatever else shares the machine's cores) and the ratio plain / shared measured
@@ -100,7 +100,7 @@ def generation_batch(trainer, env, batch: int, lengths: tuple[int, int], seed: i
 
 
 def micro_batches(batch: dict, micro: int, shared: bool, seed: int) -> list[dict]:
-    from aitrain_grpo.training.micro_batches import keep_prompts_together
+    from aitrain_grpo.training.step.micro_batches import keep_prompts_together
 
     rows = batch["prompt_ids"].size(0)
     order = torch.randperm(rows, generator=torch.Generator().manual_seed(seed))  # TRL's shuffle
@@ -135,7 +135,7 @@ def time_ref(trainer, batch: dict, micro: int) -> float:
 
 
 def measure(model: str, workload: str, batch: int, micro: int, reps: int) -> dict:
-    from aitrain_grpo.training.shared_prefix import SharedPrefix
+    from aitrain_grpo.training.step.shared_prefix import SharedPrefix
 
     module, cls, lengths = WORKLOADS[workload]
     with tempfile.TemporaryDirectory() as tmp:

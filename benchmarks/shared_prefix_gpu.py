@@ -15,7 +15,7 @@ prompts of 36-43 tokens, 70-130 completion tokens; groups of 4, 16 episodes), an
 
     python benchmarks/shared_prefix_gpu.py     # needs torch (CUDA), transformers, peft, accelerate, trl
 
-It imports shared_prefix.py without the package's `__init__` (whose other dependencies the GPU machine
+It imports step/shared_prefix.py without the package's `__init__` (whose other dependencies the GPU machine
 lacks). Left out: gradient checkpointing (TRL's default on a GPU, with which the loss pass takes the
 plain path: the timings here are with it off) and the trainer around the passes.
 """
@@ -36,7 +36,7 @@ package.__path__ = [str(REPO / "aitrain_grpo")]
 config_module = types.ModuleType("aitrain_grpo.config")
 config_module.SHARED_PREFIX_MODES = ("auto", "on", "off")
 sys.modules.update({"aitrain_grpo": package, "aitrain_grpo.config": config_module})
-from aitrain_grpo.training.shared_prefix import SharedPrefix, per_token_logps  # noqa: E402
+from aitrain_grpo.training.step.shared_prefix import SharedPrefix, per_token_logps  # noqa: E402
 
 SMOLLM2 = dict(hidden_size=576, intermediate_size=1536, num_hidden_layers=30, num_attention_heads=9,
                num_key_value_heads=3, head_dim=64, vocab_size=49152, max_position_embeddings=8192,

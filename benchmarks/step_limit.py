@@ -8,7 +8,7 @@ trainer), then, in the same process and on the same model, the last step's work 
     OMP_NUM_THREADS=1 python benchmarks/step_limit.py --model smollm2 --env envs.stations:StationEnv \\
         --batch-size 16 --record benchmarks/STEP_LIMIT.md --label before
 
-The phases are the step's `time/*` metrics (training/step_phases.py), read from the run's
+The phases are the step's `time/*` metrics (training/step/phases.py), read from the run's
 metrics.jsonl and timed, like the bare parts, by this process's CPU time (`--clock cpu`, the default:
 on a machine shared with other jobs wall time mostly measures the neighbours; `--clock wall` for an
 idle machine, which also shows the rollout's generate and environment time): the rollout against bare generation of the same number of tokens (Hugging Face

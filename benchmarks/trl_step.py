@@ -89,8 +89,8 @@ def build_trl(model_path: str, output_dir: Path, episodes: int, generations: int
     from trl.chat_template_utils import qwen3_template
 
     from aitrain_grpo.models.loading import load_model_and_tokenizer
-    from aitrain_grpo.training.plan import plan_run
-    from aitrain_grpo.training.hf_args import lora_config
+    from aitrain_grpo.training.run.plan import plan_run
+    from aitrain_grpo.training.trl.hf_args import lora_config
     from aitrain_grpo.training.trainer import grpo_config
 
     config = _run_config(model_path, output_dir, episodes, generations)

@@ -131,7 +131,7 @@ def test_the_interface_is_read_from_the_signature(aitrain):
 
 def test_scoring_with_the_live_model_refuses_episodes_played_ahead():
     from aitrain_grpo.config import RunConfig
-    from aitrain_grpo.training.rollout_func import TrainingRollout
+    from aitrain_grpo.training.rollout.training_rollout import TrainingRollout
 
     env = load_environment(MODULE, "DefaultsEnv")
     with pytest.raises(ConfigError, match="use --rl-async-steps 0"):

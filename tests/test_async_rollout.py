@@ -17,7 +17,7 @@ from transformers import TrainerCallback
 
 from aitrain_grpo import RunConfig
 from aitrain_grpo.runlog.records import read_jsonl
-from aitrain_grpo.training.checkpoints import complete_checkpoints
+from aitrain_grpo.training.run.checkpoints import complete_checkpoints
 from aitrain_grpo.training.trainer import build_trainer
 from helpers import REPO, run_cli
 from envs_fixtures.flat_groups import FlatGroupsEnv
@@ -145,7 +145,7 @@ def test_sigkill_mid_step_under_async_steps_then_resume_trains_every_prompt_once
                                    stderr=subprocess.STDOUT, env=dict(os.environ, OMP_NUM_THREADS="1"))
     deadline = time.monotonic() + 300
     try:
-        # Step 3 begins with the sync of step 2's weights (weight_sync.py names the version by the steps taken),
+        # Step 3 begins with the sync of step 2's weights (rollout/weight_sync.py names the version by the steps taken),
         # after checkpoint-2 is saved and while step 3's episodes, queued during step 2, are played or waiting.
         while not list((out / "vllm-sync").glob("aitrain-*-step-2")):
             assert process.poll() is None, log.read_text()[-3000:]

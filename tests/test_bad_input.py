@@ -167,7 +167,7 @@ def test_local_vllm_server_gpus_are_hidden_from_training(monkeypatch, tmp_path):
     import subprocess as sp
 
     from aitrain_grpo import RunConfig
-    from aitrain_grpo.training import generation
+    from aitrain_grpo.training.rollout import generation as generation
 
     monkeypatch.setattr("shutil.which", lambda name: "/usr/bin/nvidia-smi")
     monkeypatch.setattr(sp, "run", lambda *a, **k: sp.CompletedProcess(a, 0, stdout="0\n1\n2\n3\n", stderr=""))

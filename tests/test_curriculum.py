@@ -1,4 +1,4 @@
-"""The difficulty curriculum (`--rl-curriculum pools`, training/curriculum.py): prompts whose recent groups
+"""The difficulty curriculum (`--rl-curriculum pools`, training/rollout/curriculum.py): prompts whose recent groups
 all succeeded (easy) or all failed (hard) are drawn at the revisit rate; a real run's pools move, its
 batches turn away from the solved prompts, and a resumed run keeps the pools and draws what an
 uninterrupted run draws."""
@@ -11,9 +11,9 @@ from collections import Counter
 import pytest
 
 from aitrain_grpo.config import ConfigError, RunConfig
-from aitrain_grpo.training.checkpoints import ResumableRepeatSampler
-from aitrain_grpo.training.curriculum import Curriculum, CurriculumSampler
-from aitrain_grpo.training.trl_access import RepeatSampler
+from aitrain_grpo.training.run.checkpoints import ResumableRepeatSampler
+from aitrain_grpo.training.rollout.curriculum import Curriculum, CurriculumSampler
+from aitrain_grpo.training.trl.access import RepeatSampler
 from envs_fixtures.graded import EASY, HARD, Graded, pooled_before
 from helpers.letters import letters_config
 

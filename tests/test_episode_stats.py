@@ -10,7 +10,7 @@ import pytest
 
 from aitrain_grpo.engine.stats import EpisodeSummary, episode_stats
 from aitrain_grpo.env.base import Episode
-from aitrain_grpo.training.stopping import ErrorRateStop, StepErrors
+from aitrain_grpo.training.run.stopping import ErrorRateStop, StepErrors
 
 
 def episode(score: float, stop: str, *, turns: int = 1, error: str | None = None, **metrics) -> Episode:

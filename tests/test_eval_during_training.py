@@ -81,9 +81,11 @@ def test_training_plays_and_learns_the_same_with_or_without_evaluation(evaluated
     assert learned[0] == learned[1]
 
 
-def played_by_aitrain_eval(model: str, seed: int) -> dict[str, float]:
-    """`aitrain eval --model MODEL --episodes 4 --rl-env-config HELD_BACK --seed SEED`'s summary."""
-    results = run_eval(model=model, baseline=None, module=None, class_name=None, env_config=json.dumps(HELD_BACK),
+def played_by_aitrain_eval(model: str, seed: int, *env: str) -> dict[str, float]:
+    """`aitrain eval --model MODEL --episodes 4 --rl-env-config HELD_BACK --seed SEED`'s summary, the
+    environment's module and class `env` (default: the training run's)."""
+    module, class_name = env or (None, None)
+    results = run_eval(model=model, baseline=None, module=module, class_name=class_name, env_config=json.dumps(HELD_BACK),
                        episodes=4, samples=1, use_vllm=False, output=None, options={name: None for name in RUN_FLAGS},
                        seed=seed, batch_size=32, console=Console(file=io.StringIO()))
     return results[0].summary()
@@ -97,6 +99,24 @@ def test_eval_in_training_equals_aitrain_eval_on_the_same_weights_tasks_and_seed
         played = played_by_aitrain_eval(str(model), RUN["seed"])
         assert {key: played[SUMMARY_OF[key]] for key in EVAL_KEYS} == {key: logged[step][key] for key in EVAL_KEYS}
     assert logged[4]["eval/mean_score"] != logged[0]["eval/mean_score"]  # the weights did move
+
+
+def test_a_run_whose_generator_lags_the_weights_evaluates_with_its_model(tiny_model_dir, tmp_path, capsys):
+    """A vLLM run's generator holds the step's starting weights until the next rollout syncs it: the
+    evaluation plays Hugging Face generate on the trainer's model, as `aitrain eval` would on those weights."""
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    from aitrain_grpo.evaluation.held_back import HeldBackEvaluation
+    from aitrain_grpo.runlog.step_metrics import StepMetrics
+
+    config = RunConfig(model=tiny_model_dir, **RUN, eval_every=1, eval_episodes=4, eval_env_config=HELD_BACK).validate()
+    vllm_run = SimpleNamespace(parts=SimpleNamespace(weight_sync=object(), engine=None), metrics=StepMetrics())
+    callback = HeldBackEvaluation(config, vllm_run, tmp_path)
+    model, tokenizer = AutoModelForCausalLM.from_pretrained(tiny_model_dir), AutoTokenizer.from_pretrained(tiny_model_dir)
+    logged = callback.evaluate(0, SimpleNamespace(is_world_process_zero=True), model, tokenizer)
+    played = played_by_aitrain_eval(tiny_model_dir, RUN["seed"], RUN["rl_env_module"], RUN["rl_env_class"])
+    assert {key: played[SUMMARY_OF[key]] for key in EVAL_KEYS} == {key: logged[key] for key in EVAL_KEYS}
+    assert "held-back eval at step 0" in capsys.readouterr().out
 
 
 def test_best_holds_the_weights_of_the_best_logged_value_and_outlives_a_resume(tiny_model_dir, tmp_path, monkeypatch):

@@ -97,7 +97,7 @@ def test_trl_gets_aitrains_recipe_and_tool_reply_tokens(model, tiny_model_dir, t
 
     from aitrain_grpo import RunConfig
     from aitrain_grpo.engine.chat import ChatRenderer
-    from aitrain_grpo.training.plan import plan_run
+    from aitrain_grpo.training.run.plan import plan_run
     from aitrain_grpo.training.trainer import grpo_config
     from envs.stations import StationEnv
     from head_to_head_trl import build_trainer

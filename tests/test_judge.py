@@ -1,4 +1,4 @@
-"""The judge reward (`--rl-judge-rubric`, training/judge.py): group and episode modes read the judge's
+"""The judge reward (`--rl-judge-rubric`, training/rewards/judge.py): group and episode modes read the judge's
 JSON scores; a nonsense reply, an HTTP error or a refused connection scores the fallback and is counted;
 repeated transcripts hit the cache; a CLI run on the tiny model with a judge behind a local fake
 OpenAI-compatible server (no provider is reachable here) logs rewards/judge/mean, weights it into the
@@ -18,7 +18,7 @@ import pytest
 from aitrain_grpo import RunConfig
 from aitrain_grpo.env.base import Episode
 from aitrain_grpo.errors import ConfigError
-from aitrain_grpo.training.judge import HttpJudge, Judge, parse_scores
+from aitrain_grpo.training.rewards.judge import HttpJudge, Judge, parse_scores
 from helpers import REPO
 from helpers.fake_judge import FakeJudge, one_judged_step
 
@@ -169,7 +169,7 @@ def scripted_local_judge(monkeypatch):
     are kept."""
     import torch
 
-    from aitrain_grpo.training.judge import LocalJudge
+    from aitrain_grpo.training.rewards.judge import LocalJudge
 
     prompts: list[str] = []
     load = LocalJudge.__init__

@@ -1,4 +1,4 @@
-"""Judge calls overlap with the rollout (training/judge.py, the engine's `on_episode_done`): the engine
+"""Judge calls overlap with the rollout (training/rewards/judge.py, the engine's `on_episode_done`): the engine
 tells each episode once it is scored (agents' too), a replayed one once, when its replay is; on the tiny
 model, under both schedules, a judge behind the fake server gets its first call while episodes are still
 being scored; the scores, the failure count and the fallback are those of the calls made after the
@@ -16,7 +16,7 @@ import pytest
 from aitrain_grpo.engine.backends.base import ReplayEpisode, RequestBackend, Sample
 from aitrain_grpo.engine.rollout import RolloutEngine
 from aitrain_grpo.engine.settings import EpisodeSettings
-from aitrain_grpo.training.judge import HttpJudge, Judge
+from aitrain_grpo.training.rewards.judge import HttpJudge, Judge
 from helpers.fake_judge import FakeJudge, one_judged_step
 from helpers.rollouts import GREEDY, NEW_TOKENS, StaggeredEnv, TurnEndingHF
 

@@ -118,8 +118,8 @@ def test_nothing_outside_env_imports_an_adapter():
 
 
 def test_no_trl_import_outside_training_and_sft():
-    """TRL is the training layer's business (its private names behind training/trl_access.py and
-    training/trl_hooks.py): the engine, evaluation and the rest are handed plain objects, so a TRL upgrade
+    """TRL is the training layer's business (its private names behind training/trl/access.py and
+    training/trl/hooks.py): the engine, evaluation and the rest are handed plain objects, so a TRL upgrade
     touches training/ and sft/ only. Lazy imports count."""
     offenders = sorted(f"{m} imports {t}" for m, tree in modules().items() if layer(m) not in ("training", "sft")
                        for t in imported_names(tree) if t == "trl" or t.startswith("trl."))

@@ -1,4 +1,4 @@
-"""TRL's fused LM head scoring only the labelled positions on a CPU (training/lm_head.py) gives the
+"""TRL's fused LM head scoring only the labelled positions on a CPU (training/trl/lm_head.py) gives the
 log-probabilities, entropies and gradients of scoring every position, and a trainer installs it."""
 
 from __future__ import annotations
@@ -9,7 +9,7 @@ import torch
 import trl.trainer.utils as trl_utils
 from trl.kernels.chunked_logprob import _use_triton as TRL_USE_TRITON  # TRL's own, never replaced
 
-from aitrain_grpo.training.lm_head import scoring_labelled_positions
+from aitrain_grpo.training.trl.lm_head import scoring_labelled_positions
 
 
 def _fused_pass(model, ids, mask, labels):

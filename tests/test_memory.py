@@ -16,7 +16,7 @@ import pytest
 from aitrain_grpo import RunConfig, train
 from aitrain_grpo.errors import ConfigError
 from aitrain_grpo.runlog.progress import metrics_line
-from aitrain_grpo.training.micro_batches import micro_batch_size, trim_padding, trl_batch_arguments
+from aitrain_grpo.training.step.micro_batches import micro_batch_size, trim_padding, trl_batch_arguments
 
 
 def one_step(model: str, output_dir, micro: int, new_tokens: int = 12) -> dict:
@@ -49,7 +49,7 @@ def test_micro_batches_give_the_gradient_of_one_pass_on_smollm2(smollm2_model_di
     """The same on a real model (vocabulary 49,152, 30 layers), where rounding differs more between a
     pass of 8 and passes of 2: reward equal, loss and gradient norm within 1e-3 relative; and the
     passes of 2 peak lower in the loss phase. Turns of 96 tokens: TRL's LM head scores only the
-    completion positions (training/lm_head.py), so with the 12-token turns above a pass's activations
+    completion positions (training/trl/lm_head.py), so with the 12-token turns above a pass's activations
     are too small beside the model to show in the process's peak."""
     whole = one_step(smollm2_model_dir, tmp_path / "whole", micro=8, new_tokens=96)
     pieces = one_step(smollm2_model_dir, tmp_path / "pieces", micro=2, new_tokens=96)
@@ -90,7 +90,7 @@ def test_the_progress_line_says_the_steps_peak_memory():
 
 
 def test_a_step_that_may_not_fit_is_warned_about_with_the_flag_to_change():
-    from aitrain_grpo.training.memory_check import memory_warning
+    from aitrain_grpo.training.preflight.memory_check import memory_warning
 
     smollm2 = dict(parameters=134_515_008, vocab=49_152, tokens_per_episode=1024, batch_size=8)
     # 8 episodes a pass of up to 1024 tokens measured 18 GB; with 12 GB free the pass must shrink to a

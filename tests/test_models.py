@@ -254,7 +254,7 @@ def test_smollm2_trains_one_grpo_step_through_the_cli(smollm2_model_dir, tmp_pat
 def test_eval_and_vllm_serve_take_the_name(smollm2_model_dir):
     from aitrain_grpo.commands.vllm_serve import ServeOptions, server_command
     from aitrain_grpo.models.loading import resolve_model
-    from aitrain_grpo.training.generation import served_name
+    from aitrain_grpo.training.rollout.generation import served_name
 
     # vllm-serve serves the converted folder under the name the trainer then expects.
     command = server_command(ServeOptions(model="smollm2", nccl=False), resolve_model("smollm2"))

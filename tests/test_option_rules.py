@@ -9,7 +9,7 @@ import pytest
 
 from aitrain_grpo.config import RunConfig, check_options
 from aitrain_grpo.errors import ConfigError
-from aitrain_grpo.training.plan import plan_run
+from aitrain_grpo.training.run.plan import plan_run
 
 LETTERS = dict(rl_env_module="envs.letters", rl_env_class="LetterEnv")
 

@@ -80,7 +80,7 @@ def test_sampling_options_reach_the_rollout_engine(trained_one_step):
 
 
 def test_a_flag_overrides_the_same_key_in_the_config_file(tmp_path, tiny_model_dir):
-    from aitrain_grpo.training.plan import plan_run
+    from aitrain_grpo.training.run.plan import plan_run
     from aitrain_grpo.training.trainer import grpo_config
 
     path = tmp_path / "run.yaml"
@@ -145,7 +145,7 @@ def test_sft_leaves_out_grpo_rules_and_keeps_the_others():
 def test_a_run_checks_its_options_once(tmp_path, tiny_model_dir, monkeypatch):
     """The command line's options are checked in one place (plan_run), not once by the CLI and again by
     the run: a rule added there holds for `aitrain grpo` and for `train(config)` alike."""
-    from aitrain_grpo.training.plan import plan_run
+    from aitrain_grpo.training.run.plan import plan_run
 
     calls = []
     original = RunConfig.validate

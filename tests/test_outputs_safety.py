@@ -112,8 +112,8 @@ def test_a_taken_default_output_folder_gives_the_next_numbered_one(tmp_path, mon
     goes to outputs/<class>-2 (said on stderr) instead of failing; an explicit --output-dir still refuses."""
     from aitrain_grpo import RunConfig
     from aitrain_grpo.errors import ConfigError
-    from aitrain_grpo.training.plan import plan_run
-    from aitrain_grpo.training.run_lock import release_all
+    from aitrain_grpo.training.run.plan import plan_run
+    from aitrain_grpo.training.run.lock import release_all
 
     monkeypatch.chdir(tmp_path)
     finished = tmp_path / "outputs" / "letterenv"
@@ -125,7 +125,7 @@ def test_a_taken_default_output_folder_gives_the_next_numbered_one(tmp_path, mon
     assert plan.output_dir == Path("outputs/letterenv-2") and plan.config.output_dir == "outputs/letterenv-2"
     assert config.output_dir is None  # the caller's config is left alone
     assert "outputs/letterenv holds an earlier run, so this run writes to outputs/letterenv-2" in capsys.readouterr().err
-    (tmp_path / "outputs" / "letterenv-2").mkdir(exist_ok=True)  # the plan locked it (training/run_lock.py)
+    (tmp_path / "outputs" / "letterenv-2").mkdir(exist_ok=True)  # the plan locked it (training/run/lock.py)
     (tmp_path / "outputs" / "letterenv-2" / "run_config.json").write_text("{}")
     assert plan_run(config).output_dir == Path("outputs/letterenv-3")
     with pytest.raises(ConfigError, match="already holds a finished run"):

@@ -22,8 +22,8 @@ from transformers import TrainerCallback
 from helpers import require
 from helpers.letters import letters_config
 from aitrain_grpo.config import RunConfig
-from aitrain_grpo.training.checkpoints import complete_checkpoints
-from aitrain_grpo.training.stopping import TrainingStopped
+from aitrain_grpo.training.run.checkpoints import complete_checkpoints
+from aitrain_grpo.training.run.stopping import TrainingStopped
 from envs.letters import LetterEnv
 
 
@@ -276,9 +276,9 @@ def test_a_signal_while_waiting_for_a_lost_vllm_server_stops_at_once(tmp_path, r
     from aitrain_grpo.engine.rollout import RolloutEngine
     from aitrain_grpo.engine.settings import EpisodeSettings
     from aitrain_grpo.models.loading import stop_token_ids
-    from aitrain_grpo.training.stopping import clean_stops
+    from aitrain_grpo.training.run.stopping import clean_stops
     from aitrain_grpo.training.trainer import build_trainer
-    from aitrain_grpo.training.trl_access import generation_handles
+    from aitrain_grpo.training.trl.access import generation_handles
 
     class ServerLostAtStep3(GenerationBackend):
         def __init__(self, alive: GenerationBackend, pool: ServerPool):

@@ -8,7 +8,7 @@ import pytest
 from helpers import run_cli
 
 from aitrain_grpo.errors import ConfigError
-from aitrain_grpo.training.prompt_length import check_prompt_lengths, model_context
+from aitrain_grpo.training.preflight.prompt_length import check_prompt_lengths, model_context
 
 LONG_ENV = '''
 from envs.letters import LetterEnv

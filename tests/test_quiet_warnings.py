@@ -33,6 +33,6 @@ def test_the_command_line_silences_the_checkpointing_rename_only():
 
 
 def test_training_silences_ddps_unused_parameters_note_only():
-    printed = warnings_printed("aitrain_grpo.training.hf_args")
+    printed = warnings_printed("aitrain_grpo.training.trl.hf_args")
     assert "did not find any unused parameters" not in printed
     assert "find_unused_parameters something else" in printed

@@ -17,7 +17,7 @@ from aitrain_grpo.env.loading import load_environment
 from aitrain_grpo.errors import ConfigError
 from aitrain_grpo.option_effects import unused_option_notes
 from aitrain_grpo.option_rules import check_seed
-from aitrain_grpo.training.run_checks import check_run
+from aitrain_grpo.training.preflight.run_checks import check_run
 from helpers import REPO
 from helpers.cli import refused
 

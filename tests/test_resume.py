@@ -17,7 +17,7 @@ import pytest
 
 from helpers import REPO, run_cli
 
-from aitrain_grpo.training.checkpoints import checkpoint_step, complete_checkpoints, is_complete
+from aitrain_grpo.training.run.checkpoints import checkpoint_step, complete_checkpoints, is_complete
 from aitrain_grpo.config import ConfigError
 from helpers.letters import letters_config
 from envs.letters import LetterEnv
@@ -124,7 +124,7 @@ def test_resuming_mid_epoch_replays_the_same_prompts_and_numbers(uninterrupted, 
 def test_a_save_that_fails_midway_leaves_no_checkpoint_behind(tmp_path):
     """A save cut short (here: the disk fills up after the weights are written) leaves only the
     staging folder; `auto` goes on taking the last complete checkpoint."""
-    from aitrain_grpo.training.checkpoints import resume_checkpoint
+    from aitrain_grpo.training.run.checkpoints import resume_checkpoint
     from aitrain_grpo.training.trainer import build_trainer
 
     out = tmp_path / "run"
@@ -166,7 +166,7 @@ def test_run_state_is_saved_with_the_checkpoint(uninterrupted):
     ],
 )
 def test_bad_resume_targets_are_refused_before_loading(uninterrupted, overrides, fragments):
-    from aitrain_grpo.training.checkpoints import check_output_dir_for_run
+    from aitrain_grpo.training.run.checkpoints import check_output_dir_for_run
 
     out, _ = uninterrupted
     overrides = {k: v.format(out=out) if isinstance(v, str) else v for k, v in overrides.items()}
@@ -178,7 +178,7 @@ def test_bad_resume_targets_are_refused_before_loading(uninterrupted, overrides,
 
 
 def test_a_finished_run_is_refused_without_resume_or_overwrite(uninterrupted):
-    from aitrain_grpo.training.checkpoints import check_output_dir_for_run
+    from aitrain_grpo.training.run.checkpoints import check_output_dir_for_run
 
     out, _ = uninterrupted
     assert (out / "run_summary.json").exists()
@@ -238,7 +238,7 @@ def test_a_finished_run_resumed_with_more_steps_trains_them_and_logs_steps_1_to_
 
 
 def test_an_incomplete_checkpoint_path_is_refused(tmp_path):
-    from aitrain_grpo.training.checkpoints import check_output_dir_for_run
+    from aitrain_grpo.training.run.checkpoints import check_output_dir_for_run
 
     broken = tmp_path / "checkpoint-9"
     broken.mkdir()
@@ -248,7 +248,7 @@ def test_an_incomplete_checkpoint_path_is_refused(tmp_path):
 
 
 def test_a_fresh_start_over_an_unfinished_run_needs_overwrite(tmp_path):
-    from aitrain_grpo.training.checkpoints import check_output_dir_for_run
+    from aitrain_grpo.training.run.checkpoints import check_output_dir_for_run
     from aitrain_grpo.training.trainer import train
 
     out = tmp_path / "run"
@@ -276,7 +276,7 @@ def test_a_resume_that_would_cross_runs_is_refused_naming_what_differs(uninterru
     """Checkpoints of a LetterEnv run continue only that run: another environment, environment config,
     model or adapter shape is a one-line error, before anything is loaded or written."""
     from aitrain_grpo.errors import ConfigError
-    from aitrain_grpo.training.checkpoints import resume_checkpoint
+    from aitrain_grpo.training.run.checkpoints import resume_checkpoint
 
     out, _ = uninterrupted
     written = (out / "run_config.json").read_text()

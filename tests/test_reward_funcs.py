@@ -23,7 +23,7 @@ from aitrain_grpo.commands.cli import app
 from aitrain_grpo.engine.rollout import RolloutBatch, TokenTrace
 from aitrain_grpo.env.base import Episode
 from aitrain_grpo.rewards import length_penalty, turn_penalty
-from aitrain_grpo.training.reward_funcs import RewardFunc, checked_values, episode_reward
+from aitrain_grpo.training.rewards.functions import RewardFunc, checked_values, episode_reward
 from helpers import REPO
 
 HOTEL = ["--rl-env-module", "envs.hotel", "--rl-env-class", "HotelEnv"]

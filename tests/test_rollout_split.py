@@ -1,7 +1,7 @@
 """The training rollout's roles kept apart: the run's metrics sink (runlog/step_metrics.py) that the
 rollout, weight sync and step timing write into and the trainer's log drains; step timing and memory
 peaks as a callback (runlog/step_timing.py); the engine, weight sync and async rollout built with the
-trainer (training/rollout_parts.py), not on the first rollout."""
+trainer (training/rollout/parts.py), not on the first rollout."""
 
 from __future__ import annotations
 
@@ -12,8 +12,8 @@ import pytest
 
 from aitrain_grpo.runlog.step_metrics import StepMetrics
 from aitrain_grpo.runlog.step_timing import StepTiming
-from aitrain_grpo.training.rollout_parts import RolloutParts
-from aitrain_grpo.training.step_phases import PhaseClock
+from aitrain_grpo.training.rollout.parts import RolloutParts
+from aitrain_grpo.training.step.phases import PhaseClock
 
 
 class FakeTime:
@@ -178,7 +178,7 @@ def test_an_engine_put_in_by_hand_closes_the_one_it_replaces():
 
 def test_a_rollout_without_an_engine_says_the_trainer_attaches_one():
     from aitrain_grpo.config import RunConfig
-    from aitrain_grpo.training.rollout_func import TrainingRollout
+    from aitrain_grpo.training.rollout.training_rollout import TrainingRollout
 
     rollout = TrainingRollout(object(), RunConfig())
     with pytest.raises(RuntimeError, match="the trainer attaches one when it is built"):
@@ -188,7 +188,7 @@ def test_a_rollout_without_an_engine_says_the_trainer_attaches_one():
 
 def test_the_trainer_builds_the_engine_with_itself_and_owns_one_sink(tmp_path):
     from aitrain_grpo.config import RunConfig
-    from aitrain_grpo.training.rollout_func import TrainingRollout
+    from aitrain_grpo.training.rollout.training_rollout import TrainingRollout
     from aitrain_grpo.training.trainer import build_trainer
     from envs.letters import LetterEnv
 

@@ -23,9 +23,9 @@ import pytest
 from aitrain_grpo import RunConfig
 from aitrain_grpo.errors import ConfigError
 from aitrain_grpo.outputs import LOCK_NAME
-from aitrain_grpo.training import run_lock
-from aitrain_grpo.training.checkpoints import STEP_SHAPE
-from aitrain_grpo.training.plan import plan_run
+from aitrain_grpo.training.run import lock as run_lock
+from aitrain_grpo.training.run.checkpoints import STEP_SHAPE
+from aitrain_grpo.training.run.plan import plan_run
 from helpers.cli import refused
 
 LETTERS = ["--rl-env-module", "envs.letters", "--rl-env-class", "LetterEnv"]
@@ -96,7 +96,7 @@ def test_auto_with_no_checkpoint_starts_fresh_and_says_so(project, capsys):
 # ------------------------------------------------------------------------------------------ 2: the lock
 
 
-HOLDER = ("import sys, time; from pathlib import Path; from aitrain_grpo.training.run_lock import lock_output_dir; "
+HOLDER = ("import sys, time; from pathlib import Path; from aitrain_grpo.training.run.lock import lock_output_dir; "
           "lock_output_dir(Path(sys.argv[1])); print('locked', flush=True); time.sleep(600)")
 
 

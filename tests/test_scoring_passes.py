@@ -1,4 +1,4 @@
-"""TRL's reference/old log-prob passes over each chunk's own length (training/scoring_passes.py) give
+"""TRL's reference/old log-prob passes over each chunk's own length (training/trl/scoring_passes.py) give
 TRL's own values, and a trainer's passes are really cut."""
 
 from __future__ import annotations
@@ -47,7 +47,7 @@ def test_a_scoring_pass_is_cut_to_each_chunk_and_gives_trls_values(tiny_model_di
 
 
 def test_only_scoring_forwards_of_the_fused_head_are_cut():
-    from aitrain_grpo.training.scoring_passes import trailing_cut
+    from aitrain_grpo.training.trl.scoring_passes import trailing_cut
 
     mask = torch.tensor([[1, 1, 1, 0, 0], [0, 1, 1, 1, 0]])
     base = {"input_ids": torch.zeros_like(mask), "attention_mask": mask, "labels": torch.zeros_like(mask),

@@ -15,7 +15,7 @@ import torch
 
 from aitrain_grpo import Environment, RunConfig
 from aitrain_grpo.env.base import Episode
-from aitrain_grpo.training import trl_hooks
+from aitrain_grpo.training.trl import hooks as trl_hooks
 from aitrain_grpo.training.step.scoring import importance_ratio
 from aitrain_grpo.training.trainer import build_trainer
 from envs_fixtures.agents import SummarisingAgent

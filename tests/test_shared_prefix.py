@@ -1,4 +1,4 @@
-"""The shared-prefix loss (training/shared_prefix.py) is exact: each distinct prompt forwarded once and its
+"""The shared-prefix loss (training/step/shared_prefix.py) is exact: each distinct prompt forwarded once and its
 episodes' continuations on it give the plain path's per-token log-probs, entropies, loss and gradients,
 with LoRA and with full fine-tuning, on groups whose prompts differ in length (left padding) and whose
 multi-turn completions have environment tokens masked out of the loss. Also: the tiny model moves by
@@ -14,8 +14,8 @@ import torch
 from trl.trainer.utils import use_adapter
 
 from aitrain_grpo import RunConfig
-from aitrain_grpo.training.micro_batches import keep_prompts_together
-from aitrain_grpo.training.shared_prefix import SharedPrefix, saved_share, shared_logps
+from aitrain_grpo.training.step.micro_batches import keep_prompts_together
+from aitrain_grpo.training.step.shared_prefix import SharedPrefix, saved_share, shared_logps
 from aitrain_grpo.training.trainer import build_trainer
 from envs.letters import LetterEnv
 
@@ -162,7 +162,7 @@ def test_auto_shares_only_where_it_leaves_out_enough_tokens(lora_trainer):
 
 def test_auto_leaves_devices_it_was_not_measured_on_to_the_plain_path(lora_trainer, caplog):
     ids = torch.zeros(2, 5, dtype=torch.long, device="meta")  # not a CPU tensor
-    with caplog.at_level(logging.WARNING, logger="aitrain_grpo.training.shared_prefix"):
+    with caplog.at_level(logging.WARNING, logger="aitrain_grpo.training.step.shared_prefix"):
         got = shared_logps(lora_trainer.accelerator, SharedPrefix("auto"), lora_trainer.model, ids, ids, 2, None, False, False, {},
                            lambda i, m, b: "plain")
     assert got == "plain" and "auto shares on cpu only" in caplog.text
@@ -173,7 +173,7 @@ def test_auto_leaves_passes_with_dropout_to_the_plain_path(tiny_model_dir, tmp_p
     trainer = make_trainer(tiny_model_dir, tmp_path, peft=True, lora_dropout=0.05)
     batch = episode_batch()
     batch["ref_per_token_logps"] = torch.zeros(8, batch["completion_ids"].size(1))
-    with caplog.at_level(logging.WARNING, logger="aitrain_grpo.training.shared_prefix"):
+    with caplog.at_level(logging.WARNING, logger="aitrain_grpo.training.step.shared_prefix"):
         assert loss_and_grads(trainer, "auto", batch)[2].shared_chunks == 0
         assert "dropout is on" in caplog.text
         with use_adapter(trainer.model, None):  # the reference pass: the adapter and its dropout are off
@@ -187,7 +187,7 @@ def test_gradient_checkpointing_takes_the_plain_path_with_a_note(tiny_model_dir,
     trainer.model.gradient_checkpointing_enable()
     batch = episode_batch()
     batch["ref_per_token_logps"] = torch.zeros(8, batch["completion_ids"].size(1))
-    with caplog.at_level(logging.WARNING, logger="aitrain_grpo.training.shared_prefix"):
+    with caplog.at_level(logging.WARNING, logger="aitrain_grpo.training.step.shared_prefix"):
         _, _, state = loss_and_grads(trainer, "on", batch)
         loss_and_grads(trainer, state, batch)
     assert state.shared_chunks == 0

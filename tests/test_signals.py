@@ -18,7 +18,7 @@ import pytest
 
 from helpers import REPO
 
-from aitrain_grpo.training.checkpoints import is_complete
+from aitrain_grpo.training.run.checkpoints import is_complete
 
 FAULTS_DIR = REPO / "tests" / "faults"
 

@@ -10,7 +10,7 @@ from typer.testing import CliRunner
 
 from aitrain_grpo.commands.cli import app
 from aitrain_grpo.config import RunConfig
-from aitrain_grpo.training import small_dataset
+from aitrain_grpo.training.preflight import small_dataset as small_dataset
 from helpers import REPO, run_cli
 
 ONE_ROW_ENV = '''

@@ -107,7 +107,7 @@ class FakeTime:
 
 
 def test_the_clock_charges_each_second_to_the_innermost_phase():
-    from aitrain_grpo.training.step_phases import PhaseClock
+    from aitrain_grpo.training.step.phases import PhaseClock
 
     t = FakeTime()
     clock = PhaseClock(t)

@@ -1,5 +1,5 @@
 """The private TRL and transformers names this package reads, calls or sets without overriding them
-(training/trl_access.py) still exist in the installed TRL (1.16.0) and transformers, and nothing else in the
+(training/trl/access.py) still exist in the installed TRL (1.16.0) and transformers, and nothing else in the
 package touches them: an upgrade that renames one fails here, naming it, instead of mid-run. The
 overrides themselves are pinned by tests/test_trl_hooks.py."""
 
@@ -15,12 +15,12 @@ import pytest
 from trl import GRPOTrainer
 
 from helpers import REPO
-from aitrain_grpo.training import trl_access
-from aitrain_grpo.training.trl_access import (PINNED_ATTRIBUTES, PINNED_FUNCTIONS, PINNED_METHODS, PINNED_SAMPLER,
+from aitrain_grpo.training.trl import access as trl_access
+from aitrain_grpo.training.trl.access import (PINNED_ATTRIBUTES, PINNED_FUNCTIONS, PINNED_METHODS, PINNED_SAMPLER,
                                               PINNED_VLLM_GENERATION, RepeatSampler)
 
 # The modules allowed to touch TRL's private names: the accessors and the overrides.
-ALLOWED = {"aitrain_grpo/training/trl_access.py", "aitrain_grpo/training/trl_hooks.py"}
+ALLOWED = {"aitrain_grpo/training/trl/access.py", "aitrain_grpo/training/trl/hooks.py"}
 # Guarded names: every pinned private one, and the public-looking trainer attributes TRL does not document.
 GUARDED = {name for name in [*PINNED_METHODS, *PINNED_ATTRIBUTES] if name.startswith("_")} | {"vllm_generation", "model_wrapped"}
 
@@ -42,12 +42,12 @@ def test_every_called_method_has_the_parameters_it_was_read_with():
         found = tuple(inspect.signature(method).parameters) if method is not None else None
         if found != parameters:
             changed.append(f"{name}: read with {parameters}, now {found}")
-    assert not changed, "re-read these methods before changing training/trl_access.py: " + "; ".join(changed)
+    assert not changed, "re-read these methods before changing training/trl/access.py: " + "; ".join(changed)
 
 
 def test_every_read_attribute_is_one_trl_or_transformers_assigns():
     missing = [name for name in PINNED_ATTRIBUTES if not assigned_in(trl_classes(), name)]
-    assert not missing, f"TRL's trainer no longer sets {missing}: re-read it before changing training/trl_access.py"
+    assert not missing, f"TRL's trainer no longer sets {missing}: re-read it before changing training/trl/access.py"
     from trl.generation.vllm_generation import VLLMGeneration
 
     missing = [name for name in PINNED_VLLM_GENERATION if not assigned_in([VLLMGeneration], name)]
@@ -66,7 +66,7 @@ def test_the_pattern_finds_assignments_only():
 
 
 def test_trls_loss_reads_the_batch_the_way_the_step_relies_on():
-    # use_importance_sampling (trl_hooks.py): TRL's loss applies the weights only with use_vllm on; the loss-pass
+    # use_importance_sampling (trl/hooks.py): TRL's loss applies the weights only with use_vllm on; the loss-pass
     # weights (step/loss.py) are written into the micro-batch after its log-probabilities are computed
     # and before the loss reads them; a batch without old log-probabilities uses the pass's own, detached.
     loss = inspect.getsource(GRPOTrainer._compute_loss)
@@ -111,7 +111,7 @@ def private_touches(path, root=REPO) -> list[str]:
 def test_only_the_accessors_and_the_hooks_touch_trls_private_names():
     offenders = [hit for path in sorted((REPO / "aitrain_grpo").rglob("*.py"))
                  if str(path.relative_to(REPO)) not in ALLOWED for hit in private_touches(path)]
-    assert not offenders, f"go through training/trl_access.py (and pin the name there): {offenders}"
+    assert not offenders, f"go through training/trl/access.py (and pin the name there): {offenders}"
 
 
 def test_the_scan_sees_each_kind_of_touch(tmp_path):

@@ -1,4 +1,4 @@
-"""The private TRL methods this package overrides (training/trl_hooks.py) still have the parameters
+"""The private TRL methods this package overrides (training/trl/hooks.py) still have the parameters
 they were read with: a TRL or transformers upgrade that changes one fails here, naming the method,
 instead of mid-run."""
 
@@ -9,7 +9,7 @@ import inspect
 from trl import GRPOTrainer
 
 from aitrain_grpo.training.trainer import EpisodeGRPOTrainer
-from aitrain_grpo.training.trl_hooks import PINNED, PINNED_FUNCTIONS, TRLHooks
+from aitrain_grpo.training.trl.hooks import PINNED, PINNED_FUNCTIONS, TRLHooks
 
 
 def test_every_pinned_method_has_the_parameters_it_was_read_with():
@@ -19,7 +19,7 @@ def test_every_pinned_method_has_the_parameters_it_was_read_with():
         found = tuple(inspect.signature(method).parameters) if method is not None else None
         if found != parameters:
             changed.append(f"{name}: read with {parameters}, TRL now has {found}")
-    assert not changed, "re-read these TRL methods before changing training/trl_hooks.py: " + "; ".join(changed)
+    assert not changed, "re-read these TRL methods before changing training/trl/hooks.py: " + "; ".join(changed)
 
 
 def test_the_hooks_are_every_private_override_and_come_first():
@@ -39,7 +39,7 @@ def test_every_replaced_trl_function_has_the_parameters_and_the_one_use_it_was_r
         module = importlib.import_module(module_name)
         found = getattr(module, name, None)
         assert found is not None and tuple(inspect.signature(found).parameters) == parameters, dotted
-    # lm_head.py relies on trl.trainer.utils reading `_use_triton` only to choose the positions it scores.
+    # trl/lm_head.py relies on trl.trainer.utils reading `_use_triton` only to choose the positions it scores.
     source = inspect.getsource(importlib.import_module("trl.trainer.utils"))
     calls = [line.strip() for line in source.splitlines() if "_use_triton(" in line]
     assert calls == ["compact = _use_triton(hidden_states.device)"], calls

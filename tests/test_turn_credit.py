@@ -11,7 +11,7 @@ import pytest
 from aitrain_grpo import RunConfig
 from aitrain_grpo.env.base import Episode
 from aitrain_grpo.training.trainer import build_trainer
-from aitrain_grpo.training.turn_credit import group_turn_advantages, returns_to_go, token_turn_advantages
+from aitrain_grpo.training.step.turn_credit import group_turn_advantages, returns_to_go, token_turn_advantages
 from envs_fixtures.turn_rewards import TurnRewardEnv
 
 

@@ -123,7 +123,7 @@ def test_server_importance_sampling_ratio_leaves_one_when_a_sync_is_skipped(vllm
     from the base model while the trainer moves away, and the logged ratio shows it. Measured: mean
     ratio 0.99, 0.11, 0.05 at steps 1-3 (synced runs: 0.90-1.03 at every step)."""
     from aitrain_grpo import RunConfig, train
-    from aitrain_grpo.training.weight_sync import FolderWeightSync
+    from aitrain_grpo.training.rollout.weight_sync import FolderWeightSync
 
     sync = FolderWeightSync.maybe_sync
 
@@ -205,8 +205,8 @@ def test_nccl_sync_protocol_moves_the_servers_weights_with_only_nccl_mocked(vllm
     from trl.generation.vllm_client import VLLMClient
 
     from aitrain_grpo import RunConfig, train
-    from aitrain_grpo.training.generation import GenerationPlan
-    from aitrain_grpo.training.plan import plan_run
+    from aitrain_grpo.training.rollout.generation import GenerationPlan
+    from aitrain_grpo.training.run.plan import plan_run
 
     pushes: list[Path] = []
 

@@ -79,8 +79,8 @@ def test_a_vllm_without_layerwise_reload_is_refused_before_anything_loads(monkey
 
     from aitrain_grpo import RunConfig
     from aitrain_grpo.errors import ConfigError
-    from aitrain_grpo.training.generation import check_server, plan_generation
-    from aitrain_grpo.training.weight_sync import colocate_reload_problem
+    from aitrain_grpo.training.rollout.generation import check_server, plan_generation
+    from aitrain_grpo.training.rollout.weight_sync import colocate_reload_problem
 
     assert colocate_reload_problem() is None  # the vLLM installed here has it
     monkeypatch.setattr(GPUModelRunner, "reload_weights", lambda self, weights_path=None: None)

@@ -27,7 +27,7 @@ from aitrain_grpo.engine.backends.base import SamplingParams  # noqa: E402
 from aitrain_grpo.engine.backends.server_pool import ServerPool  # noqa: E402
 from aitrain_grpo.engine.backends.vllm_server import VLLMServerClient  # noqa: E402
 from aitrain_grpo.errors import ConfigError  # noqa: E402
-from aitrain_grpo.training.generation import check_server, plan_generation  # noqa: E402
+from aitrain_grpo.training.rollout.generation import check_server, plan_generation  # noqa: E402
 from helpers import REPO, run_cli  # noqa: E402
 from helpers.vllm import fixed_prompt, in_sync, kill_hard, start_vllm_serve, stop  # noqa: E402
 

@@ -55,11 +55,11 @@ from aitrain_grpo.env.loading import describe_interface, load_environment
 from aitrain_grpo.errors import EXIT_USAGE, UserError, one_line
 from aitrain_grpo.option_rules import check_seed
 from aitrain_grpo.outputs import check_file_output, replaced_contents
-from aitrain_grpo.training.run_checks import check_run
+from aitrain_grpo.training.preflight.run_checks import check_run
 from aitrain_grpo.runlog.report import write_report
 from aitrain_grpo.models.tiny import build_tiny_model
-from aitrain_grpo.training.small_dataset import steps_short
-from aitrain_grpo.training.run_lock import release_all
+from aitrain_grpo.training.preflight.small_dataset import steps_short
+from aitrain_grpo.training.run.lock import release_all
 
 # aitrain_grpo.training's other modules import torch and TRL (seconds, and TRL imports vLLM, which
 # prints): `grpo` imports them once its options are checked, so `--help` and option errors stay fast.
@@ -84,8 +84,8 @@ def user_errors() -> tuple[type[BaseException], ...]:
 
 def early_stops() -> tuple[type[BaseException], ...]:
     """Ends of training before its last step, with a checkpoint (imported only when one happens:
-    training/stopping.py imports torch)."""
-    from aitrain_grpo.training.stopping import TrainingStopped
+    training/run/stopping.py imports torch)."""
+    from aitrain_grpo.training.run.stopping import TrainingStopped
 
     return (TrainingStopped,)
 
@@ -122,7 +122,7 @@ def grpo(**kwargs) -> None:
     debug = bool(kwargs.get("debug"))
     try:
         config = build_run_config(kwargs.pop("config", None), kwargs)
-        from aitrain_grpo.training.plan import plan_run
+        from aitrain_grpo.training.run.plan import plan_run
 
         plan = plan_run(config)  # a bad option or a clobbered output dir fails before the environment loads
         config = plan.config  # checked and typed; a taken default output folder becomes the next numbered one
@@ -134,7 +134,7 @@ def grpo(**kwargs) -> None:
             )
         env = load_environment(*config.environment())
         out.print(f"environment {type(env).__name__}: {describe_interface(env)}", markup=False, highlight=False)
-        notes = check_run(config, env)  # refusals that need the environment, before the model loads (run_checks.py)
+        notes = check_run(config, env)  # refusals that need the environment, before the model loads (preflight/run_checks.py)
         for note in notes if os.environ.get("RANK", "0") == "0" else ():
             err.print(note, markup=False)
         from aitrain_grpo.training.trainer import train  # after the checks: TRL imports vLLM, which prints

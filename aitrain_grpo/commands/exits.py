@@ -4,7 +4,7 @@ Environment calls that timed out may still be running in worker threads, and Pyt
 threads at exit: one stuck for good would hang a finished run forever. So when some are left after a
 short grace period, the process ends without waiting for them.
 
-A stop by a signal (training/signals.py) is in a hurry: its sender kills the job after a grace period
+A stop by a signal (training/run/signals.py) is in a hurry: its sender kills the job after a grace period
 (SLURM and Kubernetes: 30 s by default), and the calls left are those of the step it dropped. So its
 grace is shorter, and once the exit handlers have run (the run lock, MCP servers, trackers) the process
 ends without the interpreter's teardown, which frees every module one by one: about 3 s on the tiny

@@ -7,7 +7,7 @@ matched by its exact text so that any other warning of the same kind still shows
 
 Imported by commands/cli.py for its effect; a Python caller of the library keeps its own warning settings.
 
-Left out: warnings of training itself, silenced where the trainer is set up (training/hf_args.py: DDP's
+Left out: warnings of training itself, silenced where the trainer is set up (training/trl/hf_args.py: DDP's
 unused-parameters note; training/trainer.py: peft's vocabulary note).
 """
 

@@ -25,7 +25,7 @@ scored as it stands. Each episode's `stop_reason` says which of these ended it (
 
 `on_episode_done`, when set, is called with the batch and an episode's index as soon as that episode is
 scored (either schedule, agents too; an episode replayed after its server was lost: once, when its replay
-is), so a caller can start work on finished episodes while the rest still play (training/judge.py's
+is), so a caller can start work on finished episodes while the rest still play (training/rewards/judge.py's
 early judge calls). It runs on the engine's event loop: it must return at once.
 
 Left out: the trainer (see training/) and anything backend-specific (see backends/).

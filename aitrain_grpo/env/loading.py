@@ -148,7 +148,7 @@ def _missing_module_message(module: str, missing: str, flag: str = "--rl-env-mod
 
 def import_user_module(module: str, flag: str = "--rl-env-module", what: str = "environment module"):
     """Import a user's module by dotted path from the current directory; every failure is a one-line
-    `EnvLoadError` naming `flag`. Also imports reward functions (training/reward_funcs.py)."""
+    `EnvLoadError` naming `flag`. Also imports reward functions (training/rewards/functions.py)."""
     if not module or not module.strip():
         raise EnvLoadError(f"no {what} given; pass a dotted module path such as envs.hotel ({flag})")
     if "/" in module or "\\" in module or module.endswith(".py"):

@@ -68,7 +68,7 @@ def eval_line(step: int, metrics: dict[str, float], samples: int, tasks: int, se
 
 
 class HeldBackEvaluation(TrainerCallback):
-    """See the module docstring. `rollout` is the run's `TrainingRollout` (training/rollout_func.py): its
+    """See the module docstring. `rollout` is the run's `TrainingRollout` (training/rollout/training_rollout.py): its
     engine plays, and its metrics sink (`rollout.metrics`) takes the numbers."""
 
     def __init__(self, config: RunConfig, rollout, output_dir: str | Path):

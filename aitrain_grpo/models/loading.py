@@ -8,7 +8,7 @@ adapter, merged into its base on load, for generation and for training on top: `
 anything else that does not look like a local path is a hub id that transformers resolves from its cache.
 
 Left out: building the tiny model (tiny.py), converting GGUF files (gguf.py) and choosing a
-generation backend (training/generation.py, commands/evaluation.py).
+generation backend (training/rollout/generation.py, commands/evaluation.py).
 """
 
 from __future__ import annotations

@@ -73,7 +73,7 @@ def sample_indices(scores: list[float], count: int, rng: random.Random) -> list[
 
 
 class RolloutSource(Protocol):
-    """What the episode log reads: the training rollout (training/rollout_func.py), which keeps the batch it
+    """What the episode log reads: the training rollout (training/rollout/training_rollout.py), which keeps the batch it
     played last (this process's episodes)."""
 
     @property

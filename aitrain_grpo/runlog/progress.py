@@ -52,7 +52,7 @@ def metrics_line(step: int, max_steps: int, logs: dict[str, Any], elapsed: float
 
 
 def _time_parts(logs: dict[str, Any]) -> list[str]:
-    """Where a step's time went (the `time/*` metrics of training/step_phases.py), where they were
+    """Where a step's time went (the `time/*` metrics of training/step/phases.py), where they were
     logged: the rollout and its generation and environment time, then the rest of the step (`train`)
     and its reference forward, loss forward and backward, and optimizer step."""
     keys = ("rollout", "generate", "env", "step", "ref_logprobs", "loss_forward_backward", "optimizer_step")

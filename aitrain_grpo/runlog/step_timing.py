@@ -2,7 +2,7 @@
 stop the step's phase clock and its memory peaks, and the step's numbers go into the run's metrics
 sink (step_metrics.py) when the step ends.
 
-What each phase holds, and the clock itself, are training's (training/step_phases.py: `PhaseClock`);
+What each phase holds, and the clock itself, are training's (training/step/phases.py: `PhaseClock`);
 this callback only knows the events transformers gives every trainer:
 - `on_step_begin`: peaks start afresh; the clock starts in `score` (TRL's batch preparation, until the
   trainer's first `compute_loss` moves it on);
@@ -28,7 +28,7 @@ from aitrain_grpo.runlog.step_metrics import StepMetrics
 
 
 class Clock(Protocol):
-    """What the callback needs of a phase clock (training/step_phases.py's `PhaseClock`)."""
+    """What the callback needs of a phase clock (training/step/phases.py's `PhaseClock`)."""
 
     def start(self, base: str = "score") -> None: ...
 

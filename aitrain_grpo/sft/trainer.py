@@ -35,10 +35,10 @@ from aitrain_grpo.engine.chat import ChatRenderer
 from aitrain_grpo.engine.demos import Demonstration
 from aitrain_grpo.models.loading import load_model_and_tokenizer
 from aitrain_grpo.runlog.redaction import redact
-from aitrain_grpo.training.checkpoints import prepare_output_dir
-from aitrain_grpo.training.collectives import start_process_group
-from aitrain_grpo.training.hf_args import check_target_modules, lora_config, save_run, trainer_args
-from aitrain_grpo.training.micro_batches import BatchShape
+from aitrain_grpo.training.run.checkpoints import prepare_output_dir
+from aitrain_grpo.training.run.collectives import start_process_group
+from aitrain_grpo.training.trl.hf_args import check_target_modules, lora_config, save_run, trainer_args
+from aitrain_grpo.training.step.micro_batches import BatchShape
 
 def demo_dataset(tokenizer, demos: list[Demonstration]) -> Dataset:
     """The pre-tokenized dataset SFTTrainer trains on (labels come from `assistant_masks`): a row per
@@ -90,7 +90,7 @@ def train_sft(config: RunConfig, demos: list[Demonstration], output_dir: Path,
     prepare_output_dir(output_dir, None)
     (output_dir / "run_config.json").write_text(json.dumps(redact(config.to_dict()), indent=2, default=str) + "\n")
     losses = LossLines(show)
-    start_process_group(config.ddp_timeout)  # meet the other processes under the bound (training/collectives.py)
+    start_process_group(config.ddp_timeout)  # meet the other processes under the bound (training/run/collectives.py)
     trainer = SFTTrainer(model=model, args=sft_config(config, output_dir), train_dataset=dataset,
                          processing_class=tokenizer, peft_config=lora_config(config), callbacks=[losses])
     trainer.remove_callback(PrinterCallback)

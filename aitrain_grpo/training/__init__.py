@@ -1,2 +1,1 @@
-"""What changes a run: the TRL trainer wiring, the generation plan, weight sync, checkpoints and
-early stops."""
+"""The training layer: the trainer and `train()` (trainer.py), and a subpackage per concern: the step (step/), the TRL seam (trl/), the rollout side (rollout/), the run's life (run/), rewards beside the score (rewards/), checks before the first step (preflight/)."""

@@ -2,28 +2,28 @@
 
 TRL owns the algorithm (group-normalised advantages, the clipped loss over `env_mask == 1` tokens, KL,
 the optimizer); this module only wires our pieces into it:
-- the run's `RunPlan` (plan.py) is decided once and passed to everything that needs it;
+- the run's `RunPlan` (run/plan.py) is decided once and passed to everything that needs it;
 - the environment's dataset becomes `train_dataset`;
-- `rollout_func` is the `TrainingRollout` (rollout_func.py), which plays each batch's episodes; it is
+- `rollout_func` is the `TrainingRollout` (rollout/training_rollout.py), which plays each batch's episodes; it is
   built first and handed to the callbacks that read it, and the error-rate stop watches its episodes;
-  what it plays with (engine, weight sync, async rollout: rollout_parts.py) is built in the trainer's
+  what it plays with (engine, weight sync, async rollout: rollout/parts.py) is built in the trainer's
   `__init__`, once TRL's has made the model it needs, and attached to it;
 - the run's metrics sink (runlog/step_metrics.py), which the rollout, weight sync, the step timing
   callback (runlog/step_timing.py, first among the callbacks) and the trainer write into and `log` reads;
 - `episode_score` (the first reward function) hands TRL the scores the rollout computed; the rewards of
-  `--rl-reward-funcs` follow it, then the judge's (`--rl-judge-rubric`, judge.py), weighted by
-  `--rl-reward-weights` (reward_funcs.py).
+  `--rl-reward-funcs` follow it, then the judge's (`--rl-judge-rubric`, rewards/judge.py), weighted by
+  `--rl-reward-weights` (rewards/functions.py).
 
 `EpisodeGRPOTrainer` is TRL's trainer plus what only a subclass can do: hand each batch's dataset rows
 to the rollout (TRL gives `rollout_func` only the prompts), merge the metrics sink into each log record
 (`log`, the method TRL itself extends to log its metrics), mark the step's phases that only it sees
 (public `compute_loss` marks where TRL's scoring ends, forward hooks catch its scoring forwards:
-step_phases.py), run TRL's reference passes over each chunk's own length (scoring_passes.py), write
-checkpoints atomically (checkpoints.py), leave dropped groups out of the loss (groups.py) and log the
-share of tokens the importance-sampling correction masks (async_rollout.py).
+step/phases.py), run TRL's reference passes over each chunk's own length (trl/scoring_passes.py), write
+checkpoints atomically (run/checkpoints.py), leave dropped groups out of the loss (rollout/groups.py) and log the
+share of tokens the importance-sampling correction masks (rollout/async_steps.py).
 
 Left out: the console display and the files written during training (runlog/), stopping early
-(stopping.py), and the rollout itself (rollout_func.py, engine/).
+(run/stopping.py), and the rollout itself (rollout/training_rollout.py, engine/).
 """
 
 from __future__ import annotations
@@ -53,30 +53,30 @@ from aitrain_grpo.runlog.files import ReportCallback, training_callbacks
 from aitrain_grpo.runlog.redaction import redact
 from aitrain_grpo.runlog.step_metrics import StepMetrics
 from aitrain_grpo.runlog.step_timing import StepTiming
-from aitrain_grpo.training import small_dataset
-from aitrain_grpo.training.checkpoints import AtomicCheckpoints, prepare_output_dir
-from aitrain_grpo.training.collectives import bound_collectives, collective_failures, start_process_group
-from aitrain_grpo.training.hf_args import check_target_modules, lora_config, save_run, trainer_args
-from aitrain_grpo.training.judge import build_judge, judge_rewards
-from aitrain_grpo.training.generation import check_server as check_vllm_server
-from aitrain_grpo.training.generation import grpo_kwargs as generation_grpo_kwargs
-from aitrain_grpo.training.generation import sampling_warning
-from aitrain_grpo.training.memory_check import available_bytes, memory_warning
-from aitrain_grpo.training.micro_batches import BatchShape
-from aitrain_grpo.training.plan import RunPlan, plan_run
-from aitrain_grpo.training.prompt_length import check_prompt_lengths
-from aitrain_grpo.training.run_checks import check_run
-from aitrain_grpo.training.run_lock import release as release_lock
-from aitrain_grpo.training.reward_funcs import check_required_arguments, episode_rewards, load_reward_funcs
-from aitrain_grpo.training.rollout_func import TrainingRollout
-from aitrain_grpo.training.rollout_parts import build_rollout_parts
-from aitrain_grpo.training.scoring_passes import trim_scoring_passes
-from aitrain_grpo.training.signals import SignalStop
-from aitrain_grpo.training.run_context import RunContext
-from aitrain_grpo.training.shared_prefix import SharedPrefix
-from aitrain_grpo.training.step_phases import PhaseClock
-from aitrain_grpo.training.stopping import ErrorRateStop, clean_stops
-from aitrain_grpo.training.trl_hooks import TRLHooks, trl_functions_replaced
+from aitrain_grpo.training.preflight import small_dataset as small_dataset
+from aitrain_grpo.training.run.checkpoints import AtomicCheckpoints, prepare_output_dir
+from aitrain_grpo.training.run.collectives import bound_collectives, collective_failures, start_process_group
+from aitrain_grpo.training.trl.hf_args import check_target_modules, lora_config, save_run, trainer_args
+from aitrain_grpo.training.rewards.judge import build_judge, judge_rewards
+from aitrain_grpo.training.rollout.generation import check_server as check_vllm_server
+from aitrain_grpo.training.rollout.generation import grpo_kwargs as generation_grpo_kwargs
+from aitrain_grpo.training.rollout.generation import sampling_warning
+from aitrain_grpo.training.preflight.memory_check import available_bytes, memory_warning
+from aitrain_grpo.training.step.micro_batches import BatchShape
+from aitrain_grpo.training.run.plan import RunPlan, plan_run
+from aitrain_grpo.training.preflight.prompt_length import check_prompt_lengths
+from aitrain_grpo.training.preflight.run_checks import check_run
+from aitrain_grpo.training.run.lock import release as release_lock
+from aitrain_grpo.training.rewards.functions import check_required_arguments, episode_rewards, load_reward_funcs
+from aitrain_grpo.training.rollout.training_rollout import TrainingRollout
+from aitrain_grpo.training.rollout.parts import build_rollout_parts
+from aitrain_grpo.training.trl.scoring_passes import trim_scoring_passes
+from aitrain_grpo.training.run.signals import SignalStop
+from aitrain_grpo.training.run.context import RunContext
+from aitrain_grpo.training.step.shared_prefix import SharedPrefix
+from aitrain_grpo.training.step.phases import PhaseClock
+from aitrain_grpo.training.run.stopping import ErrorRateStop, clean_stops
+from aitrain_grpo.training.trl.hooks import TRLHooks, trl_functions_replaced
 
 
 # Saving an adapter, PEFT looks for its base's config.json to see whether the vocabulary changed. An
@@ -95,18 +95,18 @@ def episode_score(prompts=None, completions=None, episode_score=None, **kwargs) 
 
 
 class EpisodeGRPOTrainer(TRLHooks, AtomicCheckpoints, GRPOTrainer):
-    """GRPOTrainer whose step is ours (step/flow.py); its private overrides are in trl_hooks.py. `run` is
-    the run's `RunContext` (run_context.py): config, plan, metrics sink, step timing, rollout, shared-prefix
+    """GRPOTrainer whose step is ours (step/flow.py); its private overrides are in trl/hooks.py. `run` is
+    the run's `RunContext` (run/context.py): config, plan, metrics sink, step timing, rollout, shared-prefix
     state, curriculum. `drop_masked_rows`: leave rows whose loss mask is all zero out of the loss
-    (--rl-zero-std-groups drop/refill, groups.py). `external_weight_sync`: this package, not TRL, moves
-    the weights into vLLM (generation.py)."""
+    (--rl-zero-std-groups drop/refill, rollout/groups.py). `external_weight_sync`: this package, not TRL, moves
+    the weights into vLLM (rollout/generation.py)."""
 
     def __init__(self, *, run: RunContext, drop_masked_rows: bool = False, external_weight_sync: bool = False,
                  **kwargs):
         super().__init__(**kwargs)
         self.run = run
         self.drop_masked_rows = drop_masked_rows
-        if external_weight_sync:  # once TRL has built whatever it builds (trl_hooks.py)
+        if external_weight_sync:  # once TRL has built whatever it builds (trl/hooks.py)
             self.use_importance_sampling()
         trim_scoring_passes((self.model, self.ref_model))  # reference passes over each chunk's own length
         # Engine, weight sync, async rollout: built now that TRL has made the model (and vLLM) they use.
@@ -122,7 +122,7 @@ class EpisodeGRPOTrainer(TRLHooks, AtomicCheckpoints, GRPOTrainer):
         return self.run.plan
 
     def train(self, *args, **kwargs):
-        with trl_functions_replaced():  # TRL's fused LM head on completion positions only (lm_head.py)
+        with trl_functions_replaced():  # TRL's fused LM head on completion positions only (trl/lm_head.py)
             return super().train(*args, **kwargs)
 
     def compute_loss(self, model, inputs, return_outputs=False, num_items_in_batch=None):
@@ -191,7 +191,7 @@ def check_context_length(model, config: RunConfig) -> None:
 
 
 def warn_if_a_step_may_not_fit(model, config: RunConfig, batch: BatchShape) -> None:
-    """On a CPU, say before training when the worst-case step exceeds the free memory (memory_check.py)."""
+    """On a CPU, say before training when the worst-case step exceeds the free memory (preflight/memory_check.py)."""
     if torch.cuda.is_available() or os.environ.get("RANK", "0") != "0":
         return
     warning = memory_warning(
@@ -212,7 +212,7 @@ def build_trainer(config: RunConfig, env: Environment | None = None, *, callback
     what it plays with (built already; `rollout_parts.close()` ends it), `step_metrics` the run's
     metrics sink and `plan` the `RunPlan`. Without `plan` (a Python caller; `aitrain grpo` plans and checks
     first) the run's options are checked against the environment before anything is planned or written
-    (run_checks.py), and their notes printed."""
+    (preflight/run_checks.py), and their notes printed."""
     if plan is None and env is not None:
         config = with_environment_origin(config, env)
     if env is None:
@@ -231,7 +231,7 @@ def build_trainer(config: RunConfig, env: Environment | None = None, *, callback
         print(warning, file=sys.stderr)
     os.environ.setdefault("TRL_EXPERIMENTAL_SILENCE", "1")
     extra_rewards = load_reward_funcs(config.reward_specs)  # before the model: a bad one fails fast
-    judge = build_judge(config)  # --rl-judge-rubric: one more reward, weighted last (judge.py)
+    judge = build_judge(config)  # --rl-judge-rubric: one more reward, weighted last (rewards/judge.py)
 
     model, tokenizer = load_model_and_tokenizer(config.model)
     check_target_modules(model, config)
@@ -251,7 +251,7 @@ def build_trainer(config: RunConfig, env: Environment | None = None, *, callback
     rollout = TrainingRollout(env, config, metrics=step_metrics, timing=step_timing, observers=[error_stop.observe])
     run = RunContext(config=config, plan=plan, metrics=step_metrics, timing=step_timing, rollout=rollout,
                      shared_prefix=SharedPrefix(config.shared_prefix_loss))
-    start_process_group(config.ddp_timeout)  # meet the other processes under the bound (collectives.py)
+    start_process_group(config.ddp_timeout)  # meet the other processes under the bound (run/collectives.py)
     trainer = EpisodeGRPOTrainer(
         run=run,
         drop_masked_rows=config.rl_zero_std_groups != "keep",
@@ -282,7 +282,7 @@ def train(config: RunConfig, env: Environment | None = None, *, callbacks: list 
     `collectives.CollectiveFailed`, saving nothing."""
     trainer = build_trainer(config, env, callbacks=callbacks, plan=plan)
     started = time.time()
-    with collective_failures(trainer, config.ddp_timeout):  # another process gone: one line (collectives.py)
+    with collective_failures(trainer, config.ddp_timeout):  # another process gone: one line (run/collectives.py)
         try:
             with clean_stops(trainer):  # early stops (signals, error rate, backend) raise TrainingStopped
                 trainer.train(resume_from_checkpoint=trainer.plan.resume)

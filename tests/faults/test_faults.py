@@ -12,7 +12,7 @@ import pytest
 
 from helpers import REPO, run_cli
 
-from aitrain_grpo.training.checkpoints import complete_checkpoints, is_complete
+from aitrain_grpo.training.run.checkpoints import complete_checkpoints, is_complete
 
 FAULTS_DIR = REPO / "tests" / "faults"
 TINY_RUN = ["--rl-env-module", "fault_envs", "--rl-num-generations", "2", "--batch-size", "8"]
@@ -132,9 +132,9 @@ def test_a_generation_server_that_dies_mid_run_stops_with_a_checkpoint(tmp_path,
     from aitrain_grpo.config import RunConfig
     from aitrain_grpo.engine.rollout import RolloutEngine
     from aitrain_grpo.engine.settings import EpisodeSettings
-    from aitrain_grpo.training.stopping import TrainingStopped, clean_stops
+    from aitrain_grpo.training.run.stopping import TrainingStopped, clean_stops
     from aitrain_grpo.training.trainer import build_trainer
-    from aitrain_grpo.training.trl_access import generation_handles
+    from aitrain_grpo.training.trl.access import generation_handles
     from envs.letters import LetterEnv
 
     dead_url = refused_url  # held for the whole test: connection refused, and no other process can take it

@@ -4,7 +4,7 @@ A backend gets a batch of token-id prompts and returns, per prompt, the sampled 
 the sampler produced them, their log-probabilities, and why sampling stopped. It never sees text, so
 nothing is re-tokenized between turns.
 
-Left out: choosing and building a backend (choice.py) and weight sync (training/weight_sync.py).
+Left out: choosing and building a backend (choice.py) and weight sync (training/rollout/weight_sync.py).
 """
 
 from __future__ import annotations
@@ -38,7 +38,7 @@ class Sample:
 class GenerationBackendError(RuntimeError):
     """The generation backend is gone for good (for a server: it still fails after the client's bounded
     retries). Raise it from `generate` with a one-line message that names the server and what failed;
-    training then saves a checkpoint and exits non-zero with that message (see stopping.py)."""
+    training then saves a checkpoint and exits non-zero with that message (see run/stopping.py)."""
 
 
 class ReplayEpisode(GenerationBackendError):

@@ -4,14 +4,14 @@ Three kinds: "hf" (the model's own `generate`), "vllm_colocate" (an in-process v
 "vllm_server" (a vLLM server over HTTP). Training and evaluation differ only in what they hand over,
 not in how the backend is picked, and both hand over plain objects, never a trainer: training a
 callable opening the model unwrapped for each rollout, or the vLLM engine TRL built with its
-tensor-parallel group (training/trl_access.py's `generation_handles` takes them from TRL; the weights
+tensor-parallel group (training/trl/access.py's `generation_handles` takes them from TRL; the weights
 are synced by the caller), evaluation a loaded model or its own vLLM engine with a LoRA adapter applied
 per request (`lora_request`).
 
 `require_vllm` is the one check that vLLM is installed, with the same one-line error and install
 command wherever a command needs it; it only looks for the package (importing vLLM takes seconds).
 
-Left out: deciding the kind and the weight sync from the run's options (training/generation.py),
+Left out: deciding the kind and the weight sync from the run's options (training/rollout/generation.py),
 loading models (models/loading.py), and building an engine for evaluation (evaluation/evaluate.py).
 """
 

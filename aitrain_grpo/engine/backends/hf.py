@@ -33,7 +33,7 @@ from aitrain_grpo.engine.backends.turn_cache import TurnCache, prefill_shared_pr
 class HFBackend(GenerationBackend):
     """Samples with a transformers causal LM. `open_model()` is a context manager yielding the model to
     generate with: training hands TRL's `unwrap_model_for_generation` around the wrapped model
-    (training/trl_access.py), so this module knows nothing of TRL's trainer."""
+    (training/trl/access.py), so this module knows nothing of TRL's trainer."""
 
     def __init__(self, open_model: Callable[[], ContextManager], tokenizer, stop_ids: list[int], device=None,
                  *, share_group_prompts: bool = True):

@@ -8,7 +8,7 @@
   names the episode (`episode=`, its order in the rollout); the binding is forgotten when the rollout
   ends (`rollout_session`). A lockstep `generate` batch is split by episode the same way, one request
   per server, sent at once from a few threads.
-- Weights: the weight sync (training/weight_sync.py) hands the pool what the servers must serve
+- Weights: the weight sync (training/rollout/weight_sync.py) hands the pool what the servers must serve
   (`Weights`: the base model, a full-weights folder, a LoRA adapter) and the pool loads it into every
   live server (`publish`). Each server's load time is kept for `vllm/<host:port>/sync_seconds`.
 - Faults: a request that fails in transport or with a 5xx takes its server out of rotation (one
@@ -19,7 +19,7 @@
   and has been given the current weights: tried at every weight sync, or at once when no server is
   left. With none left, requests wait (printing every few seconds what they wait for) up to
   `--vllm-server-timeout`, then fail with `GenerationServerError`, which stops the run with a
-  checkpoint (training/stopping.py). The weights a returning server gets are those its peers serve, so
+  checkpoint (training/run/stopping.py). The weights a returning server gets are those its peers serve, so
   every request of a step is sampled by one weight version.
 - Metrics (`take_metrics`): per server and in total, requests and generated tokens since the last
   call, sync seconds, and whether it is live.

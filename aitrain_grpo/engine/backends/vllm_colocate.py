@@ -1,8 +1,8 @@
 """Generation with the vLLM engine TRL runs inside the trainer (`use_vllm=True, vllm_mode="colocate"`).
 
-TRL builds the engine; training hands over the engine and its tensor-parallel group (training/trl_access.py,
+TRL builds the engine; training hands over the engine and its tensor-parallel group (training/trl/access.py,
 `generation_handles`: this module never sees the trainer). The trainer's weights reach it before each
-rollout from TRL (CUDA) or from `training/weight_sync.py`'s layerwise reload (CPU, where vLLM repacks
+rollout from TRL (CUDA) or from `training/rollout/weight_sync.py`'s layerwise reload (CPU, where vLLM repacks
 weights). This backend only samples from it, from token ids, one `generate` call per turn for every
 running episode. The log-probabilities are vLLM's processed ones (after temperature), which is what
 TRL's importance-sampling correction compares against the trainer's own.

@@ -14,7 +14,7 @@ episode of several sequences adds rows, so every process pads its batch with bla
 token, no completion, loss mask 0) to the most rows any process has, rounded up to a multiple of
 `steps_per_generation`. Blank rows count where TRL counts an all-masked row: in the per-row denominators
 of `grpo`/`sapo`/`luspo`/`dr_grpo`; `--rl-zero-std-groups drop|refill` takes them out of the loss with
-the dropped groups (training/groups.py `without_masked_rows`).
+the dropped groups (training/rollout/groups.py `without_masked_rows`).
 
 Left out: `pad_to_multiple_of` (no run sets it) and multimodal keys.
 """

@@ -3,7 +3,7 @@
 `generation_batch(trainer, run, rows)` is the step up to the loss; the trainer (training/trainer.py)
 calls it at the start of every step, splits its result into micro-batches and hands them to TRL's loss:
 
-1. rollout: the episodes of `rows` played (training/rollout_func.py; `--rl-zero-std-groups` there);
+1. rollout: the episodes of `rows` played (training/rollout/training_rollout.py; `--rl-zero-std-groups` there);
 2. rewards: every reward function on the episodes (step/rewards.py), gathered from every process;
 3. advantages: group-normalised, TRL's rule (step/advantages.py); the curriculum records the groups;
 4. records: one typed record per trained sequence (step/records.py): advantages, turn credit, dropped
@@ -64,7 +64,7 @@ def generation_batch(trainer, run, rows: list[dict[str, Any]]) -> dict[str, Any]
     scored = group_advantages(rewards_per_func, trainer.reward_weights, group_size,
                               scale=trainer.scale_rewards, aggregation=trainer.multi_objective_aggregation)
     mine = slice(accelerator.process_index * len(rows), (accelerator.process_index + 1) * len(rows))
-    if training and run.curriculum is not None:  # --rl-curriculum pools (curriculum.py)
+    if training and run.curriculum is not None:  # --rl-curriculum pools (rollout/curriculum.py)
         run.metrics.update(run.curriculum.record(scored.rewards.tolist(), group_size))
 
     # 4. records

@@ -4,9 +4,9 @@ TRL's `_compute_loss` (its loss types, clipping, KL, entropy bonus) stays TRL's.
 
 - `split_micro_batches`: the generation batch shuffled and split as TRL splits it (its own
   `shuffle_sequence_dict` and `split_tensor_dict`, so the draws are TRL's), then, where the shared-prefix
-  loss runs, re-split with each prompt's episodes together (micro_batches.py `keep_prompts_together`);
-- `loss_inputs`: the trailing completion columns no row uses cut (micro_batches.py `trim_padding`), and
-  with `--rl-zero-std-groups drop|refill` the all-masked rows of dropped groups taken out (groups.py);
+  loss runs, re-split with each prompt's episodes together (step/micro_batches.py `keep_prompts_together`);
+- `loss_inputs`: the trailing completion columns no row uses cut (step/micro_batches.py `trim_padding`), and
+  with `--rl-zero-std-groups drop|refill` the all-masked rows of dropped groups taken out (rollout/groups.py);
 - `importance_from_logps`: with vLLM's importance-sampling correction on a batch trained once
   (step/flow.py `importance_from_loss_pass`), the weights come from the loss pass's own
   log-probabilities, detached, as soon as the pass has them and before TRL's loss reads them: TRL would
@@ -21,8 +21,8 @@ from typing import Any, Callable
 
 import torch
 
-from aitrain_grpo.training.groups import without_masked_rows
-from aitrain_grpo.training.micro_batches import keep_prompts_together, trim_padding
+from aitrain_grpo.training.rollout.groups import without_masked_rows
+from aitrain_grpo.training.step.micro_batches import keep_prompts_together, trim_padding
 from aitrain_grpo.training.step.batch import loss_mask
 from aitrain_grpo.training.step.scoring import importance_ratio, sampling_metrics
 

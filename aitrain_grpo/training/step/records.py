@@ -7,8 +7,8 @@ and the advantage its tokens train on, with the ids that tie it to its episode a
 that decides an advantage is settled here, before the trainer sees a tensor:
 
 - the episode's advantage (its group-normalised reward, step/advantages.py) on every sequence of it;
-- with `--rl-advantage turn`, each token's turn credit on top (training/turn_credit.py), per sequence;
-- a dropped group's episodes (`--rl-zero-std-groups drop|refill`, training/groups.py) keep their last
+- with `--rl-advantage turn`, each token's turn credit on top (training/step/turn_credit.py), per sequence;
+- a dropped group's episodes (`--rl-zero-std-groups drop|refill`, training/rollout/groups.py) keep their last
   sequence with an all-zero mask (`in_loss` False; TRL needs one row per episode it handed out) and lose
   their earlier ones;
 - an earlier sequence with no model token is left out (nothing in it trains).
@@ -27,7 +27,7 @@ from dataclasses import dataclass
 from typing import Sequence
 
 from aitrain_grpo.engine.traces import TokenTrace
-from aitrain_grpo.training.turn_credit import rollout_turn_advantages
+from aitrain_grpo.training.step.turn_credit import rollout_turn_advantages
 
 
 @dataclass(frozen=True)

@@ -2,7 +2,7 @@
 
 The functions are the run's (training/trainer.py `reward_functions`): `episode_score` (the environment's
 score, computed while the episode played), then `--rl-reward-funcs` and the judge
-(training/reward_funcs.py, training/judge.py), which read the episodes themselves. Each is called with
+(training/rewards/functions.py, training/rewards/judge.py), which read the episodes themselves. Each is called with
 TRL's keywords, so a function written for TRL's `GRPOTrainer` runs unchanged: `prompts`, `completions`
 (the model's decoded completion, as a chat message where the prompt is a conversation), `completion_ids`,
 every dataset column, `episode_score`, `trainer_state`, `log_metric` (a scalar averaged into the step's

@@ -15,7 +15,7 @@ Which forwards a step needs, as TRL 1.16 decides them, with one change (issue 49
   the same (tests/test_no_second_forward.py compares both paths on one batch).
 
 All forwards run without gradients, through the trainer's own log-probability pass (shared prefix
-included, training/shared_prefix.py) and over each chunk's own length (training/scoring_passes.py).
+included, training/step/shared_prefix.py) and over each chunk's own length (training/trl/scoring_passes.py).
 
 Left out: multimodal forward arguments.
 """

@@ -13,7 +13,7 @@ stops early only when:
   `--vllm-server-timeout` (a lost server is replaced or waited for by the server pool,
   engine/backends/server_pool.py), or one refused a request: a checkpoint of the last finished step is
   saved and the message names the server;
-- SIGINT/SIGTERM arrive (signals.py): the step in progress is dropped (`StepAbandoned`) and the last
+- SIGINT/SIGTERM arrive (run/signals.py): the step in progress is dropped (`StepAbandoned`) and the last
   finished one saved, or, inside a span that must finish (the optimizer step, a save), that step is saved.
 
 `clean_stops(trainer)` wraps `trainer.train()` and turns each of these into `TrainingStopped`, which
@@ -40,7 +40,7 @@ from transformers import TrainerCallback
 from aitrain_grpo.engine.backends.base import GenerationBackendError
 from aitrain_grpo.engine.stats import EpisodeSummary
 from aitrain_grpo.errors import one_line
-from aitrain_grpo.training.signals import SignalStop, StepAbandoned, abandon_step
+from aitrain_grpo.training.run.signals import SignalStop, StepAbandoned, abandon_step
 
 EXIT_FAULT = 1
 ANNOUNCED_ERRORS = 10  # distinct episode errors printed as they first appear

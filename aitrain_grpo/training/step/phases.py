@@ -2,7 +2,7 @@
 same work done bare (benchmarks/step_limit.py) and a slow phase is named in metrics.jsonl.
 
 A step is, in order (TRL 1.16's GRPOTrainer on a generation step):
-- `rollout`: the rollout function plays the batch's episodes (rollout_func.py; with --rl-async-steps,
+- `rollout`: the rollout function plays the batch's episodes (rollout/training_rollout.py; with --rl-async-steps,
   the wait for episodes played ahead);
 - `score`: the step's batch made around the rollout and the reference forward (step/flow.py): rewards,
   group advantages, sequence records, TRL's tensors, metrics, and the split into micro-batches;

@@ -2,7 +2,7 @@
 
 Two `aitrain grpo` started together without `--output-dir` both took `outputs/letterenv`: metrics.jsonl
 held steps 1,1,2,2,3,3, one adapter overwrote the other, and both exited 0. Every check of the folder's
-contents (checkpoints.py) runs before either run has written anything, so only a lock held for the
+contents (run/checkpoints.py) runs before either run has written anything, so only a lock held for the
 run's lifetime tells a live run from an abandoned folder.
 
 The lock is `fcntl.flock` on `<output_dir>/.aitrain.lock`, which holds the owner's pid for the message.

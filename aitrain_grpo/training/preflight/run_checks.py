@@ -1,6 +1,6 @@
 """A training run's options against its environment and its model's config, checked after the environment
 loads and before the model's weights do: a refusal costs no model load and writes nothing (a refused run
-leaves no lock, nor the folder its lock made: training/run_lock.py's `release_all`, called by the CLI).
+leaves no lock, nor the folder its lock made: training/run/lock.py's `release_all`, called by the CLI).
 
 `check_run` (called by `aitrain grpo`, commands/cli.py, and by `build_trainer` for a Python caller's run):
 - the context strategy in force (`--rl-context`, else the environment's) must be one the environment can
@@ -9,7 +9,7 @@ leaves no lock, nor the folder its lock made: training/run_lock.py's `release_al
 - `--rl-async-steps` with an environment that scores with the policy (`needs_policy`) is refused
   (`check_async_scoring`);
 - `--rl-context-window` must fit the model's context and hold every prompt with room for one reply
-  (training/prompt_length.py), measured with the model's config and tokenizer, not its weights
+  (training/preflight/prompt_length.py), measured with the model's config and tokenizer, not its weights
   (`check_window`: the dataset is built once more for it, only when the option is given);
 - options that do nothing under the strategy and curriculum in force are returned as notes
   (option_effects.py), for the caller to print.
@@ -50,7 +50,7 @@ def _model_config(weights: str) -> Any:
 def check_window(config: Any, env: Any) -> None:
     """Refuse `--rl-context-window` past the model's context, or too small for a prompt plus one reply."""
     from aitrain_grpo.models.loading import load_tokenizer, resolve_source
-    from aitrain_grpo.training.prompt_length import check_context_window, check_prompt_lengths
+    from aitrain_grpo.training.preflight.prompt_length import check_context_window, check_prompt_lengths
 
     source = resolve_source(config.model)
     model_config, tokenizer = _model_config(source.weights), load_tokenizer(source)

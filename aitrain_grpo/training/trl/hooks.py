@@ -13,23 +13,23 @@ The step is ours (step/flow.py); the hooks are where TRL's loop hands over to it
   (step/loss.py); importance weights from the loss pass where they come from there; then TRL's loss.
 - `_get_per_token_logps_and_entropies` (the loss pass and the reference/old passes): each distinct
   prompt of a chunk forwarded once and its episodes' continuations on it, where the model allows and it
-  pays (shared_prefix.py, `--shared-prefix-loss`); the loss pass's log-probabilities feed the
+  pays (step/shared_prefix.py, `--shared-prefix-loss`); the loss pass's log-probabilities feed the
   importance weights.
 - `_get_train_sampler`: TRL's sampler re-classed so its order after a resume is the uninterrupted
-  run's (checkpoints.py), and with `--rl-curriculum pools` so the curriculum draws its batches
-  (curriculum.py).
+  run's (run/checkpoints.py), and with `--rl-curriculum pools` so the curriculum draws its batches
+  (rollout/curriculum.py).
 - `_save_checkpoint`: checkpoints written into a staging folder and renamed into place when whole,
-  with the run's own state (checkpoints.py); a signal waits for the write (signals.py).
+  with the run's own state (run/checkpoints.py); a signal waits for the write (run/signals.py).
 - `_load_optimizer_and_scheduler`: on resume, several CPU processes load the optimizer state onto
-  `cpu`, not `cpu:<rank>`, which torch cannot restore to (checkpoints.py).
+  `cpu`, not `cpu:<rank>`, which torch cannot restore to (run/checkpoints.py).
 
 And one private module function, replaced for the trainer's `train()` only and put back after
 (`PINNED_FUNCTIONS`, `trl_functions_replaced`):
 - `trl.trainer.utils._use_triton`: answers True for a CPU, so TRL's fused LM head scores only the
-  completion positions there too, as it does on CUDA (lm_head.py).
+  completion positions there too, as it does on CUDA (trl/lm_head.py).
 
 Left out: public methods and callbacks (`train`, `log`, `compute_loss`; TrainerCallback events), which
-are stable API, and the private attributes read or set without overriding them (trl_access.py, pinned by
+are stable API, and the private attributes read or set without overriding them (trl/access.py, pinned by
 tests/test_trl_access.py).
 """
 
@@ -38,15 +38,15 @@ from __future__ import annotations
 import contextlib
 from typing import Iterator
 
-from aitrain_grpo.training.checkpoints import plain_cpu_device, resumable_sampler, save_checkpoint_atomically
-from aitrain_grpo.training.curriculum import curriculum_sampler
-from aitrain_grpo.training.lm_head import scoring_labelled_positions
-from aitrain_grpo.training.run_context import RunContext
-from aitrain_grpo.training.shared_prefix import shares_micro_batches, shared_logps
-from aitrain_grpo.training.signals import uninterrupted
+from aitrain_grpo.training.run.checkpoints import plain_cpu_device, resumable_sampler, save_checkpoint_atomically
+from aitrain_grpo.training.rollout.curriculum import curriculum_sampler
+from aitrain_grpo.training.trl.lm_head import scoring_labelled_positions
+from aitrain_grpo.training.run.context import RunContext
+from aitrain_grpo.training.step.shared_prefix import shares_micro_batches, shared_logps
+from aitrain_grpo.training.run.signals import uninterrupted
 from aitrain_grpo.training.step.flow import generation_batch, importance_from_loss_pass
 from aitrain_grpo.training.step.loss import importance_from_logps, loss_inputs, split_micro_batches
-from aitrain_grpo.training.trl_access import wrapped_model
+from aitrain_grpo.training.trl.access import wrapped_model
 
 # Method -> the parameter names it was read with (trl 1.16.0; transformers 5.17 and 5.23 for Trainer's).
 PINNED = {
@@ -141,5 +141,5 @@ class TRLHooks:
             return super()._load_optimizer_and_scheduler(checkpoint)
 
     def _save_checkpoint(self, model, trial):
-        with uninterrupted():  # a signal lets the write finish (signals.py)
+        with uninterrupted():  # a signal lets the write finish (run/signals.py)
             save_checkpoint_atomically(self, self.run, lambda: super(TRLHooks, self)._save_checkpoint(model, trial))

@@ -1,6 +1,6 @@
 """What a training run may do to the folder it writes into, decided before anything loads or is written.
 
-checkpoints.py already refuses to start afresh over an earlier run without `--overwrite`, and to resume
+run/checkpoints.py already refuses to start afresh over an earlier run without `--overwrite`, and to resume
 with options that change what a checkpoint means. This module adds the cases where either flag, taken at
 its word, would destroy or rewrite work the user did not mean to touch:
 
@@ -13,7 +13,7 @@ its word, would destroy or rewrite work the user did not mean to touch:
 - `--overwrite` replaces only a run of the same environment: an export, a tiny model, or another
   environment's run is refused, naming what is there; an allowed overwrite says what it removes.
 
-Left out: the lock that keeps two live runs out of one folder (run_lock.py), and the folder rules every
+Left out: the lock that keeps two live runs out of one folder (run/lock.py), and the folder rules every
 command shares (outputs.py).
 """
 
@@ -25,7 +25,7 @@ from pathlib import Path
 from aitrain_grpo.config import RunConfig
 from aitrain_grpo.errors import ConfigError
 from aitrain_grpo.outputs import describe_kind, folder_kind
-from aitrain_grpo.training.checkpoints import checkpoint_step, complete_checkpoints
+from aitrain_grpo.training.run.checkpoints import checkpoint_step, complete_checkpoints
 
 # What fixes which environment a run learned; an --overwrite over a run with other values would discard
 # another task's work.

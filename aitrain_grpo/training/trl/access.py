@@ -1,5 +1,5 @@
 """Every private attribute, method or key of TRL's `GRPOTrainer` (and transformers' `Trainer`) this package
-reads, calls or sets outside the overrides themselves (trl_hooks.py), behind one named function each.
+reads, calls or sets outside the overrides themselves (trl/hooks.py), behind one named function each.
 
 Why one module: these names are not TRL's API and change without notice. Here each is written once,
 `PINNED_*` lists them, and tests/test_trl_access.py fails naming the one TRL 1.16.0 (transformers 5.17)
@@ -13,19 +13,19 @@ The touches, by who needs them:
   trainer's `model_wrapped` (hf), and TRL's colocated engine `vllm_generation.llm` with its
   tensor-parallel group (vllm_colocate);
 - weight sync: where TRL moves the weights (CUDA), its engine's `sync_weights` (`push_weights_through_trl`);
-  `use_vllm`, which the trainer turns on itself where this package moves them (trl_hooks.py
+  `use_vllm`, which the trainer turns on itself where this package moves them (trl/hooks.py
   `use_importance_sampling`), so TRL's loss applies the importance-sampling weights the step computes;
-- playing steps ahead (async_rollout.py): `_get_train_sampler` and `_train_batch_size`;
-- checkpoints (checkpoints.py): `_save_checkpoint` called outside the training loop, and TRL's
+- playing steps ahead (rollout/async_steps.py): `_get_train_sampler` and `_train_batch_size`;
+- checkpoints (run/checkpoints.py): `_save_checkpoint` called outside the training loop, and TRL's
   `RepeatSampler` (its `shuffle`, `seed`, `generator`, `num_samples`, and for the curriculum its batch
-  shape `batch_size`, `repeat_count`, `mini_repeat_count`), which checkpoints.py subclasses and
+  shape `batch_size`, `repeat_count`, `mini_repeat_count`), which run/checkpoints.py subclasses and
   re-classes in place;
-- the shared-prefix loss (shared_prefix.py): the accelerator-wrapped model (`model_wrapped`).
+- the shared-prefix loss (step/shared_prefix.py): the accelerator-wrapped model (`model_wrapped`).
 
 Left out: public API (`accelerator`, `args`, `state`, `processing_class`, `num_generations`,
 `reward_funcs`, `reward_weights`, `beta`, `ref_model`, the `vllm_importance_sampling_*` settings,
 callbacks), the batch keys TRL's loss reads (the step makes them: step/batch.py), and the private methods
-overridden (trl_hooks.py, pinned by signature in tests/test_trl_hooks.py).
+overridden (trl/hooks.py, pinned by signature in tests/test_trl_hooks.py).
 """
 
 from __future__ import annotations
@@ -98,7 +98,7 @@ def push_weights_through_trl(trainer) -> None:
 
 
 def train_sampler(trainer, dataset):
-    """The sampler TRL's training data loader draws from (checkpoints.py makes its order resumable)."""
+    """The sampler TRL's training data loader draws from (run/checkpoints.py makes its order resumable)."""
     return trainer._get_train_sampler(dataset)
 
 
@@ -117,5 +117,5 @@ def wrapped_model(trainer):
 
 def save_checkpoint(trainer) -> None:
     """Save the current step's checkpoint outside the training loop, through the trainer's `_save_checkpoint`
-    (so the atomic override in trl_hooks.py writes it)."""
+    (so the atomic override in trl/hooks.py writes it)."""
     trainer._save_checkpoint(trainer.model_wrapped, None)

@@ -7,7 +7,7 @@ training first, since that must happen before CUDA is first asked about (and cho
 
 Left out: checking that a vLLM server answers (generation.check_server, run once by `build_trainer`)
 and preparing the output directory (checkpoints.prepare_output_dir); what resume and --overwrite may do
-to the folder (run_folder.py) and the folder's lock (run_lock.py) are called from here.
+to the folder (run/folder.py) and the folder's lock (run/lock.py) are called from here.
 """
 
 from __future__ import annotations
@@ -23,12 +23,12 @@ from aitrain_grpo.config import RunConfig
 from aitrain_grpo.errors import ConfigError
 from aitrain_grpo.models.loading import check_model_option
 from aitrain_grpo.runlog.files import check_tracker_installed
-from aitrain_grpo.training.async_rollout import check_async_supported
-from aitrain_grpo.training.checkpoints import check_output_dir_for_run, with_fresh_default_output_dir
-from aitrain_grpo.training.generation import GenerationPlan, plan_generation, reserve_server_gpus
-from aitrain_grpo.training.run_folder import check_overwrite_target, check_resume_has_steps_left, resume_note
-from aitrain_grpo.training.micro_batches import BatchShape
-from aitrain_grpo.training.run_lock import claim_output_dir
+from aitrain_grpo.training.rollout.async_steps import check_async_supported
+from aitrain_grpo.training.run.checkpoints import check_output_dir_for_run, with_fresh_default_output_dir
+from aitrain_grpo.training.rollout.generation import GenerationPlan, plan_generation, reserve_server_gpus
+from aitrain_grpo.training.run.folder import check_overwrite_target, check_resume_has_steps_left, resume_note
+from aitrain_grpo.training.step.micro_batches import BatchShape
+from aitrain_grpo.training.run.lock import claim_output_dir
 
 
 @dataclass(frozen=True)
@@ -44,7 +44,7 @@ def plan_run(config: RunConfig) -> RunPlan:
     """Validate `config` and decide the run's plan; a bad option or an output directory that would be
     clobbered is a `ConfigError`. A default output folder that holds an earlier run, or that a live run
     holds, is replaced by the next numbered one (said on stderr). The last step locks the output folder
-    for this run (run_lock.py), once every refusal has had its say."""
+    for this run (run/lock.py), once every refusal has had its say."""
     config = config.validate()
     batch = BatchShape.of(config)  # a micro-batch that does not divide the batch is refused here, not after loading
     check_model_option(config.model)

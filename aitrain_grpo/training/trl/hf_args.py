@@ -24,7 +24,7 @@ from peft import LoraConfig
 
 from aitrain_grpo.config import RunConfig
 from aitrain_grpo.errors import ConfigError
-from aitrain_grpo.training.micro_batches import BatchShape
+from aitrain_grpo.training.step.micro_batches import BatchShape
 
 # HF Trainer asks DDP to search for parameters a forward pass left unused whenever activation checkpointing
 # is off (Trainer's `ddp_find_unused_parameters` default), and these arguments turn it off on a CPU. With
@@ -53,7 +53,7 @@ def trainer_args(config: RunConfig, output_dir: Path, config_class: type, batch:
         logging_steps=config.logging_steps,
         report_to=[] if config.report_to == "none" else [config.report_to],
         disable_tqdm=True,
-        ddp_timeout=math.ceil(config.ddp_timeout),  # HF's int seconds; on a CPU set on the group (collectives.py)
+        ddp_timeout=math.ceil(config.ddp_timeout),  # HF's int seconds; on a CPU set on the group (run/collectives.py)
         ddp_find_unused_parameters=False if config.peft else None,  # see the note above
     )
     if not torch.cuda.is_available():

@@ -37,7 +37,7 @@ Where it pays: `auto` shares a chunk only on a CPU and when the tokens it leaves
 Measured (benchmarks/SHARED_PREFIX.md): on a CPU the passes cost what their tokens cost, and sharing
 saves what it leaves out; on an H100 a model as small as SmolLM2 is bound by kernel launches, and
 sharing's second forward call doubles them. The saving needs a group's episodes in one micro-batch;
-micro_batches.py's `keep_prompts_together` puts them there (and says what that does to each loss type).
+step/micro_batches.py's `keep_prompts_together` puts them there (and says what that does to each loss type).
 
 Left out: a packed single forward with a tree attention mask (portable only to attention kernels that
 take arbitrary 4D masks, and quadratic in all members' tokens at once), prompts that share only a
@@ -95,7 +95,7 @@ def shared_logps(accelerator: Any, state: SharedPrefix, model: Any, input_ids: t
                  compute_aux_loss: bool, extras: dict[str, Any],
                  plain: Callable[[torch.Tensor, torch.Tensor, int | None], tuple]) -> tuple:
     """What TRL's `_get_per_token_logps_and_entropies` returns, shared where this call allows it;
-    `plain(ids, mask, batch_size)` is TRL's own method; `state` the run's (run_context.py)."""
+    `plain(ids, mask, batch_size)` is TRL's own method; `state` the run's (run/context.py)."""
     if not declined(accelerator, state, model, input_ids.device, extras, compute_aux_loss):
         shared = per_token_logps(accelerator, state, model, input_ids, attention_mask, logits_to_keep, batch_size,
                                  compute_entropy, lambda ids, mask: plain(ids, mask, None))
@@ -107,7 +107,7 @@ def shared_logps(accelerator: Any, state: SharedPrefix, model: Any, input_ids: t
 def shares_micro_batches(accelerator: Any, state: SharedPrefix, model: Any, wrapped: Any) -> bool:
     """Whether the loss pass of `model` (`wrapped`: as the accelerator wrapped it) shares, so a step's micro-batches should hold whole groups (step/loss.py
     `split_micro_batches`). Where it does not, TRL's split stays as it is (the same run as with sharing
-    off). Why keeping groups together is safe for every loss type: micro_batches.py."""
+    off). Why keeping groups together is safe for every loss type: step/micro_batches.py."""
     return not declined(accelerator, state, wrapped, next(model.parameters()).device)
 
 
@@ -221,7 +221,7 @@ def per_token_logps(accelerator: Any, state: SharedPrefix, model: Any, input_ids
 
 def _shared_chunk(accelerator: Any, state: SharedPrefix, model: Any, ids: torch.Tensor, mask: torch.Tensor,
                   prompt_len: int, compute_entropy: bool) -> tuple[torch.Tensor, torch.Tensor | None] | None:
-    # Completion columns no row uses are left out, as TRL's scoring passes leave them out (scoring_passes.py)
+    # Completion columns no row uses are left out, as TRL's scoring passes leave them out (trl/scoring_passes.py)
     # and trim_padding does in the loss pass; their scores are zeros, as the plain path's are.
     width = ids.size(1)
     used = mask[:, prompt_len:].any(dim=0).nonzero()

@@ -17,7 +17,7 @@ byte), so a large dataset of short prompts costs nothing.
 is refused (a window of 10^8 on a 4,096-position model was accepted, and generation would run past the
 position embeddings), and a window that cannot hold a prompt plus one reply is refused (a window of 10
 played 0 turns an episode, trained on zero rewards and exited 0). `model_context` reads a model or just
-its config (`AutoConfig`), so `aitrain grpo` checks the window before the weights load (run_checks.py).
+its config (`AutoConfig`), so `aitrain grpo` checks the window before the weights load (preflight/run_checks.py).
 
 Left out: episodes that grow past the context over their turns (the rollout cuts those, as truncated).
 """

@@ -23,7 +23,7 @@ the completion columns no episode of the micro-batch uses, so a short micro-batc
 Keeping a prompt's episodes together (`keep_prompts_together`, while the shared-prefix loss is on):
 TRL shuffles the generation batch's episodes before splitting it, so with groups of 4 in a batch of 16
 a micro-batch of 2 holds two episodes of one prompt only one time in five, and the shared-prefix loss
-(shared_prefix.py) saves only within a micro-batch. The shuffled batch is re-ordered by prompt (prompts
+(step/shared_prefix.py) saves only within a micro-batch. The shuffled batch is re-ordered by prompt (prompts
 in the order TRL's shuffle first reached them, each prompt's episodes in TRL's order) and split again
 into as many micro-batches of the same size. What that does to the loss, per TRL loss type (trl 1.16
 `_compute_loss`): a step's gradient is the sum of its equal-sized micro-batches', so for `grpo`, `sapo`
@@ -94,7 +94,7 @@ def trl_batch_arguments(batch_size: int, asked_micro: int | None, accumulation: 
 
 @dataclass(frozen=True)
 class BatchShape:
-    """How a run's steps are cut into forward/backward passes, decided once in the run plan (plan.py)
+    """How a run's steps are cut into forward/backward passes, decided once in the run plan (run/plan.py)
     before any model loads, so a micro-batch that does not divide the batch is refused first."""
 
     episodes_per_pass: int  # TRL's per_device_train_batch_size

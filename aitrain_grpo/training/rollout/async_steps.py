@@ -5,13 +5,13 @@ the server plays the next batch. Here a worker thread plays the episodes of step
 trains, so the server and the trainer work at the same time.
 
 - Which prompts: TRL hands the rollout one step's prompts when that step begins, too late to play them
-  ahead. `PromptPlan` reads the same sampler TRL's data loader reads (checkpoints.py makes its order a
+  ahead. `PromptPlan` reads the same sampler TRL's data loader reads (run/checkpoints.py makes its order a
   function of the seed and the epoch), so it knows the rows of any step in advance; a resumed run
   therefore plays the prompts an uninterrupted run would. With `--rl-curriculum pools` a step's batch is
-  drawn when it is first asked for, from the groups recorded N + 1 steps before it (curriculum.py). Each step still checks that the planned rows
+  drawn when it is first asked for, from the groups recorded N + 1 steps before it (rollout/curriculum.py). Each step still checks that the planned rows
   are the rows TRL handed over; on a mismatch it plays TRL's rows on the spot (counted in
   `async/plan_misses`) rather than train on other prompts.
-- Which weights: weights are synchronised to the server at the start of each step (weight_sync.py), as
+- Which weights: weights are synchronised to the server at the start of each step (rollout/weight_sync.py), as
   on-policy runs do, but between two generation requests: `VersionedBackend` holds new requests and
   waits for those in flight, so every request is sampled with one weight version, the number of
   optimizer steps behind it. The episodes of step k are submitted after the sync of step k - N and
@@ -39,9 +39,9 @@ from typing import Any, Callable
 
 from aitrain_grpo.config import RunConfig
 from aitrain_grpo.errors import ConfigError
-from aitrain_grpo.training.groups import GroupedRollout
-from aitrain_grpo.training.signals import uninterrupted
-from aitrain_grpo.training.trl_access import train_batch_size, train_sampler
+from aitrain_grpo.training.rollout.groups import GroupedRollout
+from aitrain_grpo.training.run.signals import uninterrupted
+from aitrain_grpo.training.trl.access import train_batch_size, train_sampler
 
 
 def check_async_supported(config: RunConfig, sync_method: str | None) -> None:
@@ -157,7 +157,7 @@ class PromptPlan:
         if args.steps_per_generation != args.gradient_accumulation_steps or trainer.num_iterations != 1:
             raise ConfigError("--rl-async-steps needs one generation per optimizer step (TRL's steps_per_generation and num_iterations at their defaults)")
         self.dataset = trainer.train_dataset
-        self.sampler = train_sampler(trainer, self.dataset)  # TRL's private API, pinned (trl_access.py)
+        self.sampler = train_sampler(trainer, self.dataset)  # TRL's private API, pinned (trl/access.py)
         self.batch = train_batch_size(trainer) * args.steps_per_generation
         self.repeat = trainer.num_iterations * args.steps_per_generation
         self._orders: dict[int, list[int]] = {}
@@ -233,7 +233,7 @@ class AsyncRollout:
         """Step `global_step`'s episodes (played ahead where possible), and this step's metrics."""
         step = trainer.state.global_step
         metrics: dict[str, float] = {}
-        with self.backend.paused(), uninterrupted():  # a signal lets a weight sync finish (signals.py)
+        with self.backend.paused(), uninterrupted():  # a signal lets a weight sync finish (run/signals.py)
             seconds = self.sync(trainer) if self.sync is not None else None
             self.backend.version = step
         if seconds is not None:
@@ -282,7 +282,7 @@ class AsyncRollout:
 
 def start_async_rollout(engine, backend: VersionedBackend, weight_sync, trainer, config: RunConfig) -> AsyncRollout:
     """The `AsyncRollout` of a run: its plan from the trainer's sampler, the zero-std policy per step."""
-    from aitrain_grpo.training.groups import play_groups
+    from aitrain_grpo.training.rollout.groups import play_groups
 
     return AsyncRollout(
         lambda rows, step: play_groups(engine.run, rows, trainer, config, step=step, training=True),

@@ -25,7 +25,7 @@ one, every process of a multi-process run (each records the rewards TRL gathered
 the async plan that plays the batch ahead. The played-ahead batches are therefore drawn from a state N
 steps old.
 
-Saved in each checkpoint's aitrain_state.json (checkpoints.py): the recorded groups and their count.
+Saved in each checkpoint's aitrain_state.json (run/checkpoints.py): the recorded groups and their count.
 Metrics per step (`record`): `curriculum/easy`, `curriculum/normal`, `curriculum/hard` (prompts in each
 pool after the step; `curriculum/<env>/...` per environment of a mixture), `curriculum/sampled_easy` and
 `curriculum/sampled_hard` (prompts of the step's batch drawn from those pools), and
@@ -45,7 +45,7 @@ from typing import Any, Sequence
 
 import torch
 
-from aitrain_grpo.training.checkpoints import ResumableRepeatSampler
+from aitrain_grpo.training.run.checkpoints import ResumableRepeatSampler
 
 ENV_COLUMN = "aitrain_env"  # a mixture's rows name their environment (env/adapters/mixture.py)
 POOLS = ("easy", "normal", "hard")

@@ -2,7 +2,7 @@
 one line.
 
 Every process of a run meets the others in torch.distributed collectives: the episodes gathered after
-each rollout, DDP's gradient all-reduce, the agreement on a signal (signals.py), the barriers around a
+each rollout, DDP's gradient all-reduce, the agreement on a signal (run/signals.py), the barriers around a
 save. A process that died or stalls leaves the others waiting there, until torch's default (30 minutes
 on gloo) and then a long traceback. Here:
 
@@ -44,8 +44,8 @@ import torch.distributed as dist
 
 from aitrain_grpo.errors import UserError, one_line
 from aitrain_grpo.runlog.step_timing import StepTiming
-from aitrain_grpo.training.checkpoints import complete_checkpoints
-from aitrain_grpo.training.stopping import EXIT_FAULT, TrainingStopped
+from aitrain_grpo.training.run.checkpoints import complete_checkpoints
+from aitrain_grpo.training.run.stopping import EXIT_FAULT, TrainingStopped
 
 OPTION = "--ddp-timeout"
 # What gloo says when the process at the other end is gone (its errors are plain RuntimeErrors whose
@@ -117,7 +117,7 @@ def failure_kind(exc: BaseException) -> str | None:
 
 
 def where(trainer) -> str:
-    """The step and its phase (training/step_phases.py) the process was in, as far as known."""
+    """The step and its phase (training/step/phases.py) the process was in, as far as known."""
     step = trainer.state.global_step
     clock = next((cb.clock for cb in trainer.callback_handler.callbacks if isinstance(cb, StepTiming)), None)
     phase = getattr(clock, "current", None)

@@ -6,12 +6,12 @@ model can take minutes, so a signal does not wait for the step. `SignalStop` is 
 `train()` runs it handles SIGINT and SIGTERM by raising `StepAbandoned` from the handler, which Python
 runs in the main thread between two bytecodes: wherever the step is (a rollout waiting on its
 episodes, a generate loop, a loss pass between two torch calls, a wait on a server), it is left at
-once. `clean_stops` (stopping.py) catches it and calls `abandon_step`: the gradients the step had
+once. `clean_stops` (run/stopping.py) catches it and calls `abandon_step`: the gradients the step had
 accumulated are zeroed, the random state is put back to what it was when the last step ended, and the
 checkpoint of that step is saved. Nothing else a checkpoint holds changes before the optimizer step,
 so that checkpoint is the one a save at the end of that step would have written, and HF's resume
 (which skips `global_step * gradient_accumulation_steps` batches of the epoch our resumable sampler
-reorders the same way: checkpoints.py) plays the dropped step's rows again, in the same order. The exit
+reorders the same way: run/checkpoints.py) plays the dropped step's rows again, in the same order. The exit
 code is 128 + the signal number (130 for SIGINT, 143 for SIGTERM), the shell convention for "killed by".
 
 Some spans must not be cut, as their state would be half-changed: `train()` until its loop begins

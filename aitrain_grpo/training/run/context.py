@@ -5,12 +5,12 @@ What several parts of a run need lives here, built once by `build_trainer` (trai
 handed to the trainer and to whoever needs a piece of it:
 
 - `config` and `plan`: the run's options and its plan (output folder, resume point, generation engine,
-  batch shape: training/plan.py);
+  batch shape: training/run/plan.py);
 - `metrics`: the run's metrics sink (runlog/step_metrics.py), drained into each log record;
 - `timing`: the step's phase clock and memory peaks (runlog/step_timing.py);
-- `rollout`: the training rollout (training/rollout_func.py), which plays a step's episodes;
-- `shared_prefix`: the shared-prefix loss's mode and what it has found unsupported (shared_prefix.py);
-- `curriculum`: `--rl-curriculum pools` (curriculum.py), made with the trainer's dataset; None when off;
+- `rollout`: the training rollout (training/rollout/training_rollout.py), which plays a step's episodes;
+- `shared_prefix`: the shared-prefix loss's mode and what it has found unsupported (step/shared_prefix.py);
+- `curriculum`: `--rl-curriculum pools` (rollout/curriculum.py), made with the trainer's dataset; None when off;
 
 Left out: TRL's own state (its optimizer, scheduler, model wrappers), which stays TRL's.
 """
@@ -25,10 +25,10 @@ from aitrain_grpo.runlog.step_metrics import StepMetrics
 from aitrain_grpo.runlog.step_timing import StepTiming
 
 if TYPE_CHECKING:
-    from aitrain_grpo.training.curriculum import Curriculum
-    from aitrain_grpo.training.plan import RunPlan
-    from aitrain_grpo.training.rollout_func import TrainingRollout
-    from aitrain_grpo.training.shared_prefix import SharedPrefix
+    from aitrain_grpo.training.rollout.curriculum import Curriculum
+    from aitrain_grpo.training.run.plan import RunPlan
+    from aitrain_grpo.training.rollout.training_rollout import TrainingRollout
+    from aitrain_grpo.training.step.shared_prefix import SharedPrefix
 
 
 @dataclass

@@ -10,7 +10,7 @@ What this module adds:
   `.partial-checkpoint-N/checkpoint-N` and renamed into place once every file is there (a rename within
   one filesystem is atomic): a folder named `checkpoint-N` is always complete.
 - `aitrain_state.json` in each checkpoint: the run's own counters (the error-rate window, episode
-  totals), the difficulty curriculum's groups (`--rl-curriculum pools`, curriculum.py) and the settings
+  totals), the difficulty curriculum's groups (`--rl-curriculum pools`, rollout/curriculum.py) and the settings
   that define what a step is, checked again on resume.
 - The sampler position. TRL's `RepeatSampler` draws every epoch's order from one generator, so a run
   resumed in epoch k would replay epoch 0's order. `ResumableRepeatSampler` derives epoch k's order
@@ -40,7 +40,7 @@ from aitrain_grpo.config import RunConfig
 from aitrain_grpo.errors import ConfigError
 from aitrain_grpo.outputs import has_entries, special_folder, is_ours
 from aitrain_grpo.outputs import publish
-from aitrain_grpo.training.trl_access import RepeatSampler, save_checkpoint
+from aitrain_grpo.training.trl.access import RepeatSampler, save_checkpoint
 
 RUN_STATE_FILE = "aitrain_state.json"
 PARTIAL_PREFIX = ".partial-"
@@ -252,7 +252,7 @@ def prepare_output_dir(output_dir: Path, resume: Path | None) -> None:
 
 
 class ResumableRepeatSampler(RepeatSampler):
-    """TRL's RepeatSampler (the attributes read here are pinned in trl_access.py) whose epoch-e order is
+    """TRL's RepeatSampler (the attributes read here are pinned in trl/access.py) whose epoch-e order is
     the (e+1)-th draw of a generator seeded afresh: the order TRL gives an uninterrupted run,
     reproducible from the epoch number alone. HF Trainer calls `set_epoch` before each epoch,
     including the first one after a resume."""
@@ -322,7 +322,7 @@ def save_checkpoint_atomically(trainer, run, save) -> None:
             "settings": {key: getattr(run.config, key) for key in STEP_SHAPE},
             "parts": {key: cb.state_dict() for key, cb in trainer.stateful_callbacks().items()},
         }
-        if run.curriculum is not None:  # --rl-curriculum pools (curriculum.py)
+        if run.curriculum is not None:  # --rl-curriculum pools (rollout/curriculum.py)
             state["curriculum"] = run.curriculum.state_dict()
         (written / RUN_STATE_FILE).write_text(json.dumps(state, indent=2) + "\n")
         # The same step may be saved twice (a stop right after a scheduled save): publish replaces it.
@@ -336,7 +336,7 @@ class AtomicCheckpoints:
     """Mixin for the GRPOTrainer subclass: the run's own counters saved and restored with each
     checkpoint (callbacks with a `run_state_key` attribute and `state_dict()` / `load_state_dict()`),
     checkpoint rotation, and a checkpoint saved outside the training loop. The private overrides that
-    write checkpoints atomically and resume the sampler in place are in trl_hooks.py."""
+    write checkpoints atomically and resume the sampler in place are in trl/hooks.py."""
 
     def stateful_callbacks(self) -> dict[str, Any]:
         return {cb.run_state_key: cb for cb in self.callback_handler.callbacks if hasattr(cb, "run_state_key")}

@@ -68,7 +68,7 @@ class GroupedRollout:
     batch: RolloutBatch
     dropped: set[int] = field(default_factory=set)  # episode indexes whose tokens leave the loss
     metrics: dict[str, float] = field(default_factory=dict)
-    # Per episode, the weight version it was sampled with (async runs: async_rollout.py; else None).
+    # Per episode, the weight version it was sampled with (async runs: rollout/async_steps.py; else None).
     weight_versions: list[int] | None = None
 
 
@@ -150,7 +150,7 @@ class ZeroStdGroups:
 def without_masked_rows(inputs: dict[str, Any]) -> dict[str, Any]:
     """One micro-batch of TRL's `_compute_loss` without its rows whose loss mask is all zero (the
     dropped groups), so no loss type counts them in its normalisation and they cost no forward pass.
-    Applied for `drop` and `refill` only (trl_hooks.py): with `keep`, a row masked out for another
+    Applied for `drop` and `refill` only (trl/hooks.py): with `keep`, a row masked out for another
     reason, such as an episode whose reset failed, keeps TRL's treatment. A micro-batch of masked rows
     only is left whole (TRL needs a row to run)."""
     mask = inputs.get("tool_mask")

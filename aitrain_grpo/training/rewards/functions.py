@@ -187,7 +187,7 @@ def episode_reward(reward: RewardFunc, rollout) -> Callable[..., Any]:
                 outcome = exc
             return wrapped.finish(outcome, len(completions), kwargs.get("log_metric"))
     call.__name__ = call.__qualname__ = reward.name
-    call.__doc__ = f"{reward.spec}, given the batch's episodes (training/reward_funcs.py)."
+    call.__doc__ = f"{reward.spec}, given the batch's episodes (training/rewards/functions.py)."
     return call
 
 

@@ -6,12 +6,12 @@
   CPU kernels) and `weight_sync.ColocateWeightSync` reloads them instead (sync "reload").
 - `vllm server`: a server started by `aitrain vllm-serve`, reached over HTTP. With `--vllm-sync nccl`
   TRL's client moves the weights (GPU only; TRL is told `vllm_mode="server"`); with `lora` or `disk`
-  this package does it through a shared folder (`weight_sync.py`) and TRL is not told about vLLM.
+  this package does it through a shared folder (`rollout/weight_sync.py`) and TRL is not told about vLLM.
 
 In every vLLM mode the importance-sampling correction compares the sampler's log-probabilities with
 the trainer's (`sampling/importance_sampling_ratio`, step/scoring.py). Where this package moves the
 weights, the trainer still turns TRL's correction on (`external_weight_sync`); where TRL can (CUDA), its
-engine pushes them when the step asks (weight_sync.py `TRLWeightPush`).
+engine pushes them when the step asks (rollout/weight_sync.py `TRLWeightPush`).
 
 `check_server` runs before any model is loaded: a server that is down (its wait printed every few
 seconds), serves another model, or a colocated vLLM that cannot take weights on this platform is a
@@ -20,7 +20,7 @@ one-line `ConfigError` rather than a failure minutes into the run. With several 
 (engine/backends/server_pool.py), and NCCL, which reaches one server, is refused (`auto` picks disk).
 
 Left out: the backends themselves and building them (engine/backends/, `build_backend`, shared with
-evaluation) and the sync mechanics (weight_sync.py).
+evaluation) and the sync mechanics (rollout/weight_sync.py).
 """
 
 from __future__ import annotations
@@ -54,7 +54,7 @@ class GenerationPlan:
 
 
 def plan_generation(config: RunConfig) -> GenerationPlan:
-    from aitrain_grpo.training.weight_sync import choose_sync_method
+    from aitrain_grpo.training.rollout.weight_sync import choose_sync_method
 
     if not config.use_vllm:
         return GenerationPlan("hf", None)
@@ -112,7 +112,7 @@ def check_server(config: RunConfig, plan: GenerationPlan) -> None:
     if plan.backend == "vllm_colocate":
         require_vllm("--use-vllm --vllm-mode colocate")
         if plan.sync == "reload":
-            from aitrain_grpo.training.weight_sync import colocate_reload_problem
+            from aitrain_grpo.training.rollout.weight_sync import colocate_reload_problem
 
             problem = colocate_reload_problem()
             if problem:
@@ -147,13 +147,13 @@ def make_backend(trainer, config: RunConfig, plan: GenerationPlan, stop_ids: lis
     """Build the backend for a trainer; returns (backend, weight_sync or None). Where TRL moves the
     weights (colocate on CUDA, server with nccl) the sync asks TRL's engine to push them, once per
     optimizer step (TRL's own generation call, which used to push them, is not on the step's path)."""
-    from aitrain_grpo.training.trl_access import generation_handles  # imports TRL
+    from aitrain_grpo.training.trl.access import generation_handles  # imports TRL
 
     served_model = served_name(config.model) if plan.backend == "vllm_server" else None
     backend = build_backend(plan.backend, stop_ids, **generation_handles(trainer, plan.backend),  # plain objects
                             server_urls=config.vllm_servers, served_model=served_model,
                             server_timeout=config.vllm_server_timeout)
-    from aitrain_grpo.training.weight_sync import ColocateWeightSync, FolderWeightSync, TRLWeightPush
+    from aitrain_grpo.training.rollout.weight_sync import ColocateWeightSync, FolderWeightSync, TRLWeightPush
 
     if plan.backend == "hf":
         return backend, None

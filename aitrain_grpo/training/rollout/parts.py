@@ -1,24 +1,24 @@
 """What plays a run's episodes, built once when the trainer is built (`build_rollout_parts`), not on
 the first rollout: the engine, what keeps its weights current, and the steps played ahead.
 
-- the `RolloutEngine` over the backend of the run's plan (generation.py's `make_backend`). It is built
+- the `RolloutEngine` over the backend of the run's plan (rollout/generation.py's `make_backend`). It is built
   with the trainer rather than before it because the backend needs what TRL's `__init__` makes: the
   model it wraps (hf) or TRL's own vLLM engine (colocate);
 - the weight sync, where this package moves the weights (a server synced through a folder, colocated
-  vLLM with lora/disk: weight_sync.py): `sync_weights` brings the generator up to the trainer's weights
+  vLLM with lora/disk: rollout/weight_sync.py): `sync_weights` brings the generator up to the trainer's weights
   if they changed, and writes `vllm/sync_seconds` into the run's metrics sink;
-- with --rl-async-steps, the `AsyncRollout` (async_rollout.py) that plays the next steps' episodes while
+- with --rl-async-steps, the `AsyncRollout` (rollout/async_steps.py) that plays the next steps' episodes while
   a step trains, on a versioned backend and a copy of the tokenizer (a fast tokenizer is not safe to
   share with the thread where TRL decodes).
 
 The engine's `on_episode_done` (engine/rollout.py) is the rollout's episode hook (`set_episode_hook`:
-a judge over HTTP, training/judge.py), kept when a test replaces the engine; the async worker plays on
+a judge over HTTP, training/rewards/judge.py), kept when a test replaces the engine; the async worker plays on
 the same engine, so played-ahead episodes call it too.
 
 Building sends no request and starts no thread (the async worker's thread starts with its first
 step), so a trainer built and never trained leaves nothing running; `close()` ends what ran.
 
-Left out: playing a batch (rollout_func.py), choosing the backend and the sync method (generation.py),
+Left out: playing a batch (rollout/training_rollout.py), choosing the backend and the sync method (rollout/generation.py),
 and when a step syncs (the rollout, before playing; `train()`, after the last step).
 """
 
@@ -33,9 +33,9 @@ from aitrain_grpo.engine.settings import EpisodeSettings
 from aitrain_grpo.env.base import Environment
 from aitrain_grpo.models.loading import stop_token_ids
 from aitrain_grpo.runlog.step_metrics import StepMetrics
-from aitrain_grpo.training.async_rollout import AsyncRollout, start_async_rollout, versioned
-from aitrain_grpo.training.generation import GenerationPlan, make_backend
-from aitrain_grpo.training.signals import uninterrupted
+from aitrain_grpo.training.rollout.async_steps import AsyncRollout, start_async_rollout, versioned
+from aitrain_grpo.training.rollout.generation import GenerationPlan, make_backend
+from aitrain_grpo.training.run.signals import uninterrupted
 
 
 class RolloutParts:
@@ -66,7 +66,7 @@ class RolloutParts:
             return
         # Played-ahead episodes: no request may be in flight while the server's weights change.
         with self.async_rollout.backend.paused() if self.async_rollout is not None else contextlib.nullcontext():
-            with uninterrupted():  # a signal waits: a server's weights are never left half-synced (signals.py)
+            with uninterrupted():  # a signal waits: a server's weights are never left half-synced (run/signals.py)
                 seconds = self.weight_sync.maybe_sync(trainer)
         if seconds is not None:
             self.sink.update({"vllm/sync_seconds": seconds})

@@ -1,18 +1,18 @@
 """The training rollout: the first stage of the step (training/step/flow.py), the rollout side.
 
 `TrainingRollout.play(rows, trainer)` plays one step's episodes from the batch's dataset rows (each
-row is repeated once per episode of its group) and returns the `GroupedRollout` (groups.py): the
+row is repeated once per episode of its group) and returns the `GroupedRollout` (rollout/groups.py): the
 episodes, each one's token sequences, and which are out of the loss. The step turns that into typed
 sequence records (step/records.py). It keeps only what playing needs:
 - the last batch it played (`last_batch`, this process's episodes, and `last_weight_versions` with
-  --rl-async-steps): what the extra reward functions and the episode log read (reward_funcs.py,
+  --rl-async-steps): what the extra reward functions and the episode log read (rewards/functions.py,
   runlog/files.py);
 - its observers, called with every batch's `EpisodeSummary`s from all processes (the error-rate stop);
 - what watches episodes as they finish (`watch_episodes`: a judge over HTTP starts its calls then),
   handed to the engine's `on_episode_done`.
 
 What it plays with is built with the trainer and attached (`attach`): the engine, the weight sync and
-the async rollout (rollout_parts.py). What it measures goes into the run's metrics sink, which the
+the async rollout (rollout/parts.py). What it measures goes into the run's metrics sink, which the
 trainer owns and its `log` drains (runlog/step_metrics.py): `env/*` from the episodes, `agent/*`,
 --rl-zero-std-groups' and --rl-async-steps' counters, a server pool's `vllm/<host:port>/*` and totals
 (requests, tokens, sync seconds, live servers, replayed episodes), and `time/generate_s` and
@@ -22,8 +22,8 @@ spent while earlier steps trained) and `time/tokens_per_s` (tokens the model gen
 generation). Its own wall time is the step's `rollout` phase, and the peak memory up to its end the
 step's `memory/rollout_peak_rss_gb`: both through the step timing callback (runlog/step_timing.py).
 
-Left out: building the trainer (trainer.py), building the engine and its backend (rollout_parts.py,
-generation.py), timing the rest of the step (step_phases.py), the files a run writes (runlog/), and
+Left out: building the trainer (trainer.py), building the engine and its backend (rollout/parts.py,
+rollout/generation.py), timing the rest of the step (step/phases.py), the files a run writes (runlog/), and
 metrics of TRL's evaluation loop (no run configures one).
 """
 
@@ -37,14 +37,14 @@ from aitrain_grpo.config import RunConfig
 from aitrain_grpo.engine.rollout import RolloutBatch, RolloutEngine
 from aitrain_grpo.engine.stats import EpisodeSummary, episode_stats
 from aitrain_grpo.env.base import Environment, needs_policy
-from aitrain_grpo.training.run_checks import check_async_scoring
+from aitrain_grpo.training.preflight.run_checks import check_async_scoring
 from aitrain_grpo.runlog.group_replies import group_reply_metrics, model_replies
 from aitrain_grpo.runlog.step_metrics import StepMetrics
 from aitrain_grpo.runlog.step_timing import StepTiming
-from aitrain_grpo.training.groups import GroupedRollout, play_groups
-from aitrain_grpo.training.rollout_parts import RolloutParts
+from aitrain_grpo.training.rollout.groups import GroupedRollout, play_groups
+from aitrain_grpo.training.rollout.parts import RolloutParts
 from aitrain_grpo.training.step.records import sequences_of
-from aitrain_grpo.training.step_phases import PhaseClock
+from aitrain_grpo.training.step.phases import PhaseClock
 
 SummaryObserver = Callable[[list[EpisodeSummary]], None]
 
@@ -80,7 +80,7 @@ class TrainingRollout:
         self._closers: list[Callable[[], None]] = []
 
     def attach(self, parts: RolloutParts) -> None:
-        """Play with `parts` (built with the trainer: rollout_parts.py)."""
+        """Play with `parts` (built with the trainer: rollout/parts.py)."""
         self.parts = parts
         parts.set_episode_hook(self._episode_hook)
 
@@ -111,7 +111,7 @@ class TrainingRollout:
             raise RuntimeError("the rollout has no engine: the trainer attaches one when it is built")
         if needs_policy(self.env):  # e.g. an AITraining-style score_episode: the policy as it is now
             self.env.use_policy(trainer.accelerator.unwrap_model(trainer.model), trainer.processing_class)
-        if parts.async_rollout is not None:  # --rl-async-steps: episodes played ahead (async_rollout.py)
+        if parts.async_rollout is not None:  # --rl-async-steps: episodes played ahead (rollout/async_steps.py)
             grouped, step_metrics = parts.async_rollout.rollout(rows, trainer, training=trainer.model.training)
         else:
             parts.sync_weights(trainer)

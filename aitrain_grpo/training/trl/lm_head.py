@@ -17,7 +17,7 @@ module keeps its own reference, so a CPU still folds its tiles with torch ops). 
 position's log-probability and entropy come from its own hidden state and label alone; the compact
 path computes the same ones and scatters them into zeros, where the full path zeroes the rest
 (tests/test_lm_head.py compares log-probabilities, entropies and gradients). Installed through
-training/trl_hooks.py, which pins what it was read with.
+training/trl/hooks.py, which pins what it was read with.
 
 Left out: devices other than the CPU (CUDA already takes the compact path; others keep TRL's choice)
 and TRL's distillation trainer, which reads its own reference to `_use_triton`.

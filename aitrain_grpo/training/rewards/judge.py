@@ -57,7 +57,7 @@ from typing import Any, Callable, Sequence
 from urllib.parse import urlparse
 
 from aitrain_grpo.errors import ConfigError, describe_exception
-from aitrain_grpo.training.reward_funcs import RewardFunc, episode_reward
+from aitrain_grpo.training.rewards.functions import RewardFunc, episode_reward
 
 REPLY_TOKENS = 512  # the longest reply asked of a judge behind a URL
 LOCAL_REPLY_TOKENS = 256  # and of one in-process (it stops at its end-of-text token)

@@ -238,7 +238,7 @@ class TRLWeightPush:
         self.last_step: int | None = None
 
     def maybe_sync(self, trainer) -> float | None:
-        from aitrain_grpo.training.trl_access import push_weights_through_trl
+        from aitrain_grpo.training.trl.access import push_weights_through_trl
 
         step = trainer.state.global_step
         if step == self.last_step:

@@ -1,0 +1,1 @@
+"""Rewards beside the environment's score: reward functions and the judge."""
