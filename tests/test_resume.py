@@ -166,7 +166,7 @@ def test_run_state_is_saved_with_the_checkpoint(uninterrupted):
     ],
 )
 def test_bad_resume_targets_are_refused_before_loading(uninterrupted, overrides, fragments):
-    from aitrain_grpo.training.run.checkpoints import check_output_dir_for_run
+    from aitrain_grpo.training.run.folder import check_output_dir_for_run
 
     out, _ = uninterrupted
     overrides = {k: v.format(out=out) if isinstance(v, str) else v for k, v in overrides.items()}
@@ -178,7 +178,7 @@ def test_bad_resume_targets_are_refused_before_loading(uninterrupted, overrides,
 
 
 def test_a_finished_run_is_refused_without_resume_or_overwrite(uninterrupted):
-    from aitrain_grpo.training.run.checkpoints import check_output_dir_for_run
+    from aitrain_grpo.training.run.folder import check_output_dir_for_run
 
     out, _ = uninterrupted
     assert (out / "run_summary.json").exists()
@@ -238,7 +238,7 @@ def test_a_finished_run_resumed_with_more_steps_trains_them_and_logs_steps_1_to_
 
 
 def test_an_incomplete_checkpoint_path_is_refused(tmp_path):
-    from aitrain_grpo.training.run.checkpoints import check_output_dir_for_run
+    from aitrain_grpo.training.run.folder import check_output_dir_for_run
 
     broken = tmp_path / "checkpoint-9"
     broken.mkdir()
@@ -248,7 +248,7 @@ def test_an_incomplete_checkpoint_path_is_refused(tmp_path):
 
 
 def test_a_fresh_start_over_an_unfinished_run_needs_overwrite(tmp_path):
-    from aitrain_grpo.training.run.checkpoints import check_output_dir_for_run
+    from aitrain_grpo.training.run.folder import check_output_dir_for_run
     from aitrain_grpo.training.trainer import train
 
     out = tmp_path / "run"

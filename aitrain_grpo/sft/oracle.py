@@ -104,7 +104,7 @@ def warm_start(config: RunConfig, episodes: int, min_score: float, show: Callabl
     """Play, keep, write demos.jsonl and fine-tune (see the module doc); each line worth printing goes to
     `show`. Returns the run summary (sft/trainer.train_sft's) with the config the run had (`config`:
     its output folder may be the next free numbered one). Bad environments raise `UserError`."""
-    from aitrain_grpo.training.run.checkpoints import check_output_dir_for_run, with_fresh_default_output_dir  # torch
+    from aitrain_grpo.training.run.folder import check_output_dir_for_run, with_fresh_default_output_dir  # torch
     from aitrain_grpo.training.run.folder import check_overwrite_target
     from aitrain_grpo.training.run.lock import claim_output_dir
 

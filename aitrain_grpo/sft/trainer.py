@@ -35,7 +35,7 @@ from aitrain_grpo.engine.chat import ChatRenderer
 from aitrain_grpo.engine.demos import Demonstration
 from aitrain_grpo.models.loading import load_model_and_tokenizer
 from aitrain_grpo.runlog.redaction import redact
-from aitrain_grpo.training.run.checkpoints import prepare_output_dir
+from aitrain_grpo.training.run.folder import prepare_output_dir
 from aitrain_grpo.training.run.collectives import start_process_group
 from aitrain_grpo.training.trl.hf_args import check_target_modules, lora_config, save_run, trainer_args
 from aitrain_grpo.training.step.micro_batches import BatchShape

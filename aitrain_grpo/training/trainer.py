@@ -54,10 +54,12 @@ from aitrain_grpo.runlog.redaction import redact
 from aitrain_grpo.runlog.step_metrics import StepMetrics
 from aitrain_grpo.runlog.step_timing import StepTiming
 from aitrain_grpo.training.preflight import small_dataset as small_dataset
-from aitrain_grpo.training.run.checkpoints import AtomicCheckpoints, prepare_output_dir
+from aitrain_grpo.training.run.checkpoints import AtomicCheckpoints
+from aitrain_grpo.training.run.folder import prepare_output_dir
 from aitrain_grpo.training.run.collectives import bound_collectives, collective_failures, start_process_group
 from aitrain_grpo.training.trl.hf_args import check_target_modules, lora_config, save_run, trainer_args
-from aitrain_grpo.training.rewards.judge import build_judge, judge_rewards
+from aitrain_grpo.training.rewards.judge import judge_rewards
+from aitrain_grpo.training.rewards.judge_setup import build_judge
 from aitrain_grpo.training.rollout.generation import check_server as check_vllm_server
 from aitrain_grpo.training.rollout.generation import grpo_kwargs as generation_grpo_kwargs
 from aitrain_grpo.training.rollout.generation import sampling_warning
@@ -231,7 +233,7 @@ def build_trainer(config: RunConfig, env: Environment | None = None, *, callback
         print(warning, file=sys.stderr)
     os.environ.setdefault("TRL_EXPERIMENTAL_SILENCE", "1")
     extra_rewards = load_reward_funcs(config.reward_specs)  # before the model: a bad one fails fast
-    judge = build_judge(config)  # --rl-judge-rubric: one more reward, weighted last (rewards/judge.py)
+    judge = build_judge(config)  # --rl-judge-rubric: checked, one more reward, weighted last (rewards/judge_setup.py)
 
     model, tokenizer = load_model_and_tokenizer(config.model)
     check_target_modules(model, config)

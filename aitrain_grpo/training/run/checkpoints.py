@@ -16,9 +16,9 @@ What this module adds:
   resumed in epoch k would replay epoch 0's order. `ResumableRepeatSampler` derives epoch k's order
   from the seed and k alone (the same order an uninterrupted run gets); HF Trainer's restored position
   (epoch, batches to skip) then yields the same prompts as the uninterrupted run.
-- `--resume-from-checkpoint auto|PATH`, `--save-total-limit` counted over complete checkpoints only, and
-  refusing to start afresh over an earlier run's checkpoints without `--overwrite`. (The per-step log
-  files are cut back to the checkpoint's step by the callbacks that write them.)
+- `--resume-from-checkpoint auto|PATH` and `--save-total-limit` counted over complete checkpoints only.
+  (What a run may do to its output folder is folder.py's; the per-step log files are cut back to the
+  checkpoint's step by the callbacks that write them.)
 
 Left out: durability against power loss (nothing is fsync'd; the case handled is a killed process),
 and merging checkpoints of runs with different batch shapes (refused with a message instead).
@@ -27,7 +27,6 @@ and merging checkpoints of runs with different batch shapes (refused with a mess
 from __future__ import annotations
 
 import contextlib
-import dataclasses
 import json
 import re
 import shutil
@@ -38,7 +37,6 @@ import torch
 
 from aitrain_grpo.config import RunConfig
 from aitrain_grpo.errors import ConfigError
-from aitrain_grpo.outputs import has_entries, special_folder, is_ours
 from aitrain_grpo.outputs import publish
 from aitrain_grpo.training.trl.access import RepeatSampler, save_checkpoint
 
@@ -149,103 +147,6 @@ def read_run_state(path: Path) -> dict[str, Any]:
         return json.loads((path / RUN_STATE_FILE).read_text())
     except (OSError, ValueError):
         return {}
-
-
-def check_output_dir_for_run(config: RunConfig) -> Path | None:
-    """Refuse to clobber earlier work: a finished run, or an unfinished one with checkpoints, is only
-    written over with `--overwrite` or continued with `--resume-from-checkpoint`. Returns the checkpoint
-    to resume from (None: a fresh start)."""
-    output_dir = config.resolved_output_dir()
-    _check_can_be_created(output_dir)
-    _check_is_a_run_folder(output_dir)
-    resume = resume_checkpoint(config)
-    if resume is not None or config.overwrite:
-        return resume
-    if (output_dir / "run_summary.json").exists():
-        raise ConfigError(
-            f"output directory {output_dir} already holds a finished run; pass --overwrite or choose "
-            f"another --output-dir"
-        )
-    found = complete_checkpoints(output_dir)
-    if found:
-        raise ConfigError(
-            f"output directory {output_dir} holds checkpoints of an unfinished run (newest: {found[-1].name}); "
-            f"pass --resume-from-checkpoint auto to continue it, --overwrite to start over, or choose another --output-dir"
-        )
-    return None
-
-
-def holds_run(folder: Path) -> bool:
-    """Whether `folder` holds a run of ours: finished, with checkpoints, or started (run_config.json)."""
-    return folder.is_dir() and (is_ours(folder) or bool(complete_checkpoints(folder)))
-
-
-def with_fresh_default_output_dir(config: RunConfig) -> tuple[RunConfig, str | None]:
-    """A run given no --output-dir whose default folder (outputs/<class>) holds an earlier run, and that
-    neither resumes nor overwrites it, goes to the next free numbered folder (outputs/hotelenv-2, -3, ...)
-    instead of failing, as many trainers do. Returns the config to run (a copy; the caller's is left
-    alone) and a note saying where the run goes, or (config, None) when nothing changes."""
-    if config.output_dir or config.resume_from_checkpoint or config.overwrite:
-        return config, None
-    base = config.resolved_output_dir()
-    if not holds_run(base):
-        return config, None
-    number = 2
-    while (candidate := base.with_name(f"{base.name}-{number}")).exists() and (
-            not candidate.is_dir() or has_entries(candidate)):
-        number += 1
-    note = (f"note: {base} holds an earlier run, so this run writes to {candidate} (pass --output-dir to choose "
-            f"the folder, or --overwrite to replace {base})")
-    return dataclasses.replace(config, output_dir=str(candidate)), note
-
-
-def _check_is_a_run_folder(output_dir: Path) -> None:
-    """A run writes files with common names (README.md, config.json, ...) into its folder, so it goes
-    only into a new or empty folder, or one of its own runs (outputs.py): never into the current
-    or home folder, nor a folder of the user's files, whatever --overwrite says."""
-    special = special_folder(output_dir)
-    if special:
-        raise ConfigError(f"--output-dir {output_dir} is {special}; pass a folder of its own, e.g. outputs/my-run")
-    if output_dir.is_dir() and has_entries(output_dir) and not is_ours(output_dir) \
-            and not complete_checkpoints(output_dir):
-        raise ConfigError(f"--output-dir {output_dir} holds files this tool did not write (no run_config.json), "
-                          f"and a run writes model files into it; pass a new or empty folder")
-
-
-def _check_can_be_created(output_dir: Path) -> None:
-    """A one-line error, before anything loads, for an --output-dir that is a file or cannot be made.
-    Only trying tells (root passes access() checks, /proc refuses anyway), so the missing folders are
-    made and removed again: a run that then fails to load leaves nothing behind."""
-    if output_dir.exists():
-        if not output_dir.is_dir():
-            raise ConfigError(f"--output-dir {output_dir} is a file, not a folder; pass a folder path (it is created if missing)")
-        return
-    missing = [output_dir, *(p for p in output_dir.parents if not p.exists())]
-    try:
-        output_dir.mkdir(parents=True)
-    except OSError as exc:
-        reason = exc.strerror or type(exc).__name__
-        raise ConfigError(f"--output-dir {output_dir} cannot be created ({reason}); pass a folder you can write to") from None
-    for folder in missing:  # innermost first
-        folder.rmdir()
-
-
-# ------------------------------------------------------------------------------------- the output dir
-
-
-def prepare_output_dir(output_dir: Path, resume: Path | None) -> None:
-    """Before training: drop saves that were cut off and the marks of a finished run; a fresh start
-    also removes an earlier run's checkpoints (the caller has made sure the user allowed it). The
-    per-step logs are cut back to the resumed step by the callbacks that write them (runlog/files.py)."""
-    output_dir.mkdir(parents=True, exist_ok=True)
-    for partial in output_dir.glob(f"{PARTIAL_PREFIX}checkpoint-*"):
-        shutil.rmtree(partial, ignore_errors=True)  # never resumable
-    for name in RUN_RESULTS:
-        (output_dir / name).unlink(missing_ok=True)
-    if resume is None:
-        for old in output_dir.iterdir():
-            if old.is_dir() and checkpoint_step(old) is not None:
-                shutil.rmtree(old, ignore_errors=True)  # several processes may clear the same folder
 
 
 # --------------------------------------------------------------------------------------- the trainer

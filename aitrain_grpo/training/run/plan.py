@@ -24,7 +24,7 @@ from aitrain_grpo.errors import ConfigError
 from aitrain_grpo.models.loading import check_model_option
 from aitrain_grpo.runlog.files import check_tracker_installed
 from aitrain_grpo.training.rollout.async_steps import check_async_supported
-from aitrain_grpo.training.run.checkpoints import check_output_dir_for_run, with_fresh_default_output_dir
+from aitrain_grpo.training.run.folder import check_output_dir_for_run, with_fresh_default_output_dir
 from aitrain_grpo.training.rollout.generation import GenerationPlan, plan_generation, reserve_server_gpus
 from aitrain_grpo.training.run.folder import check_overwrite_target, check_resume_has_steps_left, resume_note
 from aitrain_grpo.training.step.micro_batches import BatchShape
