@@ -116,8 +116,8 @@ def test_only_the_accessors_and_the_hooks_touch_trls_private_names():
 
 def test_the_scan_sees_each_kind_of_touch(tmp_path):
     probe = tmp_path / "probe.py"
-    probe.write_text("a = t._train_batch_size\nb = getattr(t, 'model_wrapped', None)\nt.use_vllm = True\nc = config.use_vllm\n")
-    assert sorted(hit.split(" ", 1)[1] for hit in private_touches(probe, tmp_path)) == ["_train_batch_size", "model_wrapped", "use_vllm set"]
+    probe.write_text("a = t._save_checkpoint\nb = getattr(t, 'model_wrapped', None)\nt.use_vllm = True\nc = config.use_vllm\n")
+    assert sorted(hit.split(" ", 1)[1] for hit in private_touches(probe, tmp_path)) == ["_save_checkpoint", "model_wrapped", "use_vllm set"]
 
 
 def test_no_engine_function_takes_a_trainer():

@@ -41,7 +41,7 @@ from aitrain_grpo.config import RunConfig
 from aitrain_grpo.errors import ConfigError
 from aitrain_grpo.training.rollout.groups import GroupedRollout
 from aitrain_grpo.training.run.signals import uninterrupted
-from aitrain_grpo.training.trl.access import train_batch_size, train_sampler
+from aitrain_grpo.training.trl.access import train_sampler
 
 
 def check_async_supported(config: RunConfig, sync_method: str | None) -> None:
@@ -158,7 +158,7 @@ class PromptPlan:
             raise ConfigError("--rl-async-steps needs one generation per optimizer step (TRL's steps_per_generation and num_iterations at their defaults)")
         self.dataset = trainer.train_dataset
         self.sampler = train_sampler(trainer, self.dataset)  # TRL's private API, pinned (trl/access.py)
-        self.batch = train_batch_size(trainer) * args.steps_per_generation
+        self.batch = args.per_device_train_batch_size * args.steps_per_generation
         self.repeat = trainer.num_iterations * args.steps_per_generation
         self._orders: dict[int, list[int]] = {}
 

@@ -15,7 +15,7 @@ The touches, by who needs them:
 - weight sync: where TRL moves the weights (CUDA), its engine's `sync_weights` (`push_weights_through_trl`);
   `use_vllm`, which the trainer turns on itself where this package moves them (trl/hooks.py
   `use_importance_sampling`), so TRL's loss applies the importance-sampling weights the step computes;
-- playing steps ahead (rollout/async_steps.py): `_get_train_sampler` and `_train_batch_size`;
+- playing steps ahead (rollout/async_steps.py): `_get_train_sampler`;
 - checkpoints (run/checkpoints.py): `_save_checkpoint` called outside the training loop, and TRL's
   `RepeatSampler` (its `shuffle`, `seed`, `generator`, `num_samples`, and for the curriculum its batch
   shape `batch_size`, `repeat_count`, `mini_repeat_count`), which run/checkpoints.py subclasses and
@@ -40,7 +40,7 @@ PINNED_METHODS = {
     "_save_checkpoint": ("self", "model", "trial"),
 }
 # Trainer instance attributes read or set here: each is assigned `self.<name> = ...` by TRL or transformers.
-PINNED_ATTRIBUTES = ("_train_batch_size", "use_vllm", "vllm_generation", "model_wrapped")
+PINNED_ATTRIBUTES = ("use_vllm", "vllm_generation", "model_wrapped")
 # Attributes of TRL's `VLLMGeneration` (`trainer.vllm_generation`) read here.
 PINNED_VLLM_GENERATION = ("llm", "tp_group", "tensor_parallel_size")
 # Attributes of TRL's `RepeatSampler` that checkpoints.ResumableRepeatSampler reads.
@@ -50,7 +50,7 @@ PINNED_FUNCTIONS = {
     "trl.models.unwrap_model_for_generation": ("model", "accelerator", "gather_deepspeed3_params"),
 }
 
-__all__ = ["RepeatSampler", "generation_handles", "model_for_generation", "save_checkpoint", "train_batch_size",
+__all__ = ["RepeatSampler", "generation_handles", "model_for_generation", "save_checkpoint",
            "push_weights_through_trl", "train_sampler", "wrapped_model"]
 
 
@@ -100,11 +100,6 @@ def push_weights_through_trl(trainer) -> None:
 def train_sampler(trainer, dataset):
     """The sampler TRL's training data loader draws from (run/checkpoints.py makes its order resumable)."""
     return trainer._get_train_sampler(dataset)
-
-
-def train_batch_size(trainer) -> int:
-    """transformers' per-device batch size of one data-loader batch (TRL's micro-batch)."""
-    return trainer._train_batch_size
 
 
 def wrapped_model(trainer):
