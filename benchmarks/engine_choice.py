@@ -63,13 +63,15 @@ def main() -> None:
     parser.add_argument("--steps", type=int, default=4)
     parser.add_argument("--batch-size", type=int, default=8)
     parser.add_argument("--flags", nargs="*", default=[], help="more grpo flags, every engine alike")
+    parser.add_argument("--engines", default=",".join(ENGINES), help="comma-separated, from " + ", ".join(ENGINES))
     parser.add_argument("--record", help="append the table to this Markdown file")
     args = parser.parse_args()
-    engines = [e for e in ENGINES if e != "vllm-colocate" or importlib.util.find_spec("vllm") is not None]
+    engines = [e for e in args.engines.split(",")
+               if e != "vllm-colocate" or importlib.util.find_spec("vllm") is not None]
     results = {engine: summary(run(engine, args)) for engine in engines}
-    base = results["hf-lockstep"]
+    base = results.get("hf-lockstep", next(iter(results.values())))
     lines = [f"`{' '.join(sys.argv[1:]) or '(defaults)'}`: {args.steps - 1} timed steps an engine, wall seconds "
-             f"(mean ± sd), ratio to hf-lockstep", "",
+             f"(mean ± sd), ratio to {'hf-lockstep' if 'hf-lockstep' in results else engines[0]}", "",
              "| engine | step | rollout | training | step ratio | rollout ratio |", "| --- | ---: | ---: | ---: | ---: | ---: |"]
     for engine, r in results.items():
         lines.append(f"| {engine} | {r['step'][0]:.2f} ± {r['step'][1]:.2f} | {r['rollout'][0]:.2f} ± {r['rollout'][1]:.2f} "

@@ -98,16 +98,18 @@ def generation_batch(trainer, run, rows: list[dict[str, Any]]) -> dict[str, Any]
 def importance_from_loss_pass(trainer) -> bool:
     """vLLM sampled the tokens and the batch trains in one optimizer step: the loss pass's own
     log-probabilities (detached) are the old policy's, so no second forward (step/scoring.py)."""
-    return importance_sampling_on(trainer) and not batch_reused(trainer)
+    return importance_sampling_on(trainer.use_vllm, trainer.vllm_importance_sampling_correction) and \
+        not batch_reused(trainer.args, trainer.num_iterations)
 
 
-def importance_sampling_on(trainer) -> bool:
-    return bool(trainer.use_vllm and trainer.vllm_importance_sampling_correction)
+def importance_sampling_on(use_vllm: bool, correction: bool) -> bool:
+    """TRL's rule: the correction runs where vLLM sampled (or this package's sync turned it on)."""
+    return bool(use_vllm and correction)
 
 
-def batch_reused(trainer) -> bool:
+def batch_reused(args, num_iterations: int) -> bool:
     """A generation batch trains over more than one optimizer step (TRL's rule for old log-probabilities)."""
-    return trainer.args.gradient_accumulation_steps % (trainer.args.steps_per_generation * trainer.num_iterations) != 0
+    return args.gradient_accumulation_steps % (args.steps_per_generation * num_iterations) != 0
 
 
 def scoring_passes(trainer, out: dict[str, Any], training: bool, clock) -> dict[str, torch.Tensor]:
@@ -127,9 +129,9 @@ def scoring_passes(trainer, out: dict[str, Any], training: bool, clock) -> dict[
 
     scored: dict[str, torch.Tensor] = {}
     with torch.no_grad(), disable_gradient_checkpointing(trainer.model, trainer.args.gradient_checkpointing_kwargs):
-        if batch_reused(trainer):
+        if batch_reused(trainer.args, trainer.num_iterations):
             scored["old_per_token_logps"] = logps(trainer.model)
-            if importance_sampling_on(trainer):
+            if importance_sampling_on(trainer.use_vllm, trainer.vllm_importance_sampling_correction):
                 scored["importance_sampling_ratio"] = importance_ratio(
                     scored["old_per_token_logps"], out["sampling_per_token_logps"], loss_mask(out),
                     mode=trainer.vllm_importance_sampling_mode, low=trainer.vllm_importance_sampling_clip_min,
