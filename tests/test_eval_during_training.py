@@ -77,17 +77,19 @@ def test_training_plays_and_learns_the_same_with_or_without_evaluation(evaluated
     out, _ = evaluated_run
     plain = tmp_path / "plain"
     trained(RunConfig(model=tiny_model_dir, output_dir=str(plain), **RUN, max_steps=4))
-    learned = [[(r["step"], r["reward"], r["loss"]) for r in records(folder) if "reward" in r] for folder in (out, plain)]
+    learned = [[(r["step"], r["reward"], r["loss"]) for r in records(folder) if "reward" in r]
+               for folder in (out, plain)]
     assert learned[0] == learned[1]
 
 
-def played_by_aitrain_eval(model: str, seed: int, *env: str) -> dict[str, float]:
-    """`aitrain eval --model MODEL --episodes 4 --rl-env-config HELD_BACK --seed SEED`'s summary, the
-    environment's module and class `env` (default: the training run's)."""
-    module, class_name = env or (None, None)
-    results = run_eval(model=model, baseline=None, module=module, class_name=class_name, env_config=json.dumps(HELD_BACK),
-                       episodes=4, samples=1, use_vllm=False, output=None, options={name: None for name in RUN_FLAGS},
-                       seed=seed, batch_size=32, console=Console(file=io.StringIO()))
+def played_by_aitrain_eval(model: str, seed: int, **flags) -> dict[str, float]:
+    """`aitrain eval --model MODEL --episodes 4 --rl-env-config HELD_BACK --seed SEED`'s summary; `flags`:
+    the environment's module and class (default: the training run's) and sampling and budget flags."""
+    module, class_name = flags.pop("rl_env_module", None), flags.pop("rl_env_class", None)
+    results = run_eval(model=model, baseline=None, module=module, class_name=class_name,
+                       env_config=json.dumps(HELD_BACK), episodes=4, samples=1, use_vllm=False, output=None,
+                       options={name: flags.get(name) for name in RUN_FLAGS}, seed=seed, batch_size=32,
+                       console=Console(file=io.StringIO()))
     return results[0].summary()
 
 
@@ -104,17 +106,17 @@ def test_eval_in_training_equals_aitrain_eval_on_the_same_weights_tasks_and_seed
 def test_a_run_whose_generator_lags_the_weights_evaluates_with_its_model(tiny_model_dir, tmp_path, capsys):
     """A vLLM run's generator holds the step's starting weights until the next rollout syncs it: the
     evaluation plays Hugging Face generate on the trainer's model, as `aitrain eval` would on those weights."""
-    from transformers import AutoModelForCausalLM, AutoTokenizer
-
     from aitrain_grpo.evaluation.held_back import HeldBackEvaluation
+    from aitrain_grpo.models.loading import load_model_and_tokenizer
     from aitrain_grpo.runlog.step_metrics import StepMetrics
 
     config = RunConfig(model=tiny_model_dir, **RUN, eval_every=1, eval_episodes=4, eval_env_config=HELD_BACK).validate()
     vllm_run = SimpleNamespace(parts=SimpleNamespace(weight_sync=object(), engine=None), metrics=StepMetrics())
     callback = HeldBackEvaluation(config, vllm_run, tmp_path)
-    model, tokenizer = AutoModelForCausalLM.from_pretrained(tiny_model_dir), AutoTokenizer.from_pretrained(tiny_model_dir)
+    model, tokenizer = load_model_and_tokenizer(tiny_model_dir)  # as the trainer loads them
     logged = callback.evaluate(0, SimpleNamespace(is_world_process_zero=True), model, tokenizer)
-    played = played_by_aitrain_eval(tiny_model_dir, RUN["seed"], RUN["rl_env_module"], RUN["rl_env_class"])
+    played = played_by_aitrain_eval(tiny_model_dir, RUN["seed"], **{name: RUN[name] for name in (
+        "rl_env_module", "rl_env_class", "rl_max_new_tokens")})  # a base model has no run_config.json to give them
     assert {key: played[SUMMARY_OF[key]] for key in EVAL_KEYS} == {key: logged[key] for key in EVAL_KEYS}
     assert "held-back eval at step 0" in capsys.readouterr().out
 
@@ -128,7 +130,8 @@ def test_best_holds_the_weights_of_the_best_logged_value_and_outlives_a_resume(t
                        eval_env_class="ScheduledScores", eval_env_config=schedule, save_best="eval/mean_score")
     printed = trained(config)
     assert [r["eval/mean_score"] for r in records(out) if "eval/mean_score" in r] == [0.2, 0.9, 0.5]
-    assert json.loads((out / "best" / "best.json").read_text()) == {"metric": "eval/mean_score", "value": 0.9, "step": 1}
+    best_record = json.loads((out / "best" / "best.json").read_text())
+    assert best_record == {"metric": "eval/mean_score", "value": 0.9, "step": 1}
     assert "best eval/mean_score 0.9 at step 1: kept in" in printed
     best = load_file(out / "best" / "adapter_model.safetensors")
     step_1 = load_file(out / "checkpoint-1" / "adapter_model.safetensors")
