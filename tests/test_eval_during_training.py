@@ -178,6 +178,13 @@ def test_a_save_best_never_logged_is_refused_before_a_model_loads(tmp_path, no_t
     assert not out.exists()
 
 
+def test_a_held_back_environment_that_cannot_load_is_refused_before_a_model_loads(tmp_path, no_training):
+    out = tmp_path / "run"
+    refused(["grpo", "--rl-env-module", "envs.letters", "--rl-env-class", "LetterEnv", "--output-dir", str(out),
+             "--eval-every", "2", "--eval-env-config", '{"no_such_argument": 1}'], tmp_path, "no_such_argument")
+    assert not out.exists()
+
+
 def history(successes: dict[int, float], rewards: list[float]) -> list[dict]:
     """Logged records of steps 1.., with `reward` and, at the steps given, `eval/success`."""
     return [{"step": step, "reward": reward, **({"eval/success": successes[step]} if step in successes else {})}

@@ -11,6 +11,7 @@ leaves no lock, nor the folder its lock made: training/run/lock.py's `release_al
 - `--rl-context-window` must fit the model's context and hold every prompt with room for one reply
   (training/preflight/prompt_length.py), measured with the model's config and tokenizer, not its weights
   (`check_window`: the dataset is built once more for it, only when the option is given);
+- with `--eval-every`, the held-back environment must load (`check_held_back_environment`);
 - options that do nothing under the strategy and curriculum in force are returned as notes
   (option_effects.py), for the caller to print.
 
@@ -59,9 +60,21 @@ def check_window(config: Any, env: Any) -> None:
                          model_name=config.model, window=config.rl_context_window)
 
 
+def check_held_back_environment(config: Any) -> None:
+    """With `--eval-every`, the held-back environment must load (`--eval-env-config`, `--eval-env-module`/
+    `--eval-env-class`: evaluation/held_back_play.py): its one-line error now, not after the model loads."""
+    if not getattr(config, "eval_every", None):
+        return
+    from aitrain_grpo.env.loading import load_environment
+    from aitrain_grpo.evaluation.held_back_play import held_back_environment
+
+    load_environment(*held_back_environment(config))
+
+
 def check_run(config: Any, env: Any) -> list[str]:
     """Refuse what the environment and the model's config rule out (see the module docstring); return
     the `note:` lines of options that do nothing in this run."""
+    check_held_back_environment(config)
     strategies = resolve_strategies(env, config.rl_context)
     check_async_scoring(env, config.rl_async_steps)
     if config.rl_context_window is not None:
