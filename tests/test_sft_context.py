@@ -14,6 +14,7 @@ from aitrain_grpo.config import RunConfig
 from aitrain_grpo.engine.context import DROPPED, SUMMARY_REQUEST
 from aitrain_grpo.engine.rollout import RolloutEngine
 from aitrain_grpo.engine.settings import EpisodeSettings
+from aitrain_grpo.errors import UserError
 from aitrain_grpo.sft.oracle import keep_good, play_sequences, plays_tokens
 from envs.longdocs import LongDocsEnv
 from helpers import run_cli
@@ -79,6 +80,19 @@ def test_keep_plays_at_text_level_and_a_strategy_or_a_result_limit_at_token_leve
     assert not plays_tokens(env, config(rl_context="keep"))
     assert plays_tokens(env, config(rl_context="drop-tool-results"))
     assert plays_tokens(env, config(rl_max_tool_result_tokens=64))
+    assert plays_tokens(env, config(rl_context_window=1000)) and plays_tokens(env, config(rl_max_episode_tokens=500))
+
+
+def test_under_keep_a_window_cuts_the_oracles_episodes_as_grpo_would_and_sft_keeps_none_of_them(tokenizer):
+    # Four 170-token pages and the task pass a 1000-token window: GRPO's engine cuts every episode there,
+    # so no demonstration of the whole conversation may be kept (at text level every one scored 1.0).
+    env = LongDocsEnv(num_tasks=2, documents=4, page_words=60)
+    options = config(rl_context="keep", rl_context_window=1000, rl_max_completion_length=800)
+    assert plays_tokens(env, options)
+    demos, errors = play_sequences(env, tokenizer, env.build_dataset(tokenizer), 2, EpisodeSettings.from_options(options))
+    assert not errors and all(d.score < 1.0 for d in demos)
+    with pytest.raises(UserError, match="scored at least --min-score"):
+        keep_good(demos, errors, 1.0, "LongDocsEnv")
 
 
 class FailingOracle(LongDocsEnv):

@@ -54,13 +54,16 @@ def play_demonstrations(env, rows: list[dict[str, Any]], episodes: int, *, max_t
 
 def plays_tokens(env, config: RunConfig) -> bool:
     """Whether the oracle is played by the token-level engine: a context strategy other than `keep` is in
-    force for some episode, or tool results are cut to `--rl-max-tool-result-tokens`; what the model sees
-    then is the engine's rewritten history, not the conversation. Agent environments own their messages
-    (text level; a strategy other than keep is refused for them, as GRPO refuses it)."""
+    force for some episode, tool results are cut to `--rl-max-tool-result-tokens`, or a token budget GRPO
+    enforces is given (`--rl-context-window`, `--rl-max-episode-tokens`); what the model sees then is the
+    engine's rewritten or cut history, not the conversation, and an episode the budget cuts is scored as
+    GRPO scores it. Agent environments own their messages (text level; a strategy other than keep is
+    refused for them, as GRPO refuses it)."""
     strategies = resolve_strategies(env, config.rl_context).values()
     if is_agent_environment(env):
         return False
-    return config.rl_max_tool_result_tokens is not None or any(strategy != "keep" for strategy in strategies)
+    budgets = (config.rl_max_tool_result_tokens, config.rl_context_window, config.rl_max_episode_tokens)
+    return any(budget is not None for budget in budgets) or any(strategy != "keep" for strategy in strategies)
 
 
 def play_sequences(env, tokenizer, rows: list[dict[str, Any]], episodes: int,
