@@ -90,3 +90,14 @@ def test_a_vllm_without_layerwise_reload_is_refused_before_anything_loads(monkey
         check_server(config, plan_generation(config))
     message = str(refused.value)
     assert "\n" not in message and "colocated vLLM on cpu" in message and "--vllm-mode server" in message
+
+
+def test_a_cpu_run_on_hugging_face_generate_names_the_engine_measured_faster(tiny_model_dir, tmp_path):
+    """With vLLM installed, a CPU run left on Hugging Face generate says which engine was measured faster
+    (benchmarks/ENGINE_CHOICE.md), once."""
+    from helpers import run_cli
+
+    result = run_cli("grpo", "--model", tiny_model_dir, "--rl-env-module", "envs.letters", "--rl-env-class",
+                     "LetterEnv", "--max-steps", "1", "--batch-size", "4", "--output-dir", str(tmp_path / "run"))
+    assert result.returncode == 0, result.stderr[-2000:]
+    assert result.stderr.count("--use-vllm --vllm-mode colocate made SmolLM2 steps") == 1

@@ -62,7 +62,7 @@ from aitrain_grpo.training.rewards.judge import judge_rewards
 from aitrain_grpo.training.rewards.judge_setup import build_judge
 from aitrain_grpo.training.rollout.generation import check_server as check_vllm_server
 from aitrain_grpo.training.rollout.generation import grpo_kwargs as generation_grpo_kwargs
-from aitrain_grpo.training.rollout.generation import sampling_warning
+from aitrain_grpo.training.rollout.generation import engine_note, sampling_warning
 from aitrain_grpo.training.preflight.memory_check import available_bytes, memory_warning
 from aitrain_grpo.training.step.micro_batches import BatchShape
 from aitrain_grpo.training.run.plan import RunPlan, plan_run
@@ -87,6 +87,10 @@ from aitrain_grpo.training.trl.hooks import TRLHooks, trl_functions_replaced
 # that one message is silenced (peft 0.21, utils/save_and_load.py).
 warnings.filterwarnings("ignore", message="Could not find a config file in .* will assume that the vocabulary "
                                           "was not modified", category=UserWarning)
+# transformers 5.23 warns (FutureWarning) on every read of `is_gradient_checkpointing`, which peft and HF
+# Trainer still make; the command line silences it (commands/quiet.py), and so does a run started from
+# Python (`aitrain_grpo.train`, README's "From Python"), which imports this module: that one message only.
+warnings.filterwarnings("ignore", message="`is_gradient_checkpointing` is deprecated", category=FutureWarning)
 
 
 def episode_score(prompts=None, completions=None, episode_score=None, **kwargs) -> list[float]:
@@ -228,9 +232,9 @@ def build_trainer(config: RunConfig, env: Environment | None = None, *, callback
     plan = plan or plan_run(config)
     config = plan.config  # with the output folder the run really writes to
     check_vllm_server(config, plan.generation)
-    warning = sampling_warning(config, plan.generation)
-    if warning:
-        print(warning, file=sys.stderr)
+    for line in (sampling_warning(config, plan.generation), engine_note(plan.generation)):
+        if line and os.environ.get("RANK", "0") == "0":
+            print(line, file=sys.stderr)
     os.environ.setdefault("TRL_EXPERIMENTAL_SILENCE", "1")
     extra_rewards = load_reward_funcs(config.reward_specs)  # before the model: a bad one fails fast
     judge = build_judge(config)  # --rl-judge-rubric: checked, one more reward, weighted last (rewards/judge_setup.py)
