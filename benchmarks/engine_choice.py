@@ -9,7 +9,7 @@ Engines: Hugging Face `generate` under the lockstep schedule (every running epis
 and under the continuous one (a finished episode's slot refilled: engine/turn_batcher.py), and vLLM
 colocated in the trainer where vLLM is installed (`--use-vllm --vllm-mode colocate`). Each engine runs in
 its own process, one after another; the first step warms up and is left out. Reported per engine: the
-mean step, rollout and training time (wall seconds; `--clock cpu` is not available across processes) and
+mean step, rollout, training and scoring-forward time (wall seconds; `--clock cpu` is not available across processes) and
 each as a ratio to Hugging Face lockstep in the same invocation, with the spread of the steps.
 
 Left out: vLLM servers (another process's CPU time is not the trainer's), several processes, GPUs.
@@ -52,7 +52,8 @@ def run(engine: str, args) -> list[dict]:
 def summary(records: list[dict]) -> dict[str, tuple[float, float]]:
     """Mean and standard deviation (0 for one step) of the step, rollout and training seconds."""
     series = {"step": [r["time/step_s"] for r in records], "rollout": [r["time/rollout_s"] for r in records],
-              "training": [r["time/step_s"] - r["time/rollout_s"] for r in records]}
+              "training": [r["time/step_s"] - r["time/rollout_s"] for r in records],
+              "scoring": [r["time/ref_logprobs_s"] for r in records]}
     return {k: (statistics.mean(v), statistics.stdev(v) if len(v) > 1 else 0.0) for k, v in series.items()}
 
 
@@ -72,10 +73,12 @@ def main() -> None:
     base = results.get("hf-lockstep", next(iter(results.values())))
     lines = [f"`{' '.join(sys.argv[1:]) or '(defaults)'}`: {args.steps - 1} timed steps an engine, wall seconds "
              f"(mean ± sd), ratio to {'hf-lockstep' if 'hf-lockstep' in results else engines[0]}", "",
-             "| engine | step | rollout | training | step ratio | rollout ratio |", "| --- | ---: | ---: | ---: | ---: | ---: |"]
+             "| engine | step | rollout | training | of which scoring forwards | step ratio | rollout ratio |",
+             "| --- | ---: | ---: | ---: | ---: | ---: | ---: |"]
     for engine, r in results.items():
         lines.append(f"| {engine} | {r['step'][0]:.2f} ± {r['step'][1]:.2f} | {r['rollout'][0]:.2f} ± {r['rollout'][1]:.2f} "
-                     f"| {r['training'][0]:.2f} ± {r['training'][1]:.2f} | {r['step'][0] / base['step'][0]:.2f}x "
+                     f"| {r['training'][0]:.2f} ± {r['training'][1]:.2f} | {r['scoring'][0]:.2f} ± {r['scoring'][1]:.2f} "
+                     f"| {r['step'][0] / base['step'][0]:.2f}x "
                      f"| {r['rollout'][0] / base['rollout'][0]:.2f}x |")
     text = "\n".join(lines)
     print(text)
