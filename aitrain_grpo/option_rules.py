@@ -168,6 +168,9 @@ def check_judge(options: dict[str, Any], reward_names: list[str], environ: dict[
             raise ConfigError(f"--{given[0].replace('_', '-')} needs --rl-judge-rubric (the judge's rubric: text, "
                               f"or @file)")
         return
+    if isinstance(rubric, str) and rubric.startswith("@") and Path(rubric[1:]).expanduser().is_dir():
+        raise ConfigError(f"--rl-judge-rubric {rubric}: that is a folder; name the rubric's file in it, "
+                          f"@path/to/rubric.txt")
     if isinstance(rubric, str) and rubric.startswith("@") and not Path(rubric[1:]).expanduser().is_file():
         raise ConfigError(f"--rl-judge-rubric {rubric}: no such file; write the rubric as text or @path/to/rubric.txt")
     if not options.get("rl_judge_model"):

@@ -16,6 +16,8 @@ model learns the task within its 60 steps (benchmarks/FIRST_RUN.md):
 the letter in each played turn's whole text, spaces counted, averaged over the turns played, a cut turn
 included. The tiny model games it by filling its first turn with " a a a" until the turn is cut and the
 episode ends (0.5); the shortcut warning's end-to-end test trains on it (tests/test_shortcuts.py).
+`probes()` declares that shortcut for `aitrain env check`: the letter written until the turn is cut. The
+default score keeps it at 0; under `pay_cut_turns` env check warns that it pays.
 """
 
 from __future__ import annotations
@@ -62,6 +64,10 @@ class LetterEnv(Environment):
         if episode.turns >= self.turns:
             return None
         return f"Again, with more {self.letter}s."
+
+    def probes(self) -> dict:
+        """Issue 35's shortcut, for env check: " a a a" past any turn limit, so every turn is cut."""
+        return {"fill-the-turn": lambda episode: f" {self.letter}" * 4096}
 
     def score_episode(self, episode: Episode) -> float:
         if self.pay_cut_turns:

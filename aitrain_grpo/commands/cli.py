@@ -162,8 +162,9 @@ def grpo(**kwargs) -> None:
         out.print(f"report: {output_dir / 'report.html'} (open it in a browser)", markup=False)
     out.print(f"next: aitrain eval --model {output_dir} --baseline {config.model} --episodes 32", markup=False)
     if config.rl_env_class != "HotelEnv":
-        out.print("then the worked tool example: aitrain grpo --rl-env-module envs.hotel --rl-env-class HotelEnv "
-                  "--max-steps 20", markup=False)
+        out.print("then the worked tool example: aitrain env check --rl-env-module envs.hotel --rl-env-class HotelEnv "
+                  "(the tiny model writes no valid tool call, so GRPO on it learns nothing: tool use needs a real model "
+                  "and an `aitrain sft` start, benchmarks/TOOL_USE.md)", markup=False)
     exit_without_waiting_for_env_calls(0, err)
 
 

@@ -1,6 +1,6 @@
 """`aitrain env check`: the command's options checked, the check run (evaluation/envcheck.py), the report
 printed with rich: the dataset, the prompt as the model sees it, the tools and how the model called them,
-then a table of the policies' scores, the notes and the warnings.
+then a table of the policies' scores (a row per shortcut probe), the notes and the warnings.
 
 Left out: everything the check does (evaluation/envcheck.py, and evaluation/envcheck_agent.py for agent
 environments); the exit status is the CLI's (commands/cli.py: 1 when the report has problems).
@@ -84,17 +84,24 @@ def show_report(report: EnvCheckReport, console, *, module: str, model_name: str
         console.print(tool_call_line(report), markup=False, highlight=False)
     if report.policies:
         table = Table(title=f"episodes ({len(report.policies[0].episodes)} per policy)", title_justify="left")
-        for column in ("policy", "mean", "min", "max", "turns", "errors", "cut", "step ms", "time s"):
-            table.add_column(column, justify="left" if column == "policy" else "right")
-        for p in report.policies:
+        table.add_column("policy", justify="left", overflow="fold")  # a probe's name stays whole when narrow
+        table_rows: list = []
+        for column in ("mean", "min", "max", "turns", "errors", "cut", "step ms", "time s"):
+            table.add_column(column, justify="right")
+        # Probes last, under a line: they are meant to score low, the others are the environment's range.
+        for p in sorted(report.policies, key=lambda p: p.probe):
+            if p.probe and not any(q.probe for q in table_rows):
+                table.add_section()
+            table_rows.append(p)
             latency = "-"
             if p.step_seconds:
                 latency = f"{1000 * sum(p.step_seconds) / len(p.step_seconds):.1f}/{1000 * max(p.step_seconds):.1f}"
             table.add_row(p.name, f"{p.mean:.3f}", f"{min(p.scores):.3f}", f"{max(p.scores):.3f}", f"{p.stats.turns_mean:.2f}",
                           str(p.stats.errors), str(p.stats.truncated), latency, f"{p.wall_seconds:.1f}")
         console.print(table)
-        console.print("mean/min/max: episode scores; cut: truncated by a budget; step ms: environment reply time, mean/max",
-                      style="dim", markup=False)
+        console.print("mean/min/max: episode scores; cut: truncated by a budget; step ms: environment reply time, mean/max"
+                      + ("; under the line: shortcut probes, scripted replies that should score low" if table_rows[-1].probe
+                         else ""), style="dim", markup=False)
         model = next((p for p in report.policies if p.generate_seconds_per_turn is not None), None)
         if model is not None:
             console.print(f"the model took {model.generate_seconds_per_turn:.2f} s per batched generate call", markup=False)

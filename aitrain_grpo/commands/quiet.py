@@ -5,7 +5,8 @@ matched by its exact text so that any other warning of the same kind still shows
   (FutureWarning) on every read of the old name; peft and HF Trainer still read it while a model loads or
   trains, so every command printed it.
 
-Imported by commands/cli.py for its effect; a Python caller of the library keeps its own warning settings.
+Imported by commands/cli.py for its effect; a Python caller of the library keeps its own warning settings,
+but for the checkpointing one, which training/trainer.py silences too (`aitrain_grpo.train`).
 
 Left out: warnings of training itself, silenced where the trainer is set up (training/trl/hf_args.py: DDP's
 unused-parameters note; training/trainer.py: peft's vocabulary note).

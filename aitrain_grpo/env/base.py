@@ -177,8 +177,8 @@ class Environment:
 
     Required: `build_dataset(tokenizer)` and `score_episode(episode)`.
     Optional: `reset(episode)`, `step(episode, completion)` (without it an episode is one model turn),
-    `solve(episode)` (an expert's next message: env check's oracle, sft's demonstrations), and `tools`
-    (JSON schemas rendered into the prompt). `reset`, `step` and `score_episode` may be `async def`.
+    `solve(episode)` (an expert's next message: env check's oracle, sft's demonstrations), `probes()`
+    (known shortcuts, for env check) and `tools` (JSON schemas rendered into the prompt). `reset`, `step` and `score_episode` may be `async def`.
     """
 
     #: Upper bound on model turns per episode; the run config may lower it.
@@ -215,6 +215,13 @@ class Environment:
         `aitrain env check` plays it as the oracle, which should score 1.0; `aitrain sft` learns from its
         episodes. Not overriding it means no oracle (`has_solve`): both say so instead of calling this."""
         raise NotImplementedError(f"{type(self).__name__} has no solve(episode) -> str")
+
+    def probes(self) -> dict[str, Callable[[Episode], str] | list[str]]:
+        """Optional: shortcuts you know of, as scripted replies an honest score must keep low, by name. Each is
+        a policy like `solve` (`episode -> next message`) or a list of replies, one per turn (empty after
+        the last). `aitrain env check` plays them beside its generic probes (evaluation/probes.py) and
+        warns, naming the probe, when one scores near the oracle or well above an empty reply."""
+        return {}
 
     @property
     def tools(self) -> list[dict[str, Any]]:

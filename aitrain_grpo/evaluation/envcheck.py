@@ -2,17 +2,21 @@
 
 `check_environment` builds the dataset and records what the model will see (rows, columns, a prompt
 rendered through the model's chat template with its token count, the longest prompt, the tool schemas),
-then plays episodes under three policies, each as one `EpisodeSettings` says (engine/settings.py: the
+then plays episodes under these policies, each as one `EpisodeSettings` says (engine/settings.py: the
 command's flags, with a completion budget of its own), and compares their scores:
 - `oracle`: the environment's optional `solve(episode) -> str` (an expert's next message); it should
   score 1.0, or the scoring (or `solve`) is wrong;
 - `empty`: every model turn is an empty message; it should score (near) 0;
+- `probes`: shortcut probes (evaluation/probes.py: the prompt echoed, one word to the turn limit, the
+  oracle's format hollowed, every tool called, the environment's own `probes()`), each a row of its own
+  played by the token-level engine (`play_scripted`) so the turn limit cuts them as it cuts the model;
+  a probe scoring well is a warning naming it;
 - `model`: the model itself, sampled through the same `RolloutEngine` as training.
 
 Broken contracts (an exception or a timeout in `reset`/`step`/`score_episode`/`solve`, a score
 outside [0, 1], a dataset without prompts) are the report's problems (the command exits 1). Things that
 make training pointless or inexact are warnings: scores that never vary, an oracle below 1.0, an empty
-reply that scores well, a chat template that rewrites earlier turns. `env_check` loads the environment
+reply or a probe that scores well, a chat template that rewrites earlier turns. `env_check` loads the environment
 and the model as the command names them and checks.
 
 An agent environment (env/agent.py) is checked the same way, its requests answered by each policy through
@@ -31,6 +35,7 @@ from typing import Any
 
 from aitrain_grpo.config import DEFAULT_TOOL_PARSER
 from aitrain_grpo.engine.chat import ChatRenderer
+from aitrain_grpo.engine.backends.scripted import ScriptedBackend
 from aitrain_grpo.engine.context import resolve_strategies
 from aitrain_grpo.engine.rollout import RolloutEngine
 from aitrain_grpo.engine.runner import EpisodeRunner, oracle_policy, play_text
@@ -42,9 +47,10 @@ from aitrain_grpo.env.dataset import build_rows
 from aitrain_grpo.env.loading import describe_interface, load_environment
 from aitrain_grpo.errors import EnvLoadError, TemplateError
 from aitrain_grpo.evaluation import envcheck_agent
+from aitrain_grpo.evaluation.probes import ProbeError, all_probes, probe_warnings
 from aitrain_grpo.models.loading import load_for_generation, load_tokenizer, resolve_source
 
-POLICIES = ("oracle", "empty", "model")
+POLICIES = ("oracle", "empty", "probes", "model")
 PROMPTS_MEASURED = 2000  # rows rendered to find the longest prompt
 # The check has no completion-budget flag: room enough that turns and the turn cap, not the budget, end
 # the model's episodes (a training run's budget is a run's choice, not the environment's contract).
@@ -61,6 +67,7 @@ class PolicyResult:
     wall_seconds: float
     generate_seconds_per_turn: float | None = None
     agent_counts: dict[str, int] = field(default_factory=dict)  # an agent environment's requests (model only)
+    probe: bool = False  # a shortcut probe (evaluation/probes.py), not one of oracle, empty and model
 
     @property
     def scores(self) -> list[float]:
@@ -121,6 +128,26 @@ def play_text_policy(env: Environment, name: str, rows: list[dict[str, Any]], po
                        tool_parser=settings.tool_parser) as runner:
         episodes = play_text(runner, rows, policy)
     return PolicyResult(name, episodes, runner.step_seconds, time.perf_counter() - started)
+
+
+def play_scripted(env: Environment, name: str, rows: list[dict[str, Any]], policy, tokenizer,
+                  settings: EpisodeSettings) -> PolicyResult:
+    """`rows` played by the text `policy` of probe `name` through the token-level engine (engine/backends/scripted.py), so the
+    settings' budgets apply as they do to the model: a turn past --rl-max-new-tokens is cut there, and
+    --rl-cut-turn, the context strategy and the token budgets follow. A policy that raises fails its
+    episode (scored 0, named `name`). An agent environment, or a tokenizer without EOS to end a turn with,
+    plays at text level instead (`play_text_policy`, as sft does)."""
+    if is_agent_environment(env) or tokenizer.eos_token_id is None:
+        result = play_text_policy(env, name, rows, policy, settings, policy_name=f"the {name} probe")
+        result.probe = True
+        return result
+    backend = ScriptedBackend(policy, tokenizer)
+    started = time.perf_counter()
+    with RolloutEngine(env, tokenizer, backend, settings) as engine:
+        episodes = engine.run(rows).episodes
+    for order, why in backend.errors.items():
+        episodes[order].error, episodes[order].score = f"the {name} probe: {why}", 0.0
+    return PolicyResult(name, episodes, engine.runner.step_seconds, time.perf_counter() - started, probe=True)
 
 
 def play_model(env: Environment, rows, model, tokenizer, settings: EpisodeSettings) -> PolicyResult:
@@ -196,13 +223,16 @@ def judge(report: EnvCheckReport) -> None:
     for result in report.policies:
         if result.errors:
             report.problems.append(
-                f"{len(result.errors)} of {len(result.episodes)} episodes under the {result.name} policy failed; "
+                f"{len(result.errors)} of {len(result.episodes)} episodes under the {result.name} "
+                f"{'probe' if result.probe else 'policy'} failed; "
                 f"the first: {result.errors[0]}"
             )
     if report.problems:  # scores of failed episodes say nothing about the scoring
         return
-    all_scores = [s for p in report.policies for s in p.scores]
-    if len(report.policies) > 1 and len(all_scores) > 1 and len(set(all_scores)) == 1:  # one policy: nothing to compare
+    # Probes are meant to score low: equal scores among them say nothing about the learning signal.
+    compared = [p for p in report.policies if not p.probe]
+    all_scores = [s for p in compared for s in p.scores]
+    if len(compared) > 1 and len(all_scores) > 1 and len(set(all_scores)) == 1:  # one policy: nothing to compare
         report.warnings.append(
             f"every episode scored {all_scores[0]:g} under every policy: there is no learning signal. GRPO learns "
             f"from score differences within a group; make score_episode depend on what the model does, with "
@@ -230,6 +260,7 @@ def judge(report: EnvCheckReport) -> None:
             f"an empty reply scores {empty.mean:.3f} on average: the score rewards doing nothing, so the "
             f"model may learn to say nothing"
         )
+    report.warnings += probe_warnings([p for p in report.policies if p.probe], oracle, empty)
 
 
 def check_environment(
@@ -243,7 +274,8 @@ def check_environment(
     settings: EpisodeSettings = EpisodeSettings(max_completion_length=COMPLETION_BUDGET),
 ) -> EnvCheckReport:
     """Everything `aitrain env check` reports. `model` is needed for the `model` policy only; every
-    policy plays by `settings` (the text policies only by its turn cap, timeout and tool parser)."""
+    policy plays by `settings` (the oracle and empty policies only by its turn cap, timeout and tool
+    parser; the model and the probes by all of it)."""
     agent = is_agent_environment(env)
     report = EnvCheckReport(env_name=type(env).__name__, tool_parser=settings.tool_parser,
                             interface=describe_interface(env))
@@ -265,6 +297,15 @@ def check_environment(
             result = play_text_policy(env, "oracle", rows, oracle_policy(env), settings, policy_name="solve")
         elif name == "empty":
             result = play_text_policy(env, "empty", rows, lambda episode: "", settings)
+        elif name == "probes":
+            try:
+                probes = all_probes(env, settings.tool_parser, rows)
+            except ProbeError as exc:
+                report.problems.append(str(exc))
+                continue
+            report.policies += [play_scripted(env, probe, rows, policy, tokenizer, settings)
+                                for probe, policy in probes.items()]
+            continue
         else:
             result = play_model(env, rows, model, tokenizer, settings)
             report.notes += sequence_notes(result)

@@ -202,7 +202,15 @@ def _build_into(directory: Path, seed: int) -> None:
         _warm_up(model, tokenizer, seed)
     model.generation_config.eos_token_id = eos_id
     model.generation_config.pad_token_id = pad_id
-    model.to(torch.float32).save_pretrained(directory)
+    from transformers.utils import logging as hf_logging
+
+    bars = hf_logging.is_progress_bar_enabled()
+    hf_logging.disable_progress_bar()  # transformers' "Writing model shards" bar, on stderr, for one small file
+    try:
+        model.to(torch.float32).save_pretrained(directory)
+    finally:
+        if bars:
+            hf_logging.enable_progress_bar()
     tokenizer.save_pretrained(directory)
     (directory / TINY_MARKER).write_text(json.dumps({"tiny_version": TINY_VERSION, "seed": seed}) + "\n")
     # The weights file is written private; give every file the folder's umask-derived mode instead,

@@ -20,9 +20,10 @@ being trained; or a model path), generating greedily with Hugging Face.
 A reply is read as JSON (never evaluated); a call that fails (HTTP error, timeout, a prompt longer than
 an in-process judge's context) or whose reply has no readable scores in [0, 1] scores each of its
 episodes `--rl-judge-fallback`, and is counted in `judge/failures` (failed calls per batch, averaged over
-a logging step); the first one prints a one-line warning. Replies are cached by rubric, mode and
-transcript(s) (`judge/cache_hits`), so a replayed group or a repeated episode costs no second call;
-failures are not cached, so a later batch tries again.
+a logging step); the first one prints a one-line warning, and every call of 3 batches in a row failing
+stops the run (judge_failures.py). The judge is built, and checked before step 1, in judge_setup.py.
+Replies are cached by rubric, mode and transcript(s) (`judge/cache_hits`), so a replayed group or a
+repeated episode costs no second call; failures are not cached, so a later batch tries again.
 
 Judge calls over HTTP overlap with the rollout: the engine calls `on_episode_done` as each episode is
 scored (engine/rollout.py), and once every episode of a group is (group mode; groups are consecutive runs
@@ -58,10 +59,12 @@ from urllib.parse import urlparse
 
 from aitrain_grpo.errors import ConfigError, describe_exception
 from aitrain_grpo.training.rewards.functions import RewardFunc, episode_reward
+from aitrain_grpo.training.rewards.judge_failures import FailureBound
 
 REPLY_TOKENS = 512  # the longest reply asked of a judge behind a URL
 LOCAL_REPLY_TOKENS = 256  # and of one in-process (it stops at its end-of-text token)
 HTTP_TIMEOUT = 120.0  # seconds one judge call may take
+CONNECT_TIMEOUT = 10.0  # of which seconds to connect (a host that drops packets is named in that time)
 PARALLEL_CALLS = 16  # judge calls in flight at once over HTTP
 CACHE_SIZE = 100_000  # replies kept (oldest dropped first)
 PENDING_SIZE = 4096  # early calls kept until their batch collects them (oldest dropped first)
@@ -171,7 +174,7 @@ class HttpJudge:
         self._key = key
         import httpx
 
-        self._client = httpx.Client(timeout=HTTP_TIMEOUT, headers={"Authorization": f"Bearer {key}"} if key else {})
+        self._client = httpx.Client(timeout=httpx.Timeout(HTTP_TIMEOUT, connect=CONNECT_TIMEOUT), headers={"Authorization": f"Bearer {key}"} if key else {})
         self._pool: ThreadPoolExecutor | None = None  # started with the first call
 
     def _call(self, messages: list[dict[str, str]]) -> str:
@@ -253,6 +256,7 @@ class Judge:
         self.pending: OrderedDict[str, Future] = OrderedDict()  # early calls by cache key, not yet collected
         self._lock = threading.Lock()  # the engine's thread submits while the trainer's collects
         self.warned = False
+        self.failing = FailureBound(name, fallback)  # every call of 3 batches in a row failed: the run stops
         self.watching = False  # a rollout's episodes start early calls: `judge/early_calls` is logged
 
     def _key(self, transcripts: list[list[dict[str, Any]]]) -> str:
@@ -314,11 +318,12 @@ class Judge:
         with self._lock:
             for i in early:
                 self.pending.pop(keys[i], None)
-        failures = 0
+        failures, last_failure = 0, ""
         for i, reply in sorted(replies.items()):
             scores = None if isinstance(reply, Exception) else parse_scores(reply, len(units[i]), self.mode)
             if scores is None:
                 failures += 1
+                last_failure = failure_text(reply, len(units[i]))
                 self._warn(reply, len(units[i]))
                 results[i] = [self.fallback] * len(units[i])
                 continue
@@ -332,6 +337,7 @@ class Judge:
             log_metric("judge/cache_hits", float(hits))
             if self.watching:
                 log_metric("judge/early_calls", float(len(early)))
+        self.failing.record(len(replies), failures, last_failure)  # judge_failures.py: raises past the bound
         return [score for unit_scores in results for score in unit_scores]  # type: ignore[union-attr]
 
     def close(self) -> None:
@@ -341,28 +347,19 @@ class Judge:
         if self.warned:
             return
         self.warned = True
-        what = (f"failed: {describe_exception(reply, 200)}" if isinstance(reply, Exception)
-                else f"answered no {count} score(s) in [0, 1] as JSON: {reply.strip()[:160]!r}")
-        print(f"warning: the judge{self.name} {what}; its episodes score {self.fallback} (--rl-judge-fallback), "
+        print(f"warning: the judge{self.name} {failure_text(reply, count)}; its episodes score {self.fallback} (--rl-judge-fallback), "
               f"this and later failures counted in judge/failures", file=sys.stderr)
+
+
+def failure_text(reply: str | Exception, count: int) -> str:
+    """What went wrong with one call, for a message: its exception, or the reply without readable scores."""
+    if isinstance(reply, Exception):
+        return f"failed: {describe_exception(reply, 200)}"
+    return f"answered no {count} score(s) in [0, 1] as JSON: {reply.strip()[:160]!r}"
 
 
 def _transcripts(episodes: Sequence[Any]) -> list[list[dict[str, Any]]]:
     return [[{"role": m.get("role"), "content": m.get("content")} for m in ep.messages] for ep in episodes]
-
-
-def build_judge(config) -> Judge | None:
-    """The run's judge from its options (None without --rl-judge-rubric); an in-process one is loaded now."""
-    if not config.rl_judge_rubric:
-        return None
-    rubric = read_rubric(config.rl_judge_rubric)
-    if config.rl_judge_url:
-        backend: Any = HttpJudge(config.rl_judge_url, config.rl_judge_model, config.rl_judge_api_key_env)
-        name = f" at {backend.url}"
-    else:
-        model = config.model if config.rl_judge_model == "self" else config.rl_judge_model
-        backend, name = LocalJudge(model), f" ({model}, in-process)"
-    return Judge(rubric, config.rl_judge_mode, config.rl_judge_fallback, config.rl_num_generations, backend, name)
 
 
 def judge_rewards(judge: Judge | None, rollout) -> list[Callable[..., Any]]:

@@ -135,9 +135,10 @@ def claim_output_dir(config: RunConfig, *, movable: bool) -> tuple[RunConfig, st
         if not movable or os.environ.get("WORLD_SIZE", "1") != "1":
             raise
         pid = busy.pid
-    number = 2
+    default = dataclasses.replace(config, output_dir=None).resolved_output_dir()  # outputs/<class>
+    number = 2  # numbered from the default folder, not from one a taken default moved to (-3-2 for -4)
     while True:
-        candidate = _numbered(base, number)
+        candidate = _numbered(default, number)
         number += 1
         if candidate.exists() and (not candidate.is_dir() or has_entries(candidate)):
             continue

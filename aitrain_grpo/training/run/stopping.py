@@ -14,7 +14,9 @@ stops early only when:
   engine/backends/server_pool.py), or one refused a request: a checkpoint of the last finished step is
   saved and the message names the server;
 - SIGINT/SIGTERM arrive (run/signals.py): the step in progress is dropped (`StepAbandoned`) and the last
-  finished one saved, or, inside a span that must finish (the optimizer step, a save), that step is saved.
+  finished one saved, or, inside a span that must finish (the optimizer step, a save), that step is saved;
+- the judge (`--rl-judge-rubric`) failed every call of 3 batches in a row (`JudgeFailing`,
+  training/rewards/judge_failures.py): a checkpoint of the last finished step is saved, exit 1.
 
 `clean_stops(trainer)` wraps `trainer.train()` and turns each of these into `TrainingStopped`, which
 carries the exit code and the lines the CLI prints (what happened, where the checkpoint is, how to go on).
@@ -40,6 +42,7 @@ from transformers import TrainerCallback
 from aitrain_grpo.engine.backends.base import GenerationBackendError
 from aitrain_grpo.engine.stats import EpisodeSummary
 from aitrain_grpo.errors import one_line
+from aitrain_grpo.training.rewards.judge_failures import JudgeFailing
 from aitrain_grpo.training.run.signals import SignalStop, StepAbandoned, abandon_step
 
 EXIT_FAULT = 1
@@ -214,6 +217,8 @@ def clean_stops(trainer) -> Iterator[None]:
             EXIT_FAULT,
             checkpoint,
         ) from exc
+    except JudgeFailing as exc:
+        raise TrainingStopped(str(exc), EXIT_FAULT, trainer.save_checkpoint_now()) from exc
     finally:
         if signals is not None:
             signals.uninstall()
