@@ -70,6 +70,21 @@ def test_evaluation_runs_at_the_steps_asked_and_reaches_metrics_and_report(evalu
     assert [r["step"] for r in data["metrics"] if "eval/success" in r] == [0, 2, 4]
     page = (out / "report.html").read_text()
     assert "eval/success" in page and "chart-held-back" in page and "time/eval_s" in page
+    # The report states the held-back gain an hour: first to last evaluation over the wall-clock hours between.
+    evaluated = [r for r in logged if "eval/success" in r]
+    hours = (evaluated[-1]["time/elapsed_s"] - evaluated[0]["time/elapsed_s"]) / 3600
+    gain = data["held_back_gain"]
+    assert gain["first"] == evaluated[0]["eval/success"] and gain["last"] == evaluated[-1]["eval/success"]
+    assert gain["per_hour"] == pytest.approx((gain["last"] - gain["first"]) / hours) and "an hour" in page
+
+
+def test_the_held_back_gain_needs_two_evaluations_apart_in_time():
+    from aitrain_grpo.runlog.report import held_back_gain
+
+    assert held_back_gain([{"eval/success": 0.5, "time/elapsed_s": 10.0}]) is None
+    gain = held_back_gain([{"eval/success": 0.25, "time/elapsed_s": 0.0}, {"reward": 1.0, "time/elapsed_s": 900.0},
+                           {"eval/success": 0.5, "time/elapsed_s": 1800.0}])
+    assert gain == {"first": 0.25, "last": 0.5, "hours": 0.5, "per_hour": 0.5}
 
 
 def test_training_plays_and_learns_the_same_with_or_without_evaluation(evaluated_run, tiny_model_dir, tmp_path):

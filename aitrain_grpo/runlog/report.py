@@ -85,6 +85,19 @@ def _score(episode: dict[str, Any]) -> float:
     return float(score) if isinstance(score, (int, float)) and math.isfinite(score) else -math.inf
 
 
+def held_back_gain(metrics: list[dict[str, Any]]) -> dict[str, float] | None:
+    """Held-back success at the run's first and last evaluation, the training hours between them (wall
+    clock, `time/elapsed_s`), and the gain an hour: the number that says whether training paid, on tasks
+    it did not train on. None with fewer than two evaluations or no time between them."""
+    points = [(r["time/elapsed_s"], r["eval/success"]) for r in metrics
+              if isinstance(r.get("eval/success"), (int, float)) and isinstance(r.get("time/elapsed_s"), (int, float))]
+    if len(points) < 2 or points[-1][0] <= points[0][0]:
+        return None
+    hours = (points[-1][0] - points[0][0]) / 3600
+    first, last = points[0][1], points[-1][1]
+    return {"first": first, "last": last, "hours": hours, "per_hour": (last - first) / hours}
+
+
 def report_data(output_dir: str | Path) -> dict[str, Any]:
     """Everything the page shows, as one JSON-ready dict."""
     # health.py defines a trainer callback, so importing it loads transformers and torch (seconds):
@@ -116,6 +129,7 @@ def report_data(output_dir: str | Path) -> dict[str, Any]:
         "health": [w.to_dict() for w in first_warnings(metrics)],
         "shortcut": shortcut.to_dict() if shortcut else None,
         "shortcut_examples": _best_of_first_and_last_step(episodes) if shortcut else {},
+        "held_back_gain": held_back_gain(metrics),
     }
 
 

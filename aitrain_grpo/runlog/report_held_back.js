@@ -10,6 +10,12 @@
   if (!success.length) return;
   const box = el("div", {class: "chart", id: "chart-held-back"});
   document.getElementById("main-charts").prepend(box);
+  const gain = DATA.held_back_gain;  // report.py held_back_gain: first and last evaluation, hours between
+  if (gain) {
+    const sign = gain.per_hour >= 0 ? "+" : "";
+    box.append(el("p", {class: "held-back-gain"}, `held-back success ${gain.first.toFixed(3)} -> ${gain.last.toFixed(3)} ` +
+      `in ${gain.hours.toFixed(2)} h of training: ${sign}${gain.per_hour.toFixed(3)} an hour`));
+  }
   lineChart(box, {key: "held-back", title: "Held-back success and training reward, by wall-clock minutes",
     xName: "minute", yMin: 0, series: [
       {name: "held-back success", color: COLORS[2], points: success},
