@@ -17,21 +17,7 @@ from aitrain_grpo.training.step.loss import loss_inputs
 from aitrain_grpo.training.step.scoring import importance_ratio
 from aitrain_grpo.training.trainer import build_trainer
 from envs_fixtures.turn_rewards import TurnRewardEnv
-
-
-def off_policy(trainer):
-    """Sampler log-probabilities moved off the trainer's, the correction on (token level, truncated)."""
-    run = trainer.rollout.engine.run
-
-    def play(rows):
-        batch = run(rows)
-        for trace in batch.traces:
-            trace.logprobs = [p + 0.3 * (j % 3 - 1) for j, p in enumerate(trace.logprobs)]
-        return batch
-
-    trainer.rollout.engine.run = play
-    trainer.use_importance_sampling()
-    trainer.vllm_importance_sampling_correction, trainer.vllm_importance_sampling_mode = True, "token_truncate"
+from helpers.rollouts import as_on_a_vllm_server
 
 
 @pytest.fixture(scope="module")
@@ -41,7 +27,7 @@ def trained_once(tiny_model_dir, tmp_path_factory):
                        batch_size=8, micro_batch_size=4, rl_num_generations=4, rl_max_new_tokens=10, seed=2,
                        peft=False, rl_kl_coef=0.05)
     trainer = build_trainer(config, TurnRewardEnv(flat_score=None))
-    off_policy(trainer)
+    as_on_a_vllm_server(trainer, shift=0.3)
     calls = []
     forward = trainer._get_per_token_logps_and_entropies
     trainer._get_per_token_logps_and_entropies = lambda *a, **k: calls.append(k.get("compute_entropy")) or forward(*a, **k)

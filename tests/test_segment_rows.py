@@ -20,6 +20,7 @@ from aitrain_grpo.training.step.scoring import importance_ratio
 from aitrain_grpo.training.trainer import build_trainer
 from envs_fixtures.agents import SummarisingAgent
 from envs_fixtures.turn_rewards import TurnRewardEnv
+from helpers.rollouts import as_on_a_vllm_server
 
 
 class TwoTurnFlatEnv(Environment):
@@ -139,22 +140,6 @@ def test_turn_credit_reaches_each_sequence_of_an_episode(tiny_model_dir, tmp_pat
     _, cut_up, scored = one_step(tiny_model_dir, tmp_path / "cut", TurnRewardEnv(), which=range(8), **options)
     assert whole["grad_norm"] > 0 and scored["advantages"].shape[0] == 16
     assert cut_up["grad_norm"] == pytest.approx(whole["grad_norm"], rel=1e-3)
-
-
-def as_on_a_vllm_server(trainer):
-    """TRL's importance-sampling correction on, as trainer.py turns it on for a vLLM server (token level),
-    with sampler log-probabilities that differ from the trainer's, as a server's do."""
-    run = trainer.rollout.engine.run
-
-    def play(rows):
-        batch = run(rows)
-        for trace in batch.traces:
-            trace.logprobs = [p + 0.4 * (j % 3 - 1) for j, p in enumerate(trace.logprobs)]
-        return batch
-
-    trainer.rollout.engine.run = play
-    trainer.use_importance_sampling()
-    trainer.vllm_importance_sampling_correction, trainer.vllm_importance_sampling_mode = True, "token_truncate"
 
 
 def test_the_importance_sampling_correction_covers_the_earlier_rows(tiny_model_dir, tmp_path):

@@ -115,3 +115,20 @@ class OracleBackend:
 
     def rollout_session(self):
         return contextlib.nullcontext()
+
+
+def as_on_a_vllm_server(trainer, shift: float = 0.4) -> None:
+    """Before training: the importance-sampling correction on (token level, truncated), as the trainer turns it
+    on where this package moves vLLM's weights, and sampler log-probabilities moved off the trainer's by up to
+    `shift` a token, as a server's are."""
+    run = trainer.rollout.engine.run
+
+    def play(rows):
+        batch = run(rows)
+        for trace in batch.traces:
+            trace.logprobs = [p + shift * (j % 3 - 1) for j, p in enumerate(trace.logprobs)]
+        return batch
+
+    trainer.rollout.engine.run = play
+    trainer.use_importance_sampling()
+    trainer.vllm_importance_sampling_correction, trainer.vllm_importance_sampling_mode = True, "token_truncate"
