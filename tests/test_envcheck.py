@@ -62,6 +62,12 @@ def test_a_broken_contract_exits_1_and_says_why(env_class, fragments, aitrain):
     assert "Traceback" not in result.stderr and "env check passed" not in result.stdout
 
 
+def test_a_fault_every_policy_hits_is_one_error_naming_them_all(aitrain):
+    result = aitrain("env", "check", *WORKBENCH, "--rl-env-class", "StepRaisesEnv", "--episodes", "8", *TEXT_POLICIES)
+    errors = [line for line in result.stderr.splitlines() if line.startswith("error: ")]
+    assert len(errors) == 1 and "under the oracle policy" in errors[0] and "under the empty policy" in errors[0], errors
+
+
 def test_the_step_column_shows_how_long_the_environment_took_to_answer(aitrain):
     result = aitrain("env", "check", *WORKBENCH, "--rl-env-class", "SlowStepEnv", "--episodes", "4", *TEXT_POLICIES)
     assert result.exit_code == 0, result.stdout + result.stderr
@@ -131,3 +137,26 @@ def test_bad_options_are_one_line_errors(args, fragment, aitrain):
     assert result.exit_code == 2, result.stdout + result.stderr
     lines = [line for line in result.stderr.splitlines() if line.strip()]
     assert len(lines) == 1 and lines[0].startswith("error: ") and fragment in lines[0], result.stderr
+
+
+def test_under_a_window_the_oracle_plays_as_training_plays_it(aitrain, tiny_model_dir):
+    # Four 170-token pages and the task pass a 1000-token window under keep: training's engine cuts every
+    # episode, so env check's oracle (played at text level it scores 1.0 on every task) must show the cut.
+    longdocs = ["--rl-env-module", "envs.longdocs", "--rl-env-class", "LongDocsEnv", "--model", tiny_model_dir,
+                "--rl-env-config", '{"num_tasks": 4, "documents": 4, "page_words": 60}', "--episodes", "4",
+                "--policies", "oracle,empty"]
+    text_level = aitrain("env", "check", *longdocs)
+    assert text_level.exit_code == 0, text_level.stdout
+    assert policy_row(text_level.stdout, "oracle")[0] == "1.000"
+    windowed = aitrain("env", "check", *longdocs, "--rl-context-window", "1000", "--rl-context", "keep")
+    assert float(policy_row(windowed.stdout, "oracle")[0]) < 1.0, windowed.stdout
+    assert policy_row(windowed.stdout, "oracle")[5] == "4"  # the cut column: every episode cut by the window
+
+
+def test_env_check_refuses_what_grpo_refuses_before_a_model_loads(aitrain, tiny_model_dir):
+    # A window that cannot hold a prompt and one reply: grpo refuses it (training/preflight/run_checks.py),
+    # and env check, which used to play on, refuses it in the same one line.
+    result = aitrain("env", "check", *WORKBENCH, "--rl-env-class", "NumberEnv", "--model", tiny_model_dir,
+                     "--rl-context-window", "10", *TEXT_POLICIES)
+    errors = [line for line in result.stderr.splitlines() if line.startswith("error: ")]
+    assert result.exit_code == 2 and len(errors) == 1 and "--rl-context-window 10 cannot hold" in errors[0], result.stderr

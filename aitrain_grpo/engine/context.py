@@ -94,6 +94,16 @@ def resolve_strategies(env: Environment, chosen: str | None) -> dict[str | None,
     return {None: resolve_strategy(env, chosen)}
 
 
+def cuts_history(env: Environment, settings) -> bool:
+    """Whether an episode of `env` under `settings` (an `EpisodeSettings`) may be cut or rewritten by the
+    engine: a context strategy other than `keep`, tool results cut to a limit, or a token budget beyond the
+    turn's (the window, the episode's model tokens). A text policy played where this holds (an oracle, a
+    probe) must go through the token-level engine to be played as training plays it (sft, env check)."""
+    budgets = (settings.max_tool_result_tokens, settings.context_window, settings.max_episode_tokens)
+    return any(budget is not None for budget in budgets) or \
+        any(strategy != "keep" for strategy in resolve_strategies(env, settings.context).values())
+
+
 def task_messages(messages: list[Message]) -> list[Message]:
     """The messages before the model's first turn: the system prompt and the task."""
     first = next((at for at, m in enumerate(messages) if m.get("role") == "assistant"), len(messages))

@@ -36,7 +36,7 @@ from typing import Any
 from aitrain_grpo.config import DEFAULT_TOOL_PARSER
 from aitrain_grpo.engine.chat import ChatRenderer
 from aitrain_grpo.engine.backends.scripted import ScriptedBackend
-from aitrain_grpo.engine.context import resolve_strategies
+from aitrain_grpo.engine.context import cuts_history, resolve_strategies
 from aitrain_grpo.engine.rollout import RolloutEngine
 from aitrain_grpo.engine.runner import EpisodeRunner, oracle_policy, play_text
 from aitrain_grpo.engine.settings import EpisodeSettings
@@ -131,23 +131,35 @@ def play_text_policy(env: Environment, name: str, rows: list[dict[str, Any]], po
 
 
 def play_scripted(env: Environment, name: str, rows: list[dict[str, Any]], policy, tokenizer,
-                  settings: EpisodeSettings) -> PolicyResult:
-    """`rows` played by the text `policy` of probe `name` through the token-level engine (engine/backends/scripted.py), so the
-    settings' budgets apply as they do to the model: a turn past --rl-max-new-tokens is cut there, and
-    --rl-cut-turn, the context strategy and the token budgets follow. A policy that raises fails its
-    episode (scored 0, named `name`). An agent environment, or a tokenizer without EOS to end a turn with,
-    plays at text level instead (`play_text_policy`, as sft does)."""
+                  settings: EpisodeSettings, *, probe: bool = True, policy_name: str | None = None) -> PolicyResult:
+    """`rows` played by the text `policy` (a probe `name`, or with `probe` False the oracle or empty policy)
+    through the token-level engine (engine/backends/scripted.py), so the settings' budgets apply as they do
+    to the model: a turn past --rl-max-new-tokens is cut there, and --rl-cut-turn, the context strategy and
+    the token budgets follow. A policy that raises fails its episode (scored 0, named `policy_name`). An
+    agent environment, or a tokenizer without EOS to end a turn with, plays at text level instead
+    (`play_text_policy`, as sft does)."""
+    policy_name = policy_name or f"the {name} probe"
     if is_agent_environment(env) or tokenizer.eos_token_id is None:
-        result = play_text_policy(env, name, rows, policy, settings, policy_name=f"the {name} probe")
-        result.probe = True
+        result = play_text_policy(env, name, rows, policy, settings, policy_name=policy_name)
+        result.probe = probe
         return result
     backend = ScriptedBackend(policy, tokenizer)
     started = time.perf_counter()
     with RolloutEngine(env, tokenizer, backend, settings) as engine:
         episodes = engine.run(rows).episodes
     for order, why in backend.errors.items():
-        episodes[order].error, episodes[order].score = f"the {name} probe: {why}", 0.0
-    return PolicyResult(name, episodes, engine.runner.step_seconds, time.perf_counter() - started, probe=True)
+        episodes[order].error, episodes[order].score = f"{policy_name}: {why}", 0.0
+    return PolicyResult(name, episodes, engine.runner.step_seconds, time.perf_counter() - started, probe=probe)
+
+
+def play_reference_policy(env: Environment, name: str, rows: list[dict[str, Any]], policy, tokenizer,
+                          settings: EpisodeSettings, *, policy_name: str = "policy") -> PolicyResult:
+    """The oracle or the empty policy: at text level, unless the engine may cut or rewrite the episode
+    (engine/context.py `cuts_history`: a context strategy, a window, a token budget), where it plays as
+    training plays it, through the token-level engine, so a budget that cuts the oracle shows here."""
+    if cuts_history(env, settings):
+        return play_scripted(env, name, rows, policy, tokenizer, settings, probe=False, policy_name=policy_name)
+    return play_text_policy(env, name, rows, policy, settings, policy_name=policy_name)
 
 
 def play_model(env: Environment, rows, model, tokenizer, settings: EpisodeSettings) -> PolicyResult:
@@ -220,13 +232,15 @@ def inspect_dataset(env: Environment, tokenizer, report: EnvCheckReport) -> list
 def judge(report: EnvCheckReport) -> None:
     """Turn the played episodes into problems and warnings."""
     by_name = {p.name: p for p in report.policies}
+    failing: dict[str, list[PolicyResult]] = {}  # one problem per distinct first error, naming every policy it hit
     for result in report.policies:
         if result.errors:
-            report.problems.append(
-                f"{len(result.errors)} of {len(result.episodes)} episodes under the {result.name} "
-                f"{'probe' if result.probe else 'policy'} failed; "
-                f"the first: {result.errors[0]}"
-            )
+            failing.setdefault(_without_policy_name(result.errors[0]), []).append(result)
+    for error, results in failing.items():
+        under = [f"{len(r.errors)} of {len(r.episodes)}{' episodes' if not i else ''} under the {r.name} "
+                 f"{'probe' if r.probe else 'policy'}" for i, r in enumerate(results)]
+        report.problems.append(f"{', '.join(under[:-1]) + ' and ' if len(under) > 1 else ''}{under[-1]} failed; "
+                               f"the first: {results[0].errors[0]}")
     if report.problems:  # scores of failed episodes say nothing about the scoring
         return
     # Probes are meant to score low: equal scores among them say nothing about the learning signal.
@@ -263,6 +277,13 @@ def judge(report: EnvCheckReport) -> None:
     report.warnings += probe_warnings([p for p in report.policies if p.probe], oracle, empty)
 
 
+def _without_policy_name(error: str) -> str:
+    """An episode's error without the policy named at its start (`solve: ...`, `the echo probe: ...`), so the
+    same fault of the environment under several policies is one problem."""
+    head, sep, rest = error.partition(": ")
+    return rest if sep and (head in ("solve", "policy") or head.endswith(" probe")) else error
+
+
 def check_environment(
     env: Environment,
     tokenizer,
@@ -275,7 +296,8 @@ def check_environment(
 ) -> EnvCheckReport:
     """Everything `aitrain env check` reports. `model` is needed for the `model` policy only; every
     policy plays by `settings` (the oracle and empty policies only by its turn cap, timeout and tool
-    parser; the model and the probes by all of it)."""
+    parser, unless the engine may cut or rewrite an episode: then by all of it; the model and the probes
+    by all of it)."""
     agent = is_agent_environment(env)
     report = EnvCheckReport(env_name=type(env).__name__, tool_parser=settings.tool_parser,
                             interface=describe_interface(env))
@@ -294,9 +316,10 @@ def check_environment(
                                     f"solve(episode) -> str, so no oracle was played; add one to check that a "
                                     f"perfect episode scores 1.0")
                 continue
-            result = play_text_policy(env, "oracle", rows, oracle_policy(env), settings, policy_name="solve")
+            result = play_reference_policy(env, "oracle", rows, oracle_policy(env), tokenizer, settings,
+                                           policy_name="solve")
         elif name == "empty":
-            result = play_text_policy(env, "empty", rows, lambda episode: "", settings)
+            result = play_reference_policy(env, "empty", rows, lambda episode: "", tokenizer, settings)
         elif name == "probes":
             try:
                 probes = all_probes(env, settings.tool_parser, rows)
@@ -323,6 +346,15 @@ def env_check(*, module: str, class_name: str, env_config: str | None, model_nam
     env = load_environment(module, class_name, env_config)
     resolve_strategies(env, getattr(options.get("settings"), "context", None))  # refused before a model loads
     source = resolve_source(model_name)
+    settings = options.get("settings")
+    if settings is not None and not is_agent_environment(env):  # what `aitrain grpo` refuses, before a model loads
+        from aitrain_grpo.training.preflight.run_checks import check_prompts_fit, model_config_of
+
+        try:
+            check_prompts_fit(env, load_tokenizer(source), model_config_of(source.weights),
+                              reply_tokens=settings.max_new_tokens, window=settings.context_window, model_name=model_name)
+        except EnvLoadError:
+            pass  # rows that do not build are the report's problem (a broken contract, exit 1), read below
     model = None
     # A score_episode that takes the policy model (needs_policy: AITraining's interface) scores every
     # policy's episodes with the --model model (loaded even when only text policies play).

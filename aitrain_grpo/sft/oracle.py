@@ -25,7 +25,7 @@ from typing import Any, Callable
 
 from aitrain_grpo.config import RunConfig
 from aitrain_grpo.engine.backends.scripted import ScriptedBackend
-from aitrain_grpo.engine.context import resolve_strategies
+from aitrain_grpo.engine.context import cuts_history
 from aitrain_grpo.engine.demos import Demonstration, demonstration, has_turns, trace_tokens
 from aitrain_grpo.engine.rollout import RolloutEngine
 from aitrain_grpo.engine.runner import oracle_policy, play
@@ -53,17 +53,13 @@ def play_demonstrations(env, rows: list[dict[str, Any]], episodes: int, *, max_t
 
 
 def plays_tokens(env, config: RunConfig) -> bool:
-    """Whether the oracle is played by the token-level engine: a context strategy other than `keep` is in
-    force for some episode, tool results are cut to `--rl-max-tool-result-tokens`, or a token budget GRPO
-    enforces is given (`--rl-context-window`, `--rl-max-episode-tokens`); what the model sees then is the
-    engine's rewritten or cut history, not the conversation, and an episode the budget cuts is scored as
-    GRPO scores it. Agent environments own their messages (text level; a strategy other than keep is
-    refused for them, as GRPO refuses it)."""
-    strategies = resolve_strategies(env, config.rl_context).values()
-    if is_agent_environment(env):
-        return False
-    budgets = (config.rl_max_tool_result_tokens, config.rl_context_window, config.rl_max_episode_tokens)
-    return any(budget is not None for budget in budgets) or any(strategy != "keep" for strategy in strategies)
+    """Whether the oracle is played by the token-level engine: where the engine may cut or rewrite an
+    episode (engine/context.py `cuts_history`: a context strategy, tool results cut, a token budget GRPO
+    enforces), what the model sees is the engine's history, not the conversation, and an episode a budget
+    cuts is scored as GRPO scores it. Agent environments own their messages (text level; a strategy other
+    than keep is refused for them, as GRPO refuses it)."""
+    cuts = cuts_history(env, EpisodeSettings.from_options(config))  # resolves (and refuses) the strategy first
+    return cuts and not is_agent_environment(env)
 
 
 def play_sequences(env, tokenizer, rows: list[dict[str, Any]], episodes: int,

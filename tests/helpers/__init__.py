@@ -131,13 +131,23 @@ def one_line(info) -> str:
 
 
 def policy_row(stdout: str, policy: str) -> list[str]:
-    """The cells of one policy's row in env check's episodes table: mean, min, max, turns, errors, ..."""
+    """The cells of one policy's row in env check's episodes table: mean, min, max, turns, errors, ... A
+    name folded within its cell (a narrow console: a line with only the name's cell filled) is joined."""
     import re
 
+    rows: list[list[str]] = []
     for line in stdout.splitlines():
-        cells = [c.strip() for c in re.split(r"[│┃|]", line) if c.strip()]
-        if cells and cells[0] == policy:
-            return cells[1:]
+        parts = re.split(r"[│┃|]", line)
+        cells = [c.strip() for c in parts[1:-1]] if len(parts) > 2 else [c.strip() for c in parts if c.strip()]
+        if not cells or not cells[0]:
+            continue
+        if rows and len(cells) > 1 and not any(cells[1:]):
+            rows[-1][0] += cells[0]
+            continue
+        rows.append(cells)
+    for cells in rows:
+        if cells[0] == policy:
+            return [c for c in cells[1:] if c]
     raise AssertionError(f"no row for policy {policy!r} in:\n{stdout}")
 
 

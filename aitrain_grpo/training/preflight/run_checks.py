@@ -37,7 +37,7 @@ def check_async_scoring(env: Any, async_steps: int) -> None:
                           f"--rl-async-steps trains while episodes are scored; use --rl-async-steps 0")
 
 
-def _model_config(weights: str) -> Any:
+def model_config_of(weights: str) -> Any:
     """The model's config (no weights); None where it cannot be read here (an adapter's base that is itself
     an adapter: the tokenizer's limit still applies, and loading the model names any real problem)."""
     from transformers import AutoConfig
@@ -48,16 +48,26 @@ def _model_config(weights: str) -> Any:
         return None
 
 
+def check_prompts_fit(env: Any, tokenizer: Any, model_config: Any, *, reply_tokens: int, window: int | None,
+                      model_name: str) -> None:
+    """Refuse a `window` past the model's context, and a dataset whose prompt plus one reply of
+    `reply_tokens` fits neither the model's context nor the window: what `aitrain grpo` refuses, which
+    `aitrain env check` refuses too (evaluation/envcheck.py)."""
+    from aitrain_grpo.training.preflight.prompt_length import check_context_window, check_prompt_lengths
+
+    if window is not None:
+        check_context_window(window, model_config, tokenizer, model_name=model_name)
+    check_prompt_lengths(build_rows(env, tokenizer), tokenizer, model_config, reply_tokens=reply_tokens,
+                         model_name=model_name, window=window)
+
+
 def check_window(config: Any, env: Any) -> None:
     """Refuse `--rl-context-window` past the model's context, or too small for a prompt plus one reply."""
     from aitrain_grpo.models.loading import load_tokenizer, resolve_source
-    from aitrain_grpo.training.preflight.prompt_length import check_context_window, check_prompt_lengths
 
     source = resolve_source(config.model)
-    model_config, tokenizer = _model_config(source.weights), load_tokenizer(source)
-    check_context_window(config.rl_context_window, model_config, tokenizer, model_name=config.model)
-    check_prompt_lengths(build_rows(env, tokenizer), tokenizer, model_config, reply_tokens=config.rl_max_new_tokens,
-                         model_name=config.model, window=config.rl_context_window)
+    check_prompts_fit(env, load_tokenizer(source), model_config_of(source.weights), reply_tokens=config.rl_max_new_tokens,
+                      window=config.rl_context_window, model_name=config.model)
 
 
 def check_held_back_environment(config: Any) -> None:
