@@ -79,16 +79,6 @@ class RolloutBatch:
     def summaries(self) -> list[EpisodeSummary]:
         return [EpisodeSummary.of(ep) for ep in self.episodes]
 
-    def for_trl(self) -> dict[str, Any]:
-        """The dict TRL's `rollout_func` must return; extra keys reach reward functions per sample."""
-        return {
-            "prompt_ids": [t.prompt_ids for t in self.traces],
-            "completion_ids": [t.completion_ids for t in self.traces],
-            "logprobs": [t.logprobs for t in self.traces],
-            "env_mask": [t.env_mask for t in self.traces],
-            "episode_score": self.scores,
-        }
-
 
 class RolloutEngine:
     """Runs episodes of one environment with one generation backend, as `settings` say (engine/settings.py:

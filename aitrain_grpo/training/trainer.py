@@ -1,26 +1,28 @@
-"""`train(config)`: RunConfig -> GRPOConfig + GRPOTrainer with a `TrainingRollout` as `rollout_func`.
+"""`train(config)`: RunConfig -> GRPOConfig + `EpisodeGRPOTrainer`, TRL's `GRPOTrainer` whose step is ours.
 
-TRL owns the algorithm (group-normalised advantages, the clipped loss over `env_mask == 1` tokens, KL,
-the optimizer); this module only wires our pieces into it:
-- the run's `RunPlan` (run/plan.py) is decided once and passed to everything that needs it;
+TRL owns the loss (its loss types, clipping, KL, the entropy bonus) and, with transformers, the optimizer,
+gradient accumulation, accelerate and the checkpoint format. The step up to the loss is this package's
+(step/flow.py: rollout, rewards, advantages, typed sequence records, TRL's tensors, reference forward).
+This module wires the run together:
+- the run's `RunPlan` (run/plan.py) is decided once; a Python caller's options are checked against the
+  environment first (preflight/run_checks.py), as `aitrain grpo` checks them;
 - the environment's dataset becomes `train_dataset`;
-- `rollout_func` is the `TrainingRollout` (rollout/training_rollout.py), which plays each batch's episodes; it is
-  built first and handed to the callbacks that read it, and the error-rate stop watches its episodes;
-  what it plays with (engine, weight sync, async rollout: rollout/parts.py) is built in the trainer's
-  `__init__`, once TRL's has made the model it needs, and attached to it;
-- the run's metrics sink (runlog/step_metrics.py), which the rollout, weight sync, the step timing
-  callback (runlog/step_timing.py, first among the callbacks) and the trainer write into and `log` reads;
-- `episode_score` (the first reward function) hands TRL the scores the rollout computed; the rewards of
-  `--rl-reward-funcs` follow it, then the judge's (`--rl-judge-rubric`, rewards/judge.py), weighted by
+- the run's `RunContext` (run/context.py) holds what its parts share: the config and plan, the metrics
+  sink (runlog/step_metrics.py, which the rollout, weight sync, the step, the step timing callback and
+  held-back evaluation write into and `log` drains), the step timing, the `TrainingRollout`
+  (rollout/training_rollout.py), the shared-prefix state and the curriculum; it is handed to the trainer
+  and to whoever needs a piece, never parked on TRL's trainer;
+- what the rollout plays with (engine, weight sync, async rollout: rollout/parts.py) is built in the
+  trainer's `__init__`, once TRL's has made the model it needs, and attached to it;
+- `episode_score` (the first reward function) hands the step the scores the rollout computed; the rewards
+  of `--rl-reward-funcs` follow it, then the judge's (`--rl-judge-rubric`, rewards/judge.py), weighted by
   `--rl-reward-weights` (rewards/functions.py).
 
-`EpisodeGRPOTrainer` is TRL's trainer plus what only a subclass can do: hand each batch's dataset rows
-to the rollout (TRL gives `rollout_func` only the prompts), merge the metrics sink into each log record
-(`log`, the method TRL itself extends to log its metrics), mark the step's phases that only it sees
-(public `compute_loss` marks where TRL's scoring ends, forward hooks catch its scoring forwards:
-step/phases.py), run TRL's reference passes over each chunk's own length (trl/scoring_passes.py), write
-checkpoints atomically (run/checkpoints.py), leave dropped groups out of the loss (rollout/groups.py) and log the
-share of tokens the importance-sampling correction masks (rollout/async_steps.py).
+`EpisodeGRPOTrainer` is TRL's trainer plus what only a subclass can do: the private overrides where TRL's
+loop hands over to the step (trl/hooks.py), the metrics sink merged into each log record (`log`), the
+loss phase marked where it begins (`compute_loss`), TRL's reference passes over each chunk's own length
+(trl/scoring_passes.py), checkpoints written atomically (run/checkpoints.py), and TRL's fused head on
+completion positions only while it trains (`train`, trl/lm_head.py).
 
 Left out: the console display and the files written during training (runlog/), stopping early
 (run/stopping.py), and the rollout itself (rollout/training_rollout.py, engine/).

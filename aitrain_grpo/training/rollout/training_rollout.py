@@ -62,7 +62,7 @@ def rollout_timing(batch: RolloutBatch) -> dict[str, float]:
 
 
 class TrainingRollout:
-    """GRPOTrainer's `rollout_func`; see the module docstring. `metrics` is the run's sink and `timing`
+    """The step's rollout (step/flow.py); see the module docstring. `metrics` is the run's sink and `timing`
     the step timing callback (the trainer's; a rollout built alone gets its own)."""
 
     def __init__(self, env: Environment, config: RunConfig, *, metrics: StepMetrics | None = None,
