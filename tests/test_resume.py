@@ -163,6 +163,10 @@ def test_run_state_is_saved_with_the_checkpoint(uninterrupted):
         (dict(resume_from_checkpoint="{out}/checkpoint-3", batch_size=12, rl_num_generations=4),
          ["was trained with --batch-size 8", "resume with --batch-size 8"]),
         (dict(resume_from_checkpoint="{out}/checkpoint-3", seed=1), ["--seed 7"]),
+        (dict(resume_from_checkpoint="{out}/checkpoint-3", rl_context="summarize"),
+         ["was trained without --rl-context", "this run has --rl-context summarize", "resume without --rl-context"]),
+        (dict(resume_from_checkpoint="{out}/checkpoint-3", rl_curriculum="pools"),
+         ["was trained with --rl-curriculum off", "resume with --rl-curriculum off"]),
     ],
 )
 def test_bad_resume_targets_are_refused_before_loading(uninterrupted, overrides, fragments):
@@ -280,7 +284,7 @@ def test_a_resume_that_would_cross_runs_is_refused_naming_what_differs(uninterru
 
     out, _ = uninterrupted
     written = (out / "run_config.json").read_text()
-    with pytest.raises(ConfigError, match=f"was trained with {flag}") as raised:
+    with pytest.raises(ConfigError, match=f"was trained with(out)? {flag}") as raised:
         resume_checkpoint(letters_config(out, resume_from_checkpoint="auto", **change))
     assert "\n" not in str(raised.value)
     assert resume_checkpoint(letters_config(out, resume_from_checkpoint="auto")) == out / "checkpoint-5"  # same run: fine

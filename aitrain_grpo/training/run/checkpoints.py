@@ -51,6 +51,10 @@ STEP_SHAPE = ("batch_size", "rl_num_generations", "gradient_accumulation_steps",
 # adapter's shape. A resume with another value would train one run's weights on another's task.
 RUN_MEANING = ("model", "rl_env", "rl_env_module", "rl_env_class", "rl_env_config", "peft", "lora_r", "lora_alpha",
                "target_modules")
+# Options that change what the run trains on from one step to the next: the sequences its episodes become
+# (the context strategy) and which prompts a batch gets (the curriculum, whose groups a checkpoint holds).
+# A resume under another value would change the run midway without saying so.
+RUN_COURSE = ("rl_context", "rl_curriculum")
 
 
 # --------------------------------------------------------------------------------- finding checkpoints
@@ -120,20 +124,21 @@ def _comparable(name: str, value: Any) -> Any:
 
 def _check_same_run(path: Path, config: RunConfig) -> None:
     """Refuse to continue checkpoint `path` with options that change what it means: the step shape it
-    recorded, and the model, environment and adapter of the run that wrote it (its run_config.json)."""
+    recorded, the model, environment and adapter of the run that wrote it (its run_config.json), and its
+    context strategy and curriculum."""
     saved = dict(read_run_state(path).get("settings", {}))
     try:
         run_config = json.loads((path.parent / "run_config.json").read_text())
     except (OSError, ValueError):
         run_config = {}
-    saved.update({name: run_config[name] for name in RUN_MEANING if name in run_config})
-    for name in (*STEP_SHAPE, *RUN_MEANING):
+    saved.update({name: run_config[name] for name in (*RUN_MEANING, *RUN_COURSE) if name in run_config})
+    for name in (*STEP_SHAPE, *RUN_MEANING, *RUN_COURSE):
         if name in saved and _comparable(name, saved[name]) != _comparable(name, getattr(config, name)):
             flag = "--" + name.replace("_", "-")
+            trained = f"with {flag} {_shown(saved[name])}" if saved[name] is not None else f"without {flag}"
             raise ConfigError(
-                f"checkpoint {path} was trained with {flag} {_shown(saved[name])}, this run has "
-                f"{_shown(getattr(config, name))}; resume with {flag} {_shown(saved[name])}, or start a new run "
-                f"in another --output-dir"
+                f"checkpoint {path} was trained {trained}, this run has {flag} {_shown(getattr(config, name))}; "
+                f"resume {trained}, or start a new run in another --output-dir"
             )
 
 
