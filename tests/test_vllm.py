@@ -197,8 +197,8 @@ def test_nccl_sync_protocol_moves_the_servers_weights_with_only_nccl_mocked(vllm
                                                                            tmp_path, monkeypatch):
     """`--vllm-sync nccl` on this CPU machine with only NCCL replaced: TRL's client joins no NCCL group,
     and the tensors it would broadcast reach the real server through its full-weights reload instead.
-    The rest is real: the run's plan for nccl, TRL's push before each rollout (names, order, LoRA-free
-    weights), its server-info and prefix-cache calls, and the importance-sampling ratio it logs."""
+    The rest is real: the run's plan for nccl, TRL's push before each rollout and at the end (names, order,
+    LoRA-free weights), its server-info and prefix-cache calls, and the importance-sampling ratio logged."""
     import dataclasses
 
     from safetensors.torch import save_file
@@ -230,7 +230,9 @@ def test_nccl_sync_protocol_moves_the_servers_weights_with_only_nccl_mocked(vllm
     plan = plan_run(dataclasses.replace(config, vllm_sync="disk"))  # the plan refuses nccl without CUDA
     train(config, plan=dataclasses.replace(plan, generation=GenerationPlan("vllm_server", "nccl")))
 
-    assert len(pushes) == 3  # before each step's rollout: the start weights, then after steps 1 and 2
+    # Before each step's rollout (the start weights, then after steps 1 and 2), and the final weights at the
+    # end, which the server is left serving as with every other sync method (training/trainer.py `train`).
+    assert len(pushes) == 4
     records = metrics(out)
     assert all(in_sync(r["sampling/importance_sampling_ratio/mean"]) for r in records), records
     base, tokenizer = tiny_model_and_tokenizer
