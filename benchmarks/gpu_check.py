@@ -165,6 +165,15 @@ def vllm_colocate(ctx: Context, name: str) -> Result:
     return is_ratio_check(grpo_part(lambda c: c.real, STATIONS, "--use-vllm", "--vllm-mode", "colocate", batch=16)(ctx, name))
 
 
+def loss_pass_weights(ctx: Context, name: str) -> Result:
+    """No second scoring forward: the loss pass's importance weights against TRL's way on the device
+    (benchmarks/loss_pass_weights.py; bf16 on a GPU, hence the tolerance)."""
+    started = time.perf_counter()
+    code, tail = run_logged(ctx, name, [sys.executable, str(ROOT / "benchmarks" / "loss_pass_weights.py"), "--model",
+                                        ctx.tiny, "--tolerance", "1e-2"])
+    return Result(name, "ok" if code == 0 else "failed", time.perf_counter() - started, detail=tail)
+
+
 def free_port() -> int:
     with socket.socket() as sock:
         sock.bind(("127.0.0.1", 0))
@@ -199,6 +208,8 @@ PARTS = [
          grpo_part(lambda c: c.tiny, LETTERS)),
     Part("hf-smollm2", "bf16 grpo, SmolLM2, envs.stations (tools), batch 16, Hugging Face generate", (),
          grpo_part(lambda c: c.real, STATIONS, batch=16), real=True),
+    Part("loss-pass-weights", "importance weights from the loss pass equal TRL's second forward (tiny model)", (),
+         loss_pass_weights),
     Part("vllm-colocate", "SmolLM2 with colocated vLLM, weights synced each step", ("vllm",), vllm_colocate, real=True),
     Part("vllm-server-nccl", "aitrain vllm-serve + training, NCCL weight sync", ("vllm",), server_part("nccl"), real=True),
     Part("vllm-server-lora", "aitrain vllm-serve + training, LoRA adapter sync", ("vllm",), server_part("lora"), real=True),

@@ -42,7 +42,7 @@ def test_without_cuda_it_says_so_in_one_line_and_exits_2(tmp_path):
 def test_parts_are_selected_by_name_in_the_checks_order():
     check = load_check()
     assert [p.name for p in check.select_parts("fsdp2,hf-tiny")] == ["hf-tiny", "fsdp2"]
-    assert len(check.select_parts(None)) == len(check.PARTS) >= 7
+    assert len(check.select_parts(None)) == len(check.PARTS) >= 8
     with pytest.raises(SystemExit, match="unknown part nope; the parts are hf-tiny"):
         check.select_parts("hf-tiny,nope")
 
@@ -77,6 +77,17 @@ def test_table_and_exit_status_name_what_failed():
     assert "vllm is not installed" in rows["vllm-colocate"]
     assert check.exit_status(results) == (1, "gpu_check: failed: fsdp2")
     assert check.exit_status(results[:1] + results[2:])[0] == 0
+
+
+@pytest.mark.integration
+def test_a_rehearsal_of_the_loss_pass_weights_part_passes_on_the_cpu(tmp_path, tiny_model_dir):
+    out = tmp_path / "check.json"
+    done = run_check("--rehearse-on-cpu", "--parts", "loss-pass-weights", "--work", str(tmp_path / "work"),
+                     "--json", str(out), env={"OMP_NUM_THREADS": "1"})
+    assert done.returncode == 0, done.stdout + done.stderr
+    result = json.loads(out.read_text())["results"][0]
+    assert result["part"] == "loss-pass-weights" and result["status"] == "ok", result
+    assert "equal TRL's way on cpu" in result["detail"]
 
 
 @pytest.mark.integration

@@ -111,6 +111,7 @@ class TRLHooks:
     def _compute_loss(self, model, inputs):
         inputs = loss_inputs(inputs, drop_masked_rows=self.drop_masked_rows)
         if "importance_sampling_ratio" not in inputs and importance_from_loss_pass(self):
+            inputs = dict(inputs)  # the weights go into this pass's own copy, not the step's buffered micro-batch
             self._awaiting_weights = inputs
         try:
             return super()._compute_loss(model, inputs)
