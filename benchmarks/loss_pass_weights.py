@@ -24,6 +24,9 @@ import torch
 
 
 def off_policy(trainer, shift: float = 0.3) -> None:
+    """Before training: the correction on (token level, truncated), as the trainer turns it on where this
+    package moves vLLM's weights, and the sampler's log-probabilities moved off the trainer's by up to
+    `shift` a token, as a server's are (tests/helpers/rollouts.py uses this one too)."""
     run = trainer.rollout.engine.run
 
     def play(rows):

@@ -120,15 +120,12 @@ class OracleBackend:
 def as_on_a_vllm_server(trainer, shift: float = 0.4) -> None:
     """Before training: the importance-sampling correction on (token level, truncated), as the trainer turns it
     on where this package moves vLLM's weights, and sampler log-probabilities moved off the trainer's by up to
-    `shift` a token, as a server's are."""
-    run = trainer.rollout.engine.run
+    `shift` a token, as a server's are: benchmarks/loss_pass_weights.py's `off_policy`, the one copy."""
+    import importlib.util
+    from pathlib import Path
 
-    def play(rows):
-        batch = run(rows)
-        for trace in batch.traces:
-            trace.logprobs = [p + shift * (j % 3 - 1) for j, p in enumerate(trace.logprobs)]
-        return batch
-
-    trainer.rollout.engine.run = play
-    trainer.use_importance_sampling()
-    trainer.vllm_importance_sampling_correction, trainer.vllm_importance_sampling_mode = True, "token_truncate"
+    script = Path(__file__).resolve().parents[2] / "benchmarks" / "loss_pass_weights.py"
+    spec = importlib.util.spec_from_file_location("loss_pass_weights", script)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    module.off_policy(trainer, shift)
