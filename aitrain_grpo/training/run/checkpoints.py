@@ -204,21 +204,17 @@ def plain_cpu_device(args):
 
 
 def save_checkpoint_atomically(trainer, run, save) -> None:
-    """Write the checkpoint of `trainer`'s step into a staging folder (`save`, transformers' own
-    `_save_checkpoint`, writes into `args.output_dir`, which points there meanwhile), add the run's own
-    state (`run`: the RunContext), and rename it into place whole: a killed run never leaves a checkpoint
-    a resume could half-read."""
+    """Write the checkpoint of `trainer`'s step into a staging folder (`save(staging)`: the trainer's own
+    save, transformers' `_save_checkpoint` writing there: trl/hooks.py), add the run's own state (`run`: the
+    RunContext), and rename it into place whole: a killed run never leaves a checkpoint a resume could
+    half-read."""
     run_dir = Path(trainer.args.output_dir)
     name = f"checkpoint-{trainer.state.global_step}"
     staging = run_dir / f"{PARTIAL_PREFIX}{name}"
     if trainer.args.should_save:
         shutil.rmtree(staging, ignore_errors=True)
     trainer.accelerator.wait_for_everyone()
-    trainer.args.output_dir = str(staging)
-    try:
-        save()  # every rank writes its part (RNG state, shards)
-    finally:
-        trainer.args.output_dir = str(run_dir)
+    save(staging)  # every rank writes its part (RNG state, shards)
     trainer.accelerator.wait_for_everyone()
     if trainer.args.should_save:
         written = staging / name

@@ -142,5 +142,12 @@ class TRLHooks:
             return super()._load_optimizer_and_scheduler(checkpoint)
 
     def _save_checkpoint(self, model, trial):
+        def save_into(staging):  # transformers writes into args.output_dir: the staging folder, for this save only
+            run_dir, self.args.output_dir = self.args.output_dir, str(staging)
+            try:
+                super(TRLHooks, self)._save_checkpoint(model, trial)
+            finally:
+                self.args.output_dir = run_dir
+
         with uninterrupted():  # a signal lets the write finish (run/signals.py)
-            save_checkpoint_atomically(self, self.run, lambda: super(TRLHooks, self)._save_checkpoint(model, trial))
+            save_checkpoint_atomically(self, self.run, save_into)
