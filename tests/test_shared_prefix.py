@@ -1,12 +1,15 @@
-"""The shared-prefix loss (training/step/shared_prefix.py) is exact: each distinct prompt forwarded once and its
-episodes' continuations on it give the plain path's per-token log-probs, entropies, loss and gradients,
-with LoRA and with full fine-tuning, on groups whose prompts differ in length (left padding) and whose
-multi-turn completions have environment tokens masked out of the loss. Also: the tiny model moves by
-more than the tolerance when a position is off by one (so these comparisons would catch it), a
-prompt's episodes are kept in one micro-batch, and a real step trains the same with sharing on."""
+"""The shared-prefix passes (training/step/shared_prefix.py) are exact: a pass's rows as one prefix tree give the
+plain path's per-token log-probs, entropies, loss and gradients, with LoRA and with full fine-tuning, on
+groups whose prompts differ in length (left padding), whose multi-turn completions have environment
+tokens masked out of the loss, and (`rewritten_batch`) on an episode's sequences after a rewrite and
+episodes that open alike. Also: the tiny model moves by more than the tolerance when a position is off
+by one, in the plain path and in the tree (so these comparisons would catch it), a model that ignores
+the tree's positions is caught and falls back, a prompt's episodes are kept in one micro-batch, and a
+real step trains the same with sharing on."""
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 
 import pytest
@@ -15,7 +18,8 @@ from trl.trainer.utils import use_adapter
 
 from aitrain_grpo import RunConfig
 from aitrain_grpo.training.step.micro_batches import keep_prompts_together
-from aitrain_grpo.training.step.shared_prefix import SharedPrefix, saved_share, shared_logps
+from aitrain_grpo.training.step.prefix_tree import build_tree, cost_ratio
+from aitrain_grpo.training.step.shared_prefix import SharedPrefix, shared_logps
 from aitrain_grpo.training.trainer import build_trainer
 from envs.letters import LetterEnv
 
@@ -147,17 +151,117 @@ def test_an_off_by_one_position_would_be_caught(lora_trainer):
     assert (right - shifted).abs().max() > 100 * ATOL
 
 
-def test_auto_shares_only_where_it_leaves_out_enough_tokens(lora_trainer):
-    # The whole batch in one chunk: 3 prompts of 14 columns for 8 episodes. With 11 completion columns
-    # sharing leaves out 32% of the tokens; with 51, 12.5%: under AUTO_MIN_SAVED, `auto` leaves it be.
+def rewritten_batch() -> dict[str, torch.Tensor]:
+    """Rows that share more than a prompt: episodes 0 and 1 of prompt P trained as two sequences each (the
+    second's prompt is the kept history: P, the first reply, a 2-token placeholder), episode 1 opening as
+    episode 0 does for 3 tokens, episode 2 a copy of episode 0's first sequence, and one episode of
+    another prompt Q; environment tokens masked from the loss; rows in shuffled order."""
+    g = torch.Generator().manual_seed(7)
+
+    def tokens(n):
+        return torch.randint(5, 1000, (n,), generator=g).tolist()
+
+    p, q, placeholder = tokens(10), tokens(6), tokens(2)
+    a1, b1 = tokens(6), None
+    b1 = a1[:3] + tokens(4)
+    r, a2, b2, a3, b3, c1 = tokens(3), tokens(4), tokens(5), tokens(5), tokens(3), tokens(7)
+    rows = [  # (prompt, completion, environment tokens within the completion)
+        (p, a1 + r + a2, range(len(a1), len(a1) + 3)),
+        (p + a1 + placeholder, a3, ()),
+        (p, b1 + r + b2, range(len(b1), len(b1) + 3)),
+        (p + b1 + placeholder, b3, ()),
+        (p, a1 + r + a2, range(len(a1), len(a1) + 3)),
+        (q, c1, ()),
+    ]
+    width, length = max(len(x) for x, _, _ in rows), max(len(c) for _, c, _ in rows)
+    batch = {key: [] for key in ("prompt_ids", "prompt_mask", "completion_ids", "completion_mask", "tool_mask")}
+    for prompt, completion, env in rows:
+        batch["prompt_ids"].append([0] * (width - len(prompt)) + prompt)
+        batch["prompt_mask"].append([0] * (width - len(prompt)) + [1] * len(prompt))
+        batch["completion_ids"].append(completion + [0] * (length - len(completion)))
+        batch["completion_mask"].append([1] * len(completion) + [0] * (length - len(completion)))
+        batch["tool_mask"].append([0 if i in env else 1 for i in range(length)])
+    order = torch.randperm(len(rows), generator=g)
+    batch = {key: torch.tensor(value)[order] for key, value in batch.items()}
+    batch["advantages"] = torch.randn(len(rows), generator=g)
+    batch["num_items_in_batch"] = (batch["completion_mask"] * batch["tool_mask"]).sum()
+    return batch
+
+
+def test_the_tree_shares_kept_histories_and_openings_exactly(lora_trainer):
+    batch = rewritten_batch()
+    ids, mask, keep = joined(batch)
+    tree = build_tree(ids, mask, keep)
+    prompts_once = tree.row_tokens - 5 * 10 + 10  # P's 10 tokens once instead of five times
+    assert tree.nodes < prompts_once - 20  # the kept histories, the shared opening and the copy besides
+    plain_logps, plain_entropy, _ = logps(lora_trainer, "off", batch)
+    shared_logps_, shared_entropy, state = logps(lora_trainer, "on", batch)
+    assert state.shared_chunks == 1 and state.broken is None
+    assert plain_logps[batch["completion_mask"] == 1].abs().min() > 0
+    torch.testing.assert_close(shared_logps_, plain_logps, atol=ATOL, rtol=0)
+    torch.testing.assert_close(shared_entropy, plain_entropy, atol=ATOL, rtol=0)
+    batch["ref_per_token_logps"] = plain_logps - 0.05
+    plain_loss, plain_grads, _ = loss_and_grads(lora_trainer, "off", batch)
+    shared_loss, shared_grads, _ = loss_and_grads(lora_trainer, "on", batch)
+    torch.testing.assert_close(shared_loss, plain_loss, atol=ATOL, rtol=1e-5)
+    assert plain_grads.keys() == shared_grads.keys() and plain_grads
+    for name, grad in plain_grads.items():
+        assert (shared_grads[name] - grad).abs().max() / grad.abs().max().clamp(min=1e-8) < 1e-4, name
+
+
+def test_an_off_by_one_in_the_tree_would_be_caught(lora_trainer):
+    # The tree's own positions one further along from the first completion token on: log-probs move by far
+    # more than ATOL, so the comparisons above would catch a depth counted wrong.
+    from aitrain_grpo.training.step.shared_prefix import _tree_forward, _trained
+
+    batch = rewritten_batch()
+    ids, mask, keep = joined(batch)
+    tree = build_tree(ids, mask, keep)
+    causal = _trained(lora_trainer.accelerator, lora_trainer.model)
+    shifted = dataclasses.replace(tree, positions=tree.positions + (tree.positions >= 10).long())
+    with torch.no_grad():
+        right = _tree_forward(lora_trainer.accelerator, lora_trainer.model, causal, tree, False)[0]
+        wrong = _tree_forward(lora_trainer.accelerator, lora_trainer.model, causal, shifted, False)[0]
+    assert (right - wrong).abs().max() > 100 * ATOL
+
+
+def test_a_model_that_ignores_the_trees_positions_falls_back(tiny_model_dir, tmp_path, caplog):
+    # A stand-in for a model whose forward drops custom position ids: the run's first shared chunk is
+    # checked against the plain path, found off, and every pass after takes the plain path.
+    trainer = make_trainer(tiny_model_dir, tmp_path, peft=True)
+    backbone = trainer.model.get_base_model().model
+    handle = backbone.register_forward_pre_hook(
+        lambda module, args, kwargs: (args, {k: v for k, v in kwargs.items() if k != "position_ids"}),
+        with_kwargs=True)
+    try:
+        batch = rewritten_batch()
+        plain_logps, _, _ = logps(trainer, "off", batch)
+        with caplog.at_level(logging.WARNING, logger="aitrain_grpo.training.step.shared_prefix"):
+            got, _, state = logps(trainer, "on", batch)
+    finally:
+        handle.remove()
+    assert state.broken and "ignores a custom attention mask or position ids" in caplog.text
+    assert state.shared_chunks == 0
+    torch.testing.assert_close(got, plain_logps, atol=ATOL, rtol=0)
+
+
+def test_auto_shares_only_where_the_tree_costs_less(lora_trainer):
+    # The whole batch in one chunk: 3 prompts of 14 columns for 8 episodes. With 11 completion columns the
+    # tree is 92 of the rows' 143 tokens, an estimated 0.52 of the plain path's cost; with 51, 413 of 463,
+    # and its dense mask over all 413 costs the tiny model more than the rows' 65 columns: `auto` leaves it be.
     for longer, auto_shares in ((0, 1), (40, 0)):
         batch = episode_batch(longer=longer)
         _, _, on = logps(lora_trainer, "on", batch)
         _, _, auto = logps(lora_trainer, "auto", batch)
         assert (on.shared_chunks, auto.shared_chunks) == (1, auto_shares), longer
-    ids = torch.zeros(4, 100, dtype=torch.long)
-    assert saved_share(ids, prompt_len=80, distinct=1) == pytest.approx(1 - (79 + 4 * 21) / 400)
-    assert saved_share(ids, prompt_len=80, distinct=4) == 0  # no prompt repeats: nothing saved
+    ids = torch.tensor([[0, 5, 6, 7, 8], [0, 5, 6, 7, 9]])
+    mask = (ids != 0).long()
+    tree = build_tree(ids, mask, logits_to_keep=1)
+    # 5, 6, 7 once; 8 and 9 each; and a copy of 7, which predicts 8 for one row and 9 for the other
+    assert (tree.nodes, tree.row_tokens) == (6, 8)
+    assert tree.labels.tolist() == [-100, -100, 8, -100, -100, 9]
+    assert cost_ratio(tree, plain_tokens=10, plain_width=5, weights_per_token=1, attention_per_key=0) == 0.6
+    assert cost_ratio(tree, plain_tokens=10, plain_width=5, weights_per_token=0, attention_per_key=1) == 36 / 50
 
 
 def test_auto_leaves_devices_it_was_not_measured_on_to_the_plain_path(lora_trainer, caplog):
@@ -179,19 +283,21 @@ def test_auto_leaves_passes_with_dropout_to_the_plain_path(tiny_model_dir, tmp_p
         with use_adapter(trainer.model, None):  # the reference pass: the adapter and its dropout are off
             assert logps(trainer, "auto", batch)[2].shared_chunks == 1
         assert loss_and_grads(trainer, "on", batch)[2].shared_chunks == 1  # `on` shares, and says so
-        assert "drawn once for its group" in caplog.text
+        assert "drawn once for all its rows" in caplog.text
 
 
-def test_gradient_checkpointing_takes_the_plain_path_with_a_note(tiny_model_dir, tmp_path, caplog):
+def test_gradient_checkpointing_shares_and_equals_the_plain_path(tiny_model_dir, tmp_path):
+    # One forward per backward: checkpointed layers recompute the tree as they would a plain row.
     trainer = make_trainer(tiny_model_dir, tmp_path, peft=False)
     trainer.model.gradient_checkpointing_enable()
     batch = episode_batch()
-    batch["ref_per_token_logps"] = torch.zeros(8, batch["completion_ids"].size(1))
-    with caplog.at_level(logging.WARNING, logger="aitrain_grpo.training.step.shared_prefix"):
-        _, _, state = loss_and_grads(trainer, "on", batch)
-        loss_and_grads(trainer, state, batch)
-    assert state.shared_chunks == 0
-    assert sum("gradient checkpointing" in r.message for r in caplog.records) == 1
+    batch["ref_per_token_logps"] = logps(trainer, "off", batch)[0] - 0.05  # a KL term of ordinary size
+    plain_loss, plain_grads, _ = loss_and_grads(trainer, "off", batch)
+    shared_loss, shared_grads, state = loss_and_grads(trainer, "on", batch)
+    assert state.shared_chunks == 1 and state.broken is None
+    torch.testing.assert_close(shared_loss, plain_loss, atol=ATOL, rtol=1e-5)
+    for name, grad in plain_grads.items():
+        assert (shared_grads[name] - grad).abs().max() / grad.abs().max().clamp(min=1e-8) < 1e-4, name
 
 
 def test_a_prompts_episodes_are_kept_in_one_micro_batch():
@@ -213,6 +319,26 @@ def test_a_prompts_episodes_are_kept_in_one_micro_batch():
             prompts.append(tuple(batch["prompt_ids"][i].tolist()))
     runs = [prompts[0]] + [b for a, b in zip(prompts, prompts[1:]) if a != b]
     assert len(runs) == len(set(prompts))  # each prompt's episodes are contiguous
+
+
+def test_a_groups_sequences_are_kept_together_by_their_group_ids():
+    # Split into 3 micro-batches of 2 in TRL's shuffled order, then regrouped: by group id (as the step's
+    # batch carries them), an episode's two sequences and the copy of its first share micro-batches, so the
+    # micro-batches' trees compute fewer tokens than when only equal prompts are kept together.
+    batch = rewritten_batch()
+    p_rows = batch["prompt_mask"].sum(1) >= 10  # P's 10 tokens or its kept histories; Q has 6
+    batch["group_ids"] = (~p_rows).long()
+    parts = [{key: (value[i:i + 2] if key != "num_items_in_batch" else value) for key, value in batch.items()}
+             for i in range(0, 6, 2)]
+
+    def tree_tokens(micro_batches):
+        return sum(build_tree(*joined(part)).nodes for part in micro_batches)
+
+    by_group = keep_prompts_together(parts)
+    by_prompt = keep_prompts_together([{k: v for k, v in part.items() if k != "group_ids"} for part in parts])
+    groups = [g for part in by_group for g in part["group_ids"].tolist()]
+    assert groups == sorted(groups, key=groups.index)  # each group's rows contiguous
+    assert tree_tokens(by_group) < tree_tokens(by_prompt)
 
 
 def test_a_training_step_is_the_same_with_sharing_on(tiny_model_dir, tmp_path):

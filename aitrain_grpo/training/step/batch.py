@@ -37,6 +37,9 @@ def blank_rows_needed(episodes: int, extra_here: int, most_extra: int, steps: in
     return most_extra - extra_here + (-(episodes + most_extra)) % steps
 
 
+GROUP_IDS = "group_ids"
+
+
 def blank_record(anchor: int) -> SequenceRecord:
     """A row that trains nothing: one real prompt token (`anchor`), no completion."""
     return SequenceRecord(prompt_ids=(anchor,), completion_ids=(), env_mask=(), sampling_logps=(), advantage=0.0,
@@ -67,6 +70,9 @@ def trl_batch(records: Sequence[SequenceRecord], pad_id: int, device: torch.devi
         "tool_mask": right([r.env_mask for r in records], 0),
         "sampling_per_token_logps": sampling,
         "advantages": advantages.unsqueeze(1) + credit,
+        # which group each row is of: the loss pass keeps a group's rows together (step/micro_batches.py),
+        # then drops this key before TRL sees the micro-batch
+        GROUP_IDS: torch.tensor([r.group for r in records], dtype=torch.long, device=device),
     }
 
 
@@ -75,4 +81,4 @@ def loss_mask(batch: dict[str, Any]) -> torch.Tensor:
     return batch["completion_mask"] * batch["tool_mask"]
 
 
-__all__ = ["blank_record", "blank_rows_needed", "loss_mask", "trl_batch"]
+__all__ = ["GROUP_IDS", "blank_record", "blank_rows_needed", "loss_mask", "trl_batch"]

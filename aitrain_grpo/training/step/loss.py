@@ -4,7 +4,7 @@ TRL's `_compute_loss` (its loss types, clipping, KL, entropy bonus) stays TRL's.
 
 - `split_micro_batches`: the generation batch shuffled and split as TRL splits it (its own
   `shuffle_sequence_dict` and `split_tensor_dict`, so the draws are TRL's), then, where the shared-prefix
-  loss runs, re-split with each prompt's episodes together (step/micro_batches.py `keep_prompts_together`);
+  loss runs, re-split with each group's rows together (step/micro_batches.py `keep_prompts_together`);
 - `loss_inputs`: the trailing completion columns no row uses cut (step/micro_batches.py `trim_padding`), and
   with `--rl-zero-std-groups drop|refill` the all-masked rows of dropped groups taken out (rollout/groups.py);
 - `importance_from_logps`: with vLLM's importance-sampling correction on a batch trained once
@@ -23,7 +23,7 @@ import torch
 
 from aitrain_grpo.training.rollout.groups import without_masked_rows
 from aitrain_grpo.training.step.micro_batches import keep_prompts_together, trim_padding
-from aitrain_grpo.training.step.batch import loss_mask
+from aitrain_grpo.training.step.batch import GROUP_IDS, loss_mask
 from aitrain_grpo.training.step.scoring import importance_ratio, sampling_metrics
 
 
@@ -33,7 +33,14 @@ def split_micro_batches(batch: dict[str, Any], steps: int, *, together: bool) ->
     from trl.trainer.utils import shuffle_sequence_dict, split_tensor_dict
 
     batches = split_tensor_dict(shuffle_sequence_dict(batch), steps)
-    return keep_prompts_together(batches) if together else batches
+    if together:
+        batches = keep_prompts_together(batches)
+    return [without_group_ids(b) for b in batches]
+
+
+def without_group_ids(batch: dict[str, Any]) -> dict[str, Any]:
+    """`batch` as TRL's loss takes it: the rows' group ids (step/batch.py) are the split's alone."""
+    return {key: value for key, value in batch.items() if key != GROUP_IDS}
 
 
 def loss_inputs(inputs: dict[str, Any], *, drop_masked_rows: bool) -> dict[str, Any]:
@@ -54,4 +61,4 @@ def importance_from_logps(inputs: dict[str, Any], logps: torch.Tensor, *, mode: 
     return sampling_metrics(ratio, old, inputs["sampling_per_token_logps"], mask, gather)
 
 
-__all__ = ["importance_from_logps", "loss_inputs", "split_micro_batches"]
+__all__ = ["importance_from_logps", "loss_inputs", "split_micro_batches", "without_group_ids"]

@@ -20,12 +20,12 @@ pass grows by the step's extra rows over its passes; a lower `--micro-batch-size
 Each micro-batch arrives padded to the longest episode of the whole generation batch; `trim_padding` cuts
 the completion columns no episode of the micro-batch uses, so a short micro-batch costs its own length.
 
-Keeping a prompt's episodes together (`keep_prompts_together`, while the shared-prefix loss is on):
+Keeping a group's rows together (`keep_prompts_together`, while the shared-prefix loss is on):
 TRL shuffles the generation batch's episodes before splitting it, so with groups of 4 in a batch of 16
 a micro-batch of 2 holds two episodes of one prompt only one time in five, and the shared-prefix loss
-(step/shared_prefix.py) saves only within a micro-batch. The shuffled batch is re-ordered by prompt (prompts
-in the order TRL's shuffle first reached them, each prompt's episodes in TRL's order) and split again
-into as many micro-batches of the same size. What that does to the loss, per TRL loss type (trl 1.16
+(step/shared_prefix.py) saves only within a micro-batch. The shuffled batch is re-ordered by group (groups
+in the order TRL's shuffle first reached them, a group's rows, an episode's several sequences among them,
+in the order of their tokens) and split again into as many micro-batches of the same size. What that does to the loss, per TRL loss type (trl 1.16
 `_compute_loss`): a step's gradient is the sum of its equal-sized micro-batches', so for `grpo`, `sapo`
 and `luspo` (a mean over the micro-batch's episodes, divided by the accumulation steps), `dr_grpo` (a
 token sum over micro-batch size x max completion length) and `dapo`, `cispo`, `vespo` (a token sum over
@@ -137,9 +137,12 @@ def trim_padding(inputs: dict[str, Any]) -> dict[str, Any]:
 
 
 def keep_prompts_together(batches: list[dict[str, Any]]) -> list[dict[str, Any]]:
-    """TRL's shuffled micro-batches of one generation batch (`_buffered_inputs`), split again with the
-    episodes of one prompt next to each other: the same episodes, as many micro-batches of the same size.
-    A row's prompt is its `prompt_ids` where `prompt_mask` is 1. Values are treated as TRL's
+    """TRL's shuffled micro-batches of one generation batch, split again with the rows of one group next to
+    each other: the same rows, as many micro-batches of the same size. A row's group is its `group_ids`
+    entry (step/batch.py: an episode's several sequences share their episode's group) or, without it,
+    its prompt (`prompt_ids` where `prompt_mask` is 1). Groups come in the order TRL's shuffle first
+    reached them; within a group, rows in the order of their tokens, so an episode's sequences, and
+    episodes that open alike, sit side by side for the shared-prefix tree. Values are treated as TRL's
     `shuffle_sequence_dict`/`split_tensor_dict` treat them: tensors of one dimension or more and lists
     per row, 0-dimensional tensors and None the same in every micro-batch."""
     if len(batches) < 2 or any("prompt_ids" not in b or "prompt_mask" not in b for b in batches):
@@ -148,11 +151,15 @@ def keep_prompts_together(batches: list[dict[str, Any]]) -> list[dict[str, Any]]
     rows = whole["prompt_ids"].size(0)
     if rows % len(batches):
         return batches
-    keys = [tuple(ids[m.bool()].tolist()) for ids, m in zip(whole["prompt_ids"], whole["prompt_mask"])]
-    rank: dict[tuple, int] = {}
-    for key in keys:
-        rank.setdefault(key, len(rank))
-    order = sorted(range(rows), key=lambda i: rank[keys[i]])
+    tokens = [ids[m.bool()].tolist() for ids, m in zip(whole["prompt_ids"], whole["prompt_mask"])]
+    groups = whole["group_ids"].tolist() if "group_ids" in whole else [tuple(t) for t in tokens]
+    if "completion_ids" in whole and "completion_mask" in whole:
+        tokens = [t + ids[m.bool()].tolist() for t, ids, m in zip(tokens, whole["completion_ids"],
+                                                                  whole["completion_mask"])]
+    rank: dict[Any, int] = {}
+    for group in groups:
+        rank.setdefault(group, len(rank))
+    order = sorted(range(rows), key=lambda i: (rank[groups[i]], tokens[i]))
     size = rows // len(batches)
     return [{key: _rows(value, order[i * size:(i + 1) * size]) for key, value in whole.items()}
             for i in range(len(batches))]

@@ -1,47 +1,47 @@
-"""The shared-prefix loss: each distinct prompt of a micro-batch goes through the model once, and every
-episode's continuation is computed on top of it (`--shared-prefix-loss`).
+"""The shared-prefix passes: every token that several rows of a pass share, with everything before it, goes
+through the model once (`--shared-prefix-loss`), in TRL's loss pass and its reference/old log-prob passes.
 
-Why: the episodes of a GRPO group share their prompt (system prompt, tool schemas, task). On a tool
-environment the prompt is most of each sequence (79 % of the tokens on issue 33's), and TRL's
-`_get_per_token_logps_and_entropies` runs it once per episode, in the loss pass and in the old and
-reference log-prob passes alike. Here, per chunk of rows TRL would forward together:
+Why: the rows of a pass repeat each other. A GRPO group's episodes share their prompt (system prompt, tool
+schemas, task: 79 % of the tokens on issue 33's tool environment); under a context strategy an episode's
+later sequences repeat its kept history; episodes that open alike share their opening. TRL's
+`_get_per_token_logps_and_entropies` computes every row in full, padding included.
 
-1. the distinct prompts (`prompt_ids` rows with their left padding) are found by their tokens;
-2. each goes through the model once, all but its last token, with `use_cache=True` and gradients on:
-   with LoRA (or full fine-tuning) the prompt's keys and values depend on trained weights;
-3. the cache is indexed out to the episodes (`Cache.batch_select_indices`, an index on each layer's
-   keys and values, so autograd sums each member's gradient into its prompt's once);
-4. each episode's last prompt token and completion go through TRL's own fused head
-   (`model(..., past_key_values=cache, labels=..., fused_lm_head=True)`): the same temperature, entropy,
-   logit scale and softcapping as the plain path, and the last prompt token's hidden state predicts the
-   first completion token as it does there.
+How, per chunk of rows TRL would forward together:
+1. the rows are put in the order of their tokens (rows that share a prefix side by side) and cut into
+   chunks of TRL's size, the results put back in the rows' order;
+2. a chunk's rows become one prefix tree (step/prefix_tree.py): each shared prefix once, no padding,
+   positions counted along each row, a tree attention mask (a token sees its own row's earlier tokens);
+3. one forward of the model over the packed tree through TRL's own fused head (`model(...,
+   shift_labels=..., fused_lm_head=True)`: the same temperature, entropy, logit scale and softcapping as
+   the plain path), each scored position labelled with the token it predicts, then gathered back into
+   TRL's (rows, completion columns) layout. Gradients reach a shared token once, summed over its rows.
 
-Exact, not approximate: positions are the plain path's (the model counts them on from the cache's length,
-as it counts columns in the whole left-padded row), the attention mask is the whole row's, and a
-continuation token attends to exactly the keys it attends to in the plain path; only float summation
-order differs (tests/test_shared_prefix.py compares log-probs, entropies, loss and gradients). With
-dropout (`--lora-dropout`, 0 by default) a prompt's dropout mask is drawn once for its group rather
-than once per episode: each episode's loss is still an ordinary dropout sample, but the group's are
-correlated (the tests compare at dropout 0, where both paths are deterministic).
+Exact, not approximate: a token's hidden state depends on the tokens before it only, and those are the
+same for every row sharing its node; a rotary model sees the plain path's relative positions (the plain
+path counts columns, left padding included, so its absolute positions differ by the padding); only float
+summation order differs (tests/test_shared_prefix.py compares log-probs, entropies, loss and gradients,
+and a position off by one fails them). A model with absolute position embeddings gets the plain path's
+columns as positions, and shares only between equally padded rows. The first shared chunk of a run is
+also checked against the plain path (once, without gradients): a model that ignores a custom mask or
+position ids falls back to the plain path for the rest of the run, saying why. With dropout
+(`--lora-dropout`, 0 by default) a shared token's dropout mask is drawn once for all its rows: each
+row's loss is still an ordinary dropout sample, but they are correlated (`auto` leaves such passes to
+TRL's path).
 
-Where it runs: text-only rows, one process (an unwrapped model or a PEFT LoRA model: a DDP, FSDP or
-DeepSpeed wrapper would see two forwards per backward), no MoE auxiliary loss, no prompt-learning or
-aLoRA adapter, a cache of plain `DynamicLayer`s (no sliding-window, linear-attention or static layers),
-and in the loss pass no gradient checkpointing (transformers drops the cache of a checkpointed layer;
-the no-grad old/reference passes still share). Anything else takes TRL's path, with one log line per
-reason. A model that ignores the cache is caught after its first try (the cache did not grow) and
-falls back for the rest of the run.
+Where it runs: text-only rows, attention that takes an arbitrary 4D mask (SDPA, eager), no MoE auxiliary
+loss or router logits, no prompt-learning or aLoRA adapter, at most `MAX_NODES` tokens in a tree (its
+mask is quadratic). One forward per backward, so a distributed wrapper and gradient checkpointing see
+what they expect. Anything else takes TRL's path, with one log line per reason.
 
-Where it pays: `auto` shares a chunk only on a CPU and when the tokens it leaves out are at least
-`AUTO_MIN_SAVED` of the plain path's; `on` whenever two rows of a chunk share a prompt, on any device.
-Measured (benchmarks/SHARED_PREFIX.md): on a CPU the passes cost what their tokens cost, and sharing
-saves what it leaves out; on an H100 a model as small as SmolLM2 is bound by kernel launches, and
-sharing's second forward call doubles them. The saving needs a group's episodes in one micro-batch;
-step/micro_batches.py's `keep_prompts_together` puts them there (and says what that does to each loss type).
+Where it pays: `auto` shares a chunk only on a CPU and when the tree's estimated cost (step/prefix_tree.py
+`cost_ratio`: weights per token plus attention over every node, as a dense mask computes it) is at most
+`AUTO_MAX_COST` of the plain path's; `on` whenever the tree holds fewer tokens than the rows. Measured:
+benchmarks/SHARED_PREFIX.md (sharing the group's prompt) and benchmarks/PREFIX_TREE.md (the tree). The
+loss pass saves only within a micro-batch; step/micro_batches.py's `keep_prompts_together` puts a group's
+sequences there (and says what that does to each loss type).
 
-Left out: a packed single forward with a tree attention mask (portable only to attention kernels that
-take arbitrary 4D masks, and quadratic in all members' tokens at once), prompts that share only a
-leading part (a common system prompt across tasks), and multimodal rows.
+Left out: attention kernels without arbitrary masks (flash-attention, flex: a varlen packing of the
+tree's branches would serve them), sharing across passes or steps, and multimodal rows.
 """
 
 from __future__ import annotations
@@ -52,30 +52,42 @@ from typing import Any, Callable
 import torch
 
 from aitrain_grpo.config import SHARED_PREFIX_MODES
+from aitrain_grpo.training.step.prefix_tree import PackedTree, build_tree, cost_ratio
 
 logger = logging.getLogger(__name__)
 
 MODES = SHARED_PREFIX_MODES
-# `auto` shares a chunk when it leaves out at least this share of the plain path's tokens
-# (benchmarks/SHARED_PREFIX.md: below it the second forward call costs about what it saves).
-AUTO_MIN_SAVED = 0.15
-# ... and only on these devices. On an H100, SmolLM2's passes are bound by kernel launches, not by
-# tokens, and the second forward call made them 2x slower (benchmarks/SHARED_PREFIX.md).
+# `auto` shares a chunk when its tree costs at most this share of the plain path (estimated: benchmarks/
+# SHARED_PREFIX.md found that leaving out under 15 % of the tokens gained nothing)...
+AUTO_MAX_COST = 0.85
+# ... and only on these devices (not measured on a GPU with the tree: benchmarks/gpu_check.py checks it).
 AUTO_DEVICES = ("cpu",)
+# A larger tree takes the plain path: its mask alone is nodes^2 values (8192 tokens: 256 MiB in float32).
+MAX_NODES = 8192
+# Attention implementations that read a prepared 4D mask.
+MASKED_ATTENTION = ("sdpa", "eager")
+# How far the first shared chunk may be from the plain path (largest log-prob difference) before the model
+# is taken to ignore the tree's mask or positions: float32 reorders sums to ~1e-5, bfloat16 to ~5e-2
+# (benchmarks/SHARED_PREFIX.md); a mask ignored moves log-probs by whole units.
+CHECK_TOLERANCE = {torch.float32: 1e-3}
+CHECK_TOLERANCE_LOW_PRECISION = 0.25
 
 
 class SharedPrefix:
-    """One trainer's shared-prefix state: the mode, and what has already been said or found
-    unsupported (each reason is logged once)."""
+    """One trainer's shared-prefix state: the mode, whether the model was checked against the plain path,
+    and what has already been said or found unsupported (each reason is logged once)."""
 
     def __init__(self, mode: str = "auto"):
         if mode not in MODES:
             raise ValueError(f"shared-prefix mode {mode!r} is not one of {', '.join(MODES)}")
         self.mode = mode
-        self.broken: str | None = None  # a model found to ignore the cache: plain path from then on
+        self.broken: str | None = None  # a model found to ignore the tree: plain path from then on
+        self.checked = False  # the first shared chunk was compared with the plain path
         self._noted: set[str] = set()
         self.shared_chunks = 0  # counts for tests and benchmarks
         self.plain_chunks = 0
+        self.row_tokens = 0  # real tokens of the shared chunks' rows, and the tree tokens computed for them
+        self.tree_tokens = 0
 
     @property
     def active(self) -> bool:
@@ -97,17 +109,16 @@ def shared_logps(accelerator: Any, state: SharedPrefix, model: Any, input_ids: t
     """What TRL's `_get_per_token_logps_and_entropies` returns, shared where this call allows it;
     `plain(ids, mask, batch_size)` is TRL's own method; `state` the run's (run/context.py)."""
     if not declined(accelerator, state, model, input_ids.device, extras, compute_aux_loss):
-        shared = per_token_logps(accelerator, state, model, input_ids, attention_mask, logits_to_keep, batch_size,
-                                 compute_entropy, lambda ids, mask: plain(ids, mask, None))
-        if shared is not None:
-            return shared
+        return per_token_logps(accelerator, state, model, input_ids, attention_mask, logits_to_keep, batch_size,
+                               compute_entropy, lambda ids, mask: plain(ids, mask, None))
     return plain(input_ids, attention_mask, batch_size)
 
 
 def shares_micro_batches(accelerator: Any, state: SharedPrefix, model: Any, wrapped: Any) -> bool:
-    """Whether the loss pass of `model` (`wrapped`: as the accelerator wrapped it) shares, so a step's micro-batches should hold whole groups (step/loss.py
-    `split_micro_batches`). Where it does not, TRL's split stays as it is (the same run as with sharing
-    off). Why keeping groups together is safe for every loss type: step/micro_batches.py."""
+    """Whether the loss pass of `model` (`wrapped`: as the accelerator wrapped it) shares, so a step's
+    micro-batches should hold whole groups (step/loss.py `split_micro_batches`). Where it does not, TRL's
+    split stays as it is (the same run as with sharing off). Why keeping groups together is safe for
+    every loss type: step/micro_batches.py."""
     return not declined(accelerator, state, wrapped, next(model.parameters()).device)
 
 
@@ -115,8 +126,8 @@ def declined(accelerator: Any, state: SharedPrefix, model: Any, device: torch.de
              extras: dict[str, Any] | None = None, compute_aux_loss: bool = False) -> str | None:
     """Why this pass takes TRL's path (None: it shares), said once per reason. Besides what the
     model cannot do (`unsupported`), `auto` leaves to TRL's path the devices it was not measured to pay
-    on, and a pass with dropout on: there a prompt's dropout mask would be drawn once for its group
-    instead of once per episode, a valid sample but not the plain path's (`on` shares it, and says so)."""
+    on, and a pass with dropout on: there a shared token's dropout mask would be drawn once for its rows
+    instead of once per row, a valid sample but not the plain path's (`on` shares it, and says so)."""
     if not state.active:
         return "off"
     reason = unsupported(accelerator, model, extras or {}, compute_aux_loss)
@@ -125,8 +136,8 @@ def declined(accelerator: Any, state: SharedPrefix, model: Any, device: torch.de
             reason = ("dropout is on (--lora-dropout): auto leaves passes with dropout to TRL's path "
                       "(--lora-dropout 0 or --shared-prefix-loss on shares them)")
         else:
-            state.note_once("dropout is on: each prompt's dropout mask is drawn once for its group, not once per "
-                            "episode (--shared-prefix-loss on)")
+            state.note_once("dropout is on: a shared token's dropout mask is drawn once for all its rows, not "
+                            "once per row (--shared-prefix-loss on)")
     if not reason and state.mode == "auto" and device.type not in AUTO_DEVICES:
         reason = (f"auto shares on {', '.join(AUTO_DEVICES)} only, where it was measured to pay "
                   f"(--shared-prefix-loss on shares on {device.type})")
@@ -165,8 +176,6 @@ def unsupported(accelerator: Any, model: Any, extras: dict[str, Any], compute_au
     if compute_aux_loss:
         return "a MoE auxiliary loss is on"
     unwrapped = accelerator.unwrap_model(model)
-    if unwrapped is not model:
-        return "the model is wrapped for distributed training"
     peft_config = getattr(unwrapped, "active_peft_config", None)
     if peft_config is not None and (peft_config.is_prompt_learning
                                     or getattr(peft_config, "alora_invocation_tokens", None)):
@@ -174,41 +183,26 @@ def unsupported(accelerator: Any, model: Any, extras: dict[str, Any], compute_au
     causal = _trained(accelerator, model)
     if getattr(causal.config.get_text_config(), "output_router_logits", False):
         return "the model returns router logits"
-    if torch.is_grad_enabled() and causal.training and _checkpointing(causal):
-        return "gradient checkpointing drops the cache in the loss pass"
+    attention = getattr(causal.config, "_attn_implementation", None) or "eager"
+    if attention not in MASKED_ATTENTION:
+        return f"{attention} attention takes no tree mask (--attn-implementation sdpa does)"
     return None
 
 
-def _checkpointing(causal) -> bool:
-    """Whether the model recomputes activations: transformers 5.18+ names it `is_activation_checkpointing`
-    (its old name warns on every read), earlier ones `is_gradient_checkpointing`."""
-    for name in ("is_activation_checkpointing", "is_gradient_checkpointing"):
-        if hasattr(type(causal), name):
-            return bool(getattr(causal, name))
-    return False
-
-
-def saved_share(input_ids: torch.Tensor, prompt_len: int, distinct: int) -> float:
-    """The share of the plain path's tokens that sharing leaves out for one chunk."""
-    rows, width = input_ids.shape
-    shared_tokens = distinct * (prompt_len - 1) + rows * (width - prompt_len + 1)
-    return 1.0 - shared_tokens / (rows * width)
-
-
-def per_token_logps(accelerator: Any, state: SharedPrefix, model: Any, input_ids: torch.Tensor, attention_mask: torch.Tensor,
-                    logits_to_keep: int, batch_size: int | None, compute_entropy: bool,
-                    plain: Callable[[torch.Tensor, torch.Tensor], tuple]) -> tuple | None:
-    """TRL's `(logps, entropies, aux_loss)` for these rows, each chunk of `batch_size` rows shared where
-    it pays and `plain(ids, mask)` (TRL's own method on that chunk) where not. None: the model cannot
-    share at all, and the caller runs TRL's method on every row."""
-    prompt_len = input_ids.size(1) - logits_to_keep
-    if prompt_len < 2:
-        return None
+def per_token_logps(accelerator: Any, state: SharedPrefix, model: Any, input_ids: torch.Tensor,
+                    attention_mask: torch.Tensor, logits_to_keep: int, batch_size: int | None, compute_entropy: bool,
+                    plain: Callable[[torch.Tensor, torch.Tensor], tuple]) -> tuple:
+    """TRL's `(logps, entropies, aux_loss)` for these rows: in the order of their tokens, each chunk of
+    `batch_size` rows shared where it pays and `plain(ids, mask)` (TRL's own method on that chunk) where
+    not, the results in the rows' own order."""
     batch_size = batch_size or input_ids.size(0)
+    order = token_order(input_ids, attention_mask)
     logps, entropies = [], []
     for start in range(0, input_ids.size(0), batch_size):
-        ids, mask = input_ids[start:start + batch_size], attention_mask[start:start + batch_size]
-        result = _shared_chunk(accelerator, state, model, ids, mask, prompt_len, compute_entropy) if state.active else None
+        rows = order[start:start + batch_size]
+        ids, mask = input_ids[rows], attention_mask[rows]
+        result = _tree_chunk(accelerator, state, model, ids, mask, logits_to_keep, compute_entropy, plain) \
+            if state.active else None
         if result is None:
             state.plain_chunks += 1
             result = plain(ids, mask)[:2]
@@ -216,62 +210,94 @@ def per_token_logps(accelerator: Any, state: SharedPrefix, model: Any, input_ids
             state.shared_chunks += 1
         logps.append(result[0])
         entropies.append(result[1])
-    return torch.cat(logps), (torch.cat(entropies) if compute_entropy else None), None
+    back = torch.empty_like(order)
+    back[order] = torch.arange(order.numel(), device=order.device)
+    return torch.cat(logps)[back], (torch.cat(entropies)[back] if compute_entropy else None), None
 
 
-def _shared_chunk(accelerator: Any, state: SharedPrefix, model: Any, ids: torch.Tensor, mask: torch.Tensor,
-                  prompt_len: int, compute_entropy: bool) -> tuple[torch.Tensor, torch.Tensor | None] | None:
-    # Completion columns no row uses are left out, as TRL's scoring passes leave them out (trl/scoring_passes.py)
-    # and trim_padding does in the loss pass; their scores are zeros, as the plain path's are.
-    width = ids.size(1)
-    used = mask[:, prompt_len:].any(dim=0).nonzero()
-    end = prompt_len + (int(used[-1]) + 1 if used.numel() else 1)
-    ids, mask = ids[:, :end], mask[:, :end]
-    prompts = torch.cat([ids[:, :prompt_len], mask[:, :prompt_len].to(ids.dtype)], dim=1)
-    distinct, member_of = torch.unique(prompts, dim=0, return_inverse=True)
-    if distinct.size(0) == ids.size(0):
-        return None  # no two rows share a prompt
-    if state.mode == "auto" and saved_share(ids, prompt_len, distinct.size(0)) < AUTO_MIN_SAVED:
+def token_order(input_ids: torch.Tensor, attention_mask: torch.Tensor) -> torch.Tensor:
+    """The rows sorted by their real tokens (padding left out), so rows with a common prefix are adjacent;
+    rows with equal tokens keep their order."""
+    ids, mask = input_ids.tolist(), attention_mask.tolist()
+    keys = [[token for token, keep in zip(row, kept) if keep] for row, kept in zip(ids, mask)]
+    return torch.tensor(sorted(range(len(keys)), key=keys.__getitem__), dtype=torch.long, device=input_ids.device)
+
+
+def _tree_chunk(accelerator: Any, state: SharedPrefix, model: Any, ids: torch.Tensor, mask: torch.Tensor,
+                logits_to_keep: int, compute_entropy: bool,
+                plain: Callable[[torch.Tensor, torch.Tensor], tuple]) -> tuple[torch.Tensor, torch.Tensor | None] | None:
+    causal = _trained(accelerator, model)
+    tree = build_tree(ids, mask, logits_to_keep, by_column=not _rotary(causal))
+    if tree.nodes >= tree.row_tokens:
+        return None  # nothing shared
+    if tree.nodes > MAX_NODES:
+        state.note_once(f"a chunk's tree of {tree.nodes} tokens is over {MAX_NODES} (its mask is quadratic); "
+                        f"such chunks take TRL's plain path")
         return None
-    prefix_ids = distinct[:, :prompt_len - 1]
-    prefix_mask = distinct[:, prompt_len:2 * prompt_len - 1].to(mask.dtype)
+    if state.mode == "auto" and _cost(causal, tree, ids, mask, logits_to_keep) > AUTO_MAX_COST:
+        return None
+    logps, entropy = _tree_forward(accelerator, model, causal, tree, compute_entropy)
+    if not state.checked and not dropout_in_use(causal):  # with dropout the two paths draw different masks
+        state.checked = True
+        problem = _differs_from_plain(causal, logps, ids, mask, plain)
+        if problem:
+            state.broken = problem
+            state.note(problem)
+            return None
+    state.row_tokens += tree.row_tokens
+    state.tree_tokens += tree.nodes
+    return logps, entropy
+
+
+def _tree_forward(accelerator: Any, model: Any, causal: Any, tree: PackedTree,
+                  compute_entropy: bool) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """The tree through `model` (its own forward: PEFT and TRL's fused head pass the inputs on), scores
+    gathered into (rows, completion columns), zero where a column is not scored, as in the plain path."""
+    attention = getattr(causal.config, "_attn_implementation", None) or "eager"
+    if attention == "sdpa":
+        bias = tree.visible[None, None]
+    else:
+        bias = tree.attention_bias(next(causal.parameters()).dtype)
     with accelerator.autocast():
-        # Through the model's own forward (PEFT and TRL's patched forward pass it on), one position of
-        # logits: only the cache is used.
-        prefix = model(input_ids=prefix_ids, attention_mask=prefix_mask, use_cache=True, logits_to_keep=1)
-    cache = getattr(prefix, "past_key_values", None)
-    problem = _cache_problem(cache, prompt_len - 1)
-    if problem:
-        state.broken = problem
-        state.note(problem)
-        return None
-    cache.batch_select_indices(member_of)
-    continuation = ids[:, prompt_len - 1:]
-    labels = continuation.masked_fill(mask[:, prompt_len - 1:] == 0, -100)
-    labels[:, 0] = -100  # the last prompt token is input only, as in the plain path
-    with accelerator.autocast():
-        out = model(input_ids=continuation, attention_mask=mask, past_key_values=cache, labels=labels,
-                    fused_lm_head=True)
-    if cache.get_seq_length() != end:
-        state.broken = "the model did not extend the prompt's cache"
-        state.note(state.broken)
-        return None
+        out = model(input_ids=tree.ids[None], attention_mask=bias, position_ids=tree.positions[None],
+                    shift_labels=tree.labels[None], fused_lm_head=True)
+    scored = tree.index >= 0
+    where = tree.index.clamp(min=0)
 
-    def padded(scores):
-        return torch.nn.functional.pad(scores, (0, width - end))
+    def gathered(values):
+        return values[0][where].masked_fill(~scored, 0.0)
 
-    return padded(out.log_probs), (padded(out.entropy) if compute_entropy else None)
+    return gathered(out.log_probs), (gathered(out.entropy) if compute_entropy else None)
 
 
-def _cache_problem(cache: Any, length: int) -> str | None:
-    from transformers.cache_utils import DynamicCache, DynamicLayer
-
-    if not isinstance(cache, DynamicCache):
-        return f"the model returned no DynamicCache ({type(cache).__name__})"
-    layers = getattr(cache, "layers", None)
-    if not layers or any(type(layer) is not DynamicLayer for layer in layers):
-        kinds = sorted({type(layer).__name__ for layer in layers or []})
-        return f"the model's cache has {', '.join(kinds) or 'no'} layers, not only DynamicLayer"
-    if cache.get_seq_length() != length:
-        return "the model's cache does not hold the whole prompt"
+def _differs_from_plain(causal: Any, logps: torch.Tensor, ids: torch.Tensor, mask: torch.Tensor,
+                        plain: Callable[[torch.Tensor, torch.Tensor], tuple]) -> str | None:
+    with torch.no_grad():
+        reference = plain(ids, mask)[0]
+    dtype = next(causal.parameters()).dtype
+    tolerance = CHECK_TOLERANCE.get(dtype, CHECK_TOLERANCE_LOW_PRECISION)
+    gap = float((logps.detach() - reference).abs().max()) if reference.numel() else 0.0
+    if gap > tolerance:
+        return (f"the model's log-probs over a prefix tree differ from the plain path's by {gap:.3g} "
+                f"(it ignores a custom attention mask or position ids)")
     return None
+
+
+def _rotary(causal: Any) -> bool:
+    """Whether the model's positions are rotary (relative): transformers 5 configs name their rope settings."""
+    config = causal.config.get_text_config()
+    return any(getattr(config, name, None) is not None for name in ("rope_parameters", "rope_theta", "rope_scaling"))
+
+
+def _cost(causal: Any, tree: PackedTree, ids: torch.Tensor, mask: torch.Tensor, logits_to_keep: int) -> float:
+    config = causal.config.get_text_config()
+    used = mask[:, ids.size(1) - logits_to_keep:].any(dim=0).nonzero()
+    width = ids.size(1) - logits_to_keep + (int(used[-1]) + 1 if used.numel() else 0)
+    weights = causal.num_parameters(exclude_embeddings=True)
+    heads = getattr(config, "num_attention_heads", 1)
+    heads_width = heads * (getattr(config, "head_dim", None) or config.hidden_size // heads)
+    return cost_ratio(tree, plain_tokens=ids.size(0) * width, plain_width=width,
+                      weights_per_token=weights, attention_per_key=2 * config.num_hidden_layers * heads_width)
+
+
+__all__ = ["MODES", "SharedPrefix", "declined", "per_token_logps", "shared_logps", "shares_micro_batches"]
