@@ -45,7 +45,7 @@ from aitrain_grpo.training.run.context import RunContext
 from aitrain_grpo.training.step.shared_prefix import shares_micro_batches, shared_logps
 from aitrain_grpo.training.run.signals import uninterrupted
 from aitrain_grpo.training.step.flow import generation_batch, importance_from_loss_pass
-from aitrain_grpo.training.step.loss import importance_from_logps, loss_inputs, split_micro_batches
+from aitrain_grpo.training.step.loss import importance_from_logps, loss_inputs, split_micro_batches, without_group_ids
 from aitrain_grpo.training.trl.access import wrapped_model
 
 # Method -> the parameter names it was read with (trl 1.16.0; transformers 5.17 and 5.23 for Trainer's).
@@ -98,7 +98,7 @@ class TRLHooks:
 
     def _prepare_inputs(self, generation_batch_rows):
         if not self.model.training:  # an evaluation batch: scored whole, no buffering
-            return generation_batch(self, self.run, list(generation_batch_rows))
+            return without_group_ids(generation_batch(self, self.run, list(generation_batch_rows)))
         steps = self.args.steps_per_generation
         if self._micro_step % (steps * self.num_iterations) == 0 or self._micro_batches is None:
             batch = generation_batch(self, self.run, list(generation_batch_rows))
