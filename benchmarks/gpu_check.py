@@ -174,6 +174,16 @@ def loss_pass_weights(ctx: Context, name: str) -> Result:
     return Result(name, "ok" if code == 0 else "failed", time.perf_counter() - started, detail=tail)
 
 
+def prefix_tree(ctx: Context, name: str) -> Result:
+    """The shared-prefix tree on the device: SmolLM2's real episodes (stations and longdocs under
+    drop-tool-results, rewrite), each pass plain and as a tree, exact within bf16's rounding and timed
+    (benchmarks/prefix_tree.py: the table is in the log)."""
+    started = time.perf_counter()
+    code, tail = run_logged(ctx, name, [sys.executable, str(ROOT / "benchmarks" / "prefix_tree.py"), "--model",
+                                        ctx.real, "--reps", "3", "--check", "0.1"])
+    return Result(name, "ok" if code == 0 else "failed", time.perf_counter() - started, detail=tail)
+
+
 def free_port() -> int:
     with socket.socket() as sock:
         sock.bind(("127.0.0.1", 0))
@@ -210,6 +220,8 @@ PARTS = [
          grpo_part(lambda c: c.real, STATIONS, batch=16), real=True),
     Part("loss-pass-weights", "importance weights from the loss pass equal TRL's second forward (tiny model)", (),
          loss_pass_weights),
+    Part("prefix-tree", "shared-prefix tree against the plain passes on SmolLM2's real episodes: exact, timed", (),
+         prefix_tree, real=True),
     Part("vllm-colocate", "SmolLM2 with colocated vLLM, weights synced each step", ("vllm",), vllm_colocate, real=True),
     Part("vllm-server-nccl", "aitrain vllm-serve + training, NCCL weight sync", ("vllm",), server_part("nccl"), real=True),
     Part("vllm-server-lora", "aitrain vllm-serve + training, LoRA adapter sync", ("vllm",), server_part("lora"), real=True),
