@@ -321,6 +321,24 @@ def test_a_prompts_episodes_are_kept_in_one_micro_batch():
     assert len(runs) == len(set(prompts))  # each prompt's episodes are contiguous
 
 
+def test_layers_other_than_full_attention_take_the_plain_path(lora_trainer):
+    # The tree's mask lets a token see every earlier token of its row: a sliding window or a
+    # linear-attention layer would compute something else, so such models are declined, naming why.
+    from transformers import MistralConfig, MistralForCausalLM, Qwen2Config, Qwen2ForCausalLM
+
+    from aitrain_grpo.training.step.shared_prefix import unsupported
+
+    small = dict(hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=2,
+                 num_key_value_heads=1, vocab_size=100)
+    mistral = MistralForCausalLM(MistralConfig(sliding_window=16, **small))
+    hybrid = Qwen2ForCausalLM(Qwen2Config(layer_types=["full_attention", "sliding_attention"],
+                                          use_sliding_window=True, sliding_window=16, **small))
+    accelerator = lora_trainer.accelerator
+    assert "sliding-window" in unsupported(accelerator, mistral, {}, False)
+    assert "sliding_attention layers" in unsupported(accelerator, hybrid, {}, False)
+    assert unsupported(accelerator, lora_trainer.model, {}, False) is None
+
+
 def test_a_groups_sequences_are_kept_together_by_their_group_ids():
     # Split into 3 micro-batches of 2 in TRL's shuffled order, then regrouped: by group id (as the step's
     # batch carries them), an episode's two sequences and the copy of its first share micro-batches, so the

@@ -28,8 +28,9 @@ position ids falls back to the plain path for the rest of the run, saying why. W
 row's loss is still an ordinary dropout sample, but they are correlated (`auto` leaves such passes to
 TRL's path).
 
-Where it runs: text-only rows, attention that takes an arbitrary 4D mask (SDPA, eager), no MoE auxiliary
-loss or router logits, no prompt-learning or aLoRA adapter, at most `MAX_NODES` tokens in a tree (its
+Where it runs: text-only rows, full attention in every layer (no sliding-window, linear-attention or
+state-space layers), an attention implementation that takes an arbitrary 4D mask (SDPA, eager), no MoE
+auxiliary loss or router logits, no prompt-learning or aLoRA adapter, at most `MAX_NODES` tokens in a tree (its
 mask is quadratic). One forward per backward, so a distributed wrapper and gradient checkpointing see
 what they expect. Anything else takes TRL's path, with one log line per reason.
 
@@ -183,6 +184,12 @@ def unsupported(accelerator: Any, model: Any, extras: dict[str, Any], compute_au
     causal = _trained(accelerator, model)
     if getattr(causal.config.get_text_config(), "output_router_logits", False):
         return "the model returns router logits"
+    text = causal.config.get_text_config()
+    other_layers = sorted({kind for kind in getattr(text, "layer_types", None) or () if kind != "full_attention"})
+    if other_layers:
+        return f"{', '.join(other_layers)} layers (the tree's mask is full attention's)"
+    if getattr(text, "sliding_window", None) and getattr(text, "use_sliding_window", True):
+        return "sliding-window attention (the tree's mask would reach past the window)"
     attention = getattr(causal.config, "_attn_implementation", None) or "eager"
     if attention not in MASKED_ATTENTION:
         return f"{attention} attention takes no tree mask (--attn-implementation sdpa does)"
