@@ -137,6 +137,43 @@ def test_training_prints_the_shortcut_warning_once():
     assert "episodes.jsonl" in text and "score function" in text
 
 
+def test_the_warning_names_the_probe_its_replies_resemble_and_no_other():
+    # The quick start's shortcut: its best replies become the fill-the-turn probe's (benchmarks/SHORTCUTS.md).
+    pattern = {"env/stop/turn_tokens": (0.1, 1.0), "env/turns_mean": (2.9, 1.0)}
+    records = run(**pattern, **{"probe/fill-the-turn": (0.05, 0.98), "probe/echo": (0.05, 0.02)})
+    found = first_shortcut(records)
+    assert found is not None and found.probe is not None and found.probe[0] == "fill-the-turn"
+    assert f"its replies resemble the probe 'fill-the-turn' (similarity {found.probe[1]:.2f})" in found.message()
+    assert found.to_dict()["probe"]["name"] == "fill-the-turn"
+    # A run that learned the task: its finished "A a a a a a." turns stay under 0.5 (seeds 2 and 3 reach 0.45).
+    for quiet in ({"probe/fill-the-turn": (0.05, 0.45), "probe/echo": (0.05, 0.0)}, {}):
+        found = first_shortcut(run(**pattern, **quiet))
+        assert found is not None and found.probe is None and "resemble" not in found.message()
+        assert [w.key for w in first_warnings(run(**pattern, **quiet))] == ["shortcut"]
+        assert "resemble" not in first_warnings(run(**pattern, **quiet))[0].message
+    # Nor without a shortcut: resembling a probe alone is no warning.
+    assert first_shortcut(run(**{"probe/echo": (0.0, 1.0)})) is None
+
+
+def test_training_prints_the_warning_once_more_when_its_replies_come_to_resemble_a_probe():
+    # Seeds 1 and 2 of the quick start: cut turns rise first, the replies become the probe's a few steps later.
+    records = run(**{"env/stop/turn_tokens": (0.1, 1.0), "env/turns_mean": (2.9, 1.0)})
+    for r in records:
+        r["probe/fill-the-turn"] = 0.0 if r["step"] < 24 else 0.97
+    out = io.StringIO()
+    callback = HealthCallback(Console(file=out, width=600, highlight=False))
+    state = TrainerState()
+    for record in records:
+        state.global_step = record["step"]
+        callback.on_log(None, state, TrainerControl(), logs={k: v for k, v in record.items() if k != "step"})
+    lines = [line for line in out.getvalue().splitlines() if "possible shortcut" in line]
+    assert len(lines) == 2 and "resemble" not in lines[0]
+    assert "its replies resemble the probe 'fill-the-turn'" in lines[1]
+    found = first_shortcut(records)  # the report's replay: the first step, and the probe from where it was named
+    assert found.probe_step > found.step and f"from step {found.probe_step} its replies resemble" in found.message()
+    assert "its replies resemble the probe 'fill-the-turn'" in first_warnings(records)[0].message
+
+
 def test_eval_names_a_large_shift_against_the_baseline():
     base = {"episodes": 32, "truncated": 4, "mean_turns": 2.1, "tool_errors": 7}
     trained = {"episodes": 32, "truncated": 32, "mean_turns": 1.0, "tool_errors": 23}
@@ -187,10 +224,12 @@ def test_the_old_quick_start_warns_of_its_shortcut_and_the_report_shows_it(tmp_p
     lines = [line for line in result.stdout.splitlines() if "possible shortcut" in line]
     assert len(lines) == 1, result.stdout
     assert lines[0].startswith("warning: possible shortcut: the score rose") and "env/stop/turn_tokens" in lines[0]
+    assert "its replies resemble the probe 'fill-the-turn'" in lines[0]  # envs.letters' declared probe, step 18
     assert "episodes.jsonl" in lines[0] and "score function" in lines[0]
     page = (out / "report.html").read_text()
     data = json.loads(page.split('id="report-data" type="application/json">', 1)[1].split("</script>", 1)[0])
     assert data["shortcut"]["moves"][0]["metric"] == "env/stop/turn_tokens"
+    assert data["shortcut"]["probe"]["name"] == "fill-the-turn"
     first, last = data["shortcut_examples"]["first"], data["shortcut_examples"]["last"]
     assert (first["step"], last["step"]) == (1, 29) and last["turns"] == 1
     from helpers.browser import rendered_dom
@@ -198,6 +237,7 @@ def test_the_old_quick_start_warns_of_its_shortcut_and_the_report_shows_it(tmp_p
     dom = rendered_dom(out / "report.html", tmp_path)
     assert "Possible shortcut" in dom and "shortcut warning: share of episodes ended by a turn cut" in dom
     assert "Best-scoring transcript of the last logged step (step 29)" in dom
+    assert "shortcut warning: the replies resemble the probe 'fill-the-turn'" in dom  # its probe/ chart flagged
     # `aitrain eval` of the run, no baseline given: against the run's first steps.
     result = run_cli("eval", "--model", str(out), "--episodes", "8", cwd=REPO)
     assert result.returncode == 0, result.stderr[-3000:]

@@ -30,13 +30,17 @@ warnings (exit 0), as env check's other score warnings are; a probe's episode th
 environment raised on the probe's text, or a declared probe raised) is a broken contract like any
 policy's, since a model can write the same text.
 
+During training the probes are asked, not played (`replies_at_turns`): what each would have written at
+each model turn of a finished episode, for the shortcut warning to say which one the run's replies resemble
+(training/rollout/probe_watch.py, runlog/probe_resemblance.py).
+
 Left out: playing the probes (evaluation/envcheck.py plays them through the same engine as the model),
-a model's replies compared with the probes' during training, and probes that need a model (paraphrase,
-majority answer): an environment declares those itself.
+and probes that need a model (paraphrase, majority answer): an environment declares those itself.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import re
 from typing import Any, Callable, Mapping
@@ -214,3 +218,22 @@ def probe_warnings(probes: list[Any], oracle: Any | None, empty: Any | None) -> 
             f"pay only for what the task means"
         )
     return warnings
+
+
+def replies_at_turns(probes: Mapping[str, Policy], episode: Episode, turns: int) -> dict[str, list[str]]:
+    """What each probe would have written at each of the episode's first `turns` model turns, asked with the
+    episode as it stood before that turn: its messages up to there and `turns` at that turn's index (row,
+    log and a shallow copy of its state as they are now: a probe reads them, the episode is over). '' where
+    a probe raises or returns no text, which the comparison skips."""
+    starts = [i for i, message in enumerate(episode.messages) if message.get("role") == "assistant"][:turns]
+    replies: dict[str, list[str]] = {name: [] for name in probes}
+    for turn, start in enumerate(starts):
+        view = dataclasses.replace(episode, messages=episode.messages[:start], turns=turn, done=False,
+                                   state=dict(episode.state), metrics=dict(episode.metrics))
+        for name, probe in probes.items():
+            try:
+                text = probe(view)
+            except Exception:  # a probe written for env check's episodes; the run goes on without its reply
+                text = ""
+            replies[name].append(text if isinstance(text, str) else "")
+    return replies

@@ -48,6 +48,8 @@ class HealthWarning:
     step: int     # the step at which it was noticed
     message: str  # what is wrong, with the numbers
     advice: str   # what to do
+    # What a later look adds (the probe a shortcut's replies resemble): printed once more when it first appears.
+    detail: str = ""
 
     def line(self) -> str:
         return f"{self.message}. {self.advice}"
@@ -180,11 +182,12 @@ def rising_errors(records: Sequence[Record], window: int = RECENT_STEPS) -> Heal
 
 
 def shortcut(records: Sequence[Record]) -> HealthWarning | None:
-    """The score rises while a behaviour that usually means a gamed score moves with it (shortcuts.py)."""
+    """The score rises while a behaviour that usually means a gamed score moves with it (shortcuts.py); its
+    detail is the probe its replies resemble, if any."""
     found = find_shortcut(records)
     if found is None:
         return None
-    return HealthWarning("shortcut", found.step, found.message(), ADVICE)
+    return HealthWarning("shortcut", found.step, found.message(), ADVICE, found.probe[0] if found.probe else "")
 
 
 HELD_BACK = "eval/success"  # logged by a held-back evaluation (evaluation/held_back.py)
@@ -253,20 +256,29 @@ def check_health(records: Sequence[Record]) -> list[HealthWarning]:
     return [w for w in found if w is not None]
 
 
+def _news(shown: HealthWarning | None, warning: HealthWarning) -> bool:
+    """Whether `warning` is worth printing after `shown`, the one of its kind printed before: none was, or
+    it brings a detail the first did not have."""
+    return shown is None or (not shown.detail and bool(warning.detail))
+
+
 def first_warnings(records: Sequence[Record]) -> list[HealthWarning]:
-    """Replay a finished run: each kind of warning at the first step where it fired."""
+    """Replay a finished run: each kind of warning at the first step where it fired (where a detail came
+    later, the warning as it was then, as training printed it last)."""
     found: dict[str, HealthWarning] = {}
     evals: list[int] = []
     for end in range(1, len(records) + 1):
         if _number(records[end - 1], HELD_BACK) is not None:
             evals.append(end - 1)
         for warning in check_health(records[_window_start(end, evals):end]):
-            found.setdefault(warning.key, warning)
+            if _news(found.get(warning.key), warning):
+                found[warning.key] = warning
     return sorted(found.values(), key=lambda w: w.step)
 
 
 class HealthCallback(TrainerCallback):
-    """Checks the history at each logging step and prints each kind of warning once."""
+    """Checks the history at each logging step and prints each kind of warning once (once more when a later
+    look adds its detail: the probe a shortcut's replies came to resemble)."""
 
     def __init__(self, console: Console | None = None):
         self.console = console or Console(highlight=False, emoji=False)
@@ -279,7 +291,7 @@ class HealthCallback(TrainerCallback):
         self.history.append({"step": state.global_step, **logs})
         self.history = kept_history(self.history)
         for warning in check_health(self.history):
-            if warning.key in self.shown:
+            if not _news(self.shown.get(warning.key), warning):
                 continue
             self.shown[warning.key] = warning
             self.console.print(f"[yellow]warning:[/yellow] {escape(warning.line())}")

@@ -11,13 +11,19 @@
     + " .pair { display: grid; grid-template-columns: repeat(auto-fit, minmax(420px, 1fr)); gap: 14px; }";
   document.head.append(style);
   const CHART_IDS = {stops: "chart-stops", turns: "chart-turns", errors: "chart-errors"};
-  for (const move of found.moves) {
-    const box = document.getElementById(CHART_IDS[move.chart] || "chart-" + move.chart.replace(/[^A-Za-z0-9_-]/g, "_"));
-    if (!box) continue;
+  const flag = (chart, text) => {
+    const box = document.getElementById(CHART_IDS[chart] || "chart-" + chart.replace(/[^A-Za-z0-9_-]/g, "_"));
+    if (!box) return;
     box.classList.add("flagged");
-    box.append(el("div", {class: "flag", text: `shortcut warning: ${move.label} ${fmt(move.start)} → ${fmt(move.now)}`
-      + ` over steps ${found.first_step}–${found.step}`}));
+    box.append(el("div", {class: "flag", text}));
+  };
+  for (const move of found.moves) {
+    flag(move.chart, `shortcut warning: ${move.label} ${fmt(move.start)} → ${fmt(move.now)}`
+      + ` over steps ${found.first_step}–${found.step}`);
   }
+  // The probe its replies resemble (runlog/probe_resemblance.py): its probe/<name> chart.
+  if (found.probe) flag("probe/" + found.probe.name,
+    `shortcut warning: the replies resemble the probe '${found.probe.name}' (${fmt(found.probe.similarity)}) from step ${found.probe.step}`);
   const section = document.getElementById("shortcut");
   section.append(el("h2", {text: "Possible shortcut"}), el("p", {class: "sub", text: `${found.message}. ${found.advice}.`}));
   const examples = DATA.shortcut_examples || {}, pair = el("div", {class: "pair"});

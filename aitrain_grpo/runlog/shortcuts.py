@@ -15,6 +15,11 @@ window of steps, the score rises AND one of these moves the shortcut's way:
 - one identical reply takes over the groups (`env/group_same_reply`, group_replies.py: the share of a
   group's other episodes that wrote, token for token, what its most common reply wrote).
 
+When it fires and the run logged `probe/<name>` (how alike its best replies and env check's shortcut probes'
+are, probe_resemblance.py), the message also names the probe they resemble, the mean of the window's last
+`EDGE` steps from probe_resemblance.RESEMBLES up; the replies often become the probe's a few steps after
+the warning first fires, so training prints it once more then (health.py) and a replay names it too.
+
 Each watched behaviour compares the mean of the first `EDGE` steps of the window with the mean of its
 last `EDGE` steps (means of several steps, so one noisy batch does not fire it; of half the window when
 it is shorter, so a real model's first 6-9 steps are looked at too). The thresholds were
@@ -31,9 +36,11 @@ person reads the best transcripts and the score function.
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any, Callable, Sequence
+
+from aitrain_grpo.runlog.probe_resemblance import resembled_probe
 
 Record = dict[str, Any]
 
@@ -138,15 +145,22 @@ class Shortcut:
     reward_start: float
     reward_now: float
     moves: tuple[Move, ...]
+    probe: tuple[str, float] | None = None  # (name, similarity) of the probe its replies resemble ...
+    probe_step: int | None = None           # ... from this step, when later than `step` (a replay: first_shortcut)
 
     def message(self) -> str:
+        since = f" from step {self.probe_step}" if self.probe_step not in (None, self.step) else ""
+        resembles = (f";{since} its replies resemble the probe '{self.probe[0]}' (similarity {self.probe[1]:.2f})"
+                     if self.probe else "")
         return (f"possible shortcut: the score rose {self.reward_start:.2f} -> {self.reward_now:.2f} over steps "
-                f"{self.first_step}-{self.step} while " + "; ".join(m.words() for m in self.moves))
+                f"{self.first_step}-{self.step} while " + "; ".join(m.words() for m in self.moves) + resembles)
 
     def to_dict(self) -> dict[str, Any]:
         return {"first_step": self.first_step, "step": self.step, "reward_start": self.reward_start,
                 "reward_now": self.reward_now, "message": self.message(), "advice": ADVICE,
-                "moves": [vars(m) for m in self.moves]}
+                "moves": [vars(m) for m in self.moves],
+                "probe": {"name": self.probe[0], "similarity": self.probe[1], "step": self.probe_step or self.step}
+                if self.probe else None}
 
 
 def _edges(records: Sequence[Record], read: Callable[[Record], float | None]) -> tuple[float, float] | None:
@@ -181,16 +195,24 @@ def find_shortcut(records: Sequence[Record]) -> Shortcut | None:
     if not moves:
         return None
     step = lambda r, default: int(r.get("step", default))  # noqa: E731
-    return Shortcut(step(window[0], 1), step(window[-1], len(records)), reward[0], reward[1], tuple(moves))
+    probe = resembled_probe(window, min(EDGE, len(window) // 2))  # over the same last steps as the moves
+    return Shortcut(step(window[0], 1), step(window[-1], len(records)), reward[0], reward[1], tuple(moves), probe)
 
 
 def first_shortcut(records: Sequence[Record]) -> Shortcut | None:
-    """Replay a finished run: the shortcut as first seen (the step a training run printed it)."""
+    """Replay a finished run: the shortcut as first seen (the step a training run printed it), with the probe
+    its replies resemble at the first step the pattern still held and one was named (training prints the
+    line again then: health.HealthCallback); a shortcut's replies often turn into the probe's a few steps
+    after the score and the behaviour first moved together (benchmarks/SHORTCUTS.md)."""
+    first = None
     for end in range(MIN_STEPS, len(records) + 1):
         found = find_shortcut(records[max(0, end - WINDOW):end])
-        if found is not None:
-            return found
-    return None
+        if found is None:
+            continue
+        first = first or found
+        if found.probe is not None:
+            return first if found is first else replace(first, probe=found.probe, probe_step=found.step)
+    return first
 
 
 # ------------------------------------------------------------------------------------ evaluation

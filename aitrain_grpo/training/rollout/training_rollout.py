@@ -13,7 +13,8 @@ sequence records (step/records.py). It keeps only what playing needs:
 
 What it plays with is built with the trainer and attached (`attach`): the engine, the weight sync and
 the async rollout (rollout/parts.py). What it measures goes into the run's metrics sink, which the
-trainer owns and its `log` drains (runlog/step_metrics.py): `env/*` from the episodes, `agent/*`,
+trainer owns and its `log` drains (runlog/step_metrics.py): `env/*` from the episodes, `probe/*` (how
+alike its best replies and the shortcut probes' are, rollout/probe_watch.py), `agent/*`,
 --rl-zero-std-groups' and --rl-async-steps' counters, a server pool's `vllm/<host:port>/*` and totals
 (requests, tokens, sync seconds, live servers, replayed episodes), and `time/generate_s` and
 `time/env_s` (wall time while a generate / environment call was under way: in lockstep, hf's schedule,
@@ -43,6 +44,7 @@ from aitrain_grpo.runlog.step_metrics import StepMetrics
 from aitrain_grpo.runlog.step_timing import StepTiming
 from aitrain_grpo.training.rollout.groups import GroupedRollout, play_groups
 from aitrain_grpo.training.rollout.parts import RolloutParts
+from aitrain_grpo.training.rollout.probe_watch import ProbeWatch
 from aitrain_grpo.training.step.records import sequences_of
 from aitrain_grpo.training.step.phases import PhaseClock
 
@@ -78,6 +80,7 @@ class TrainingRollout:
         self.last_weight_versions: list[int] | None = None  # per episode of last_batch (async runs only)
         self._episode_hook: Callable[[RolloutBatch, int], None] | None = None
         self._closers: list[Callable[[], None]] = []
+        self.probe_watch = ProbeWatch(env, config.rl_tool_parser, config.rl_max_new_tokens)
 
     def attach(self, parts: RolloutParts) -> None:
         """Play with `parts` (built with the trainer: rollout/parts.py)."""
@@ -125,6 +128,8 @@ class TrainingRollout:
             summaries = gather_object(summaries)
         self.metrics.update(episode_stats(summaries).env_metrics())
         self.metrics.update(group_reply_metrics(model_replies(batch.traces), trainer.num_generations, batch.scores))
+        self.metrics.update(self.probe_watch.metrics(batch.episodes, batch.scores, trainer.num_generations, rows,
+                                                     trainer.processing_class))
         self.metrics.update({f"agent/{name}": value for name, value in batch.agent_counts.items()})
         self.metrics.update(self._server_metrics(batch))
         for observe in self.observers:
