@@ -11,6 +11,7 @@ import contextlib
 import dataclasses
 import io
 import json
+import re
 from types import SimpleNamespace
 
 import pytest
@@ -118,22 +119,69 @@ def test_eval_in_training_equals_aitrain_eval_on_the_same_weights_tasks_and_seed
     assert logged[4]["eval/mean_score"] != logged[0]["eval/mean_score"]  # the weights did move
 
 
-def test_a_run_whose_generator_lags_the_weights_evaluates_with_its_model(tiny_model_dir, tmp_path, capsys):
-    """A vLLM run's generator holds the step's starting weights until the next rollout syncs it: the
+def test_a_run_whose_engine_cannot_play_the_current_weights_evaluates_with_its_model(tiny_model_dir, tmp_path, capsys):
+    """A run whose engine cannot play the current weights between steps (--rl-async-steps: the server's
+    weights belong to the steps played ahead; rollout/parts.py `evaluation_backend` says None): the
     evaluation plays Hugging Face generate on the trainer's model, as `aitrain eval` would on those weights."""
     from aitrain_grpo.evaluation.held_back import HeldBackEvaluation
     from aitrain_grpo.models.loading import load_model_and_tokenizer
     from aitrain_grpo.runlog.step_metrics import StepMetrics
 
     config = RunConfig(model=tiny_model_dir, **RUN, eval_every=1, eval_episodes=4, eval_env_config=HELD_BACK).validate()
-    vllm_run = SimpleNamespace(parts=SimpleNamespace(weight_sync=object(), engine=None), metrics=StepMetrics())
-    callback = HeldBackEvaluation(config, vllm_run, tmp_path)
+    async_run = SimpleNamespace(parts=SimpleNamespace(weight_sync=object(), evaluation_backend=lambda: None),
+                                metrics=StepMetrics())
+    callback = HeldBackEvaluation(config, async_run, tmp_path)
     model, tokenizer = load_model_and_tokenizer(tiny_model_dir)  # as the trainer loads them
     logged = callback.evaluate(0, SimpleNamespace(is_world_process_zero=True), model, tokenizer)
     played = played_by_aitrain_eval(tiny_model_dir, RUN["seed"], **{name: RUN[name] for name in (
         "rl_env_module", "rl_env_class", "rl_max_new_tokens")})  # a base model has no run_config.json to give them
     assert {key: played[SUMMARY_OF[key]] for key in EVAL_KEYS} == {key: logged[key] for key in EVAL_KEYS}
     assert "held-back eval at step 0" in capsys.readouterr().out
+
+
+def test_an_evaluation_syncs_the_engine_and_leaves_the_next_rollout_nothing_to_sync():
+    """A vLLM run's evaluation syncs the engine through the run's own weight sync (rollout/parts.py
+    `evaluation_backend`, colocated vLLM's reload here, the engine faked): the current weights, and the
+    rollout that follows on the same weights does not sync them again. With --rl-async-steps it syncs nothing."""
+    import torch
+
+    from aitrain_grpo.runlog.step_metrics import StepMetrics
+    from aitrain_grpo.training.rollout.parts import RolloutParts
+    from aitrain_grpo.training.rollout.weight_sync import ColocateWeightSync
+
+    reloads = []
+    llm = SimpleNamespace(reset_prefix_cache=lambda: None,
+                          collective_rpc=lambda name, kwargs: reloads.append(dict(kwargs["weights_iterator"])))
+    model = torch.nn.Linear(2, 2)
+    trainer = SimpleNamespace(state=SimpleNamespace(global_step=0), model=model,
+                              accelerator=SimpleNamespace(unwrap_model=lambda m: m))
+    engine = SimpleNamespace(backend=SimpleNamespace(), on_episode_done=None)
+    parts = RolloutParts(engine, sink=StepMetrics(), weight_sync=ColocateWeightSync(llm), trainer=trainer)
+    assert parts.evaluation_backend() is engine.backend and len(reloads) == 1  # before step 1
+    parts.sync_weights(trainer)  # step 1's rollout, on the same weights
+    assert len(reloads) == 1
+    with torch.no_grad():
+        model.weight += 1.0  # step 1's optimizer step
+    trainer.state.global_step = 1
+    assert parts.evaluation_backend() is engine.backend and len(reloads) == 2
+    assert reloads[-1]["weight"].equal(model.weight)
+    parts.sync_weights(trainer)  # step 2's rollout
+    assert len(reloads) == 2
+    played_ahead = RolloutParts(engine, sink=StepMetrics(), weight_sync=ColocateWeightSync(llm), trainer=trainer,
+                                async_rollout=SimpleNamespace())
+    assert played_ahead.evaluation_backend() is None and len(reloads) == 2
+
+
+def test_the_evaluation_is_a_phase_of_its_step(evaluated_run):
+    """`time/eval_s` at a step is the step's `eval` phase: inside `time/step_s`, 0 at steps without one."""
+    out, printed = evaluated_run
+    phases = ("rollout", "score", "ref_logprobs", "loss_forward_backward", "optimizer_step", "eval")
+    steps = {r["step"]: r for r in records(out) if r["step"] > 0}
+    for step, record in steps.items():
+        assert sum(record[f"time/{p}_s"] for p in phases) == pytest.approx(record["time/step_s"], rel=1e-6)
+        assert (record["time/eval_s"] > 0) == (step % 2 == 0), record
+    assert "(4 tasks x 1, Hugging Face generate," in printed
+    assert re.search(r"train [\d.]+s \(ref [\d.]+s, loss [\d.]+s, optim [\d.]+s\)  eval [\d.]+s", printed)
 
 
 def test_best_holds_the_weights_of_the_best_logged_value_and_outlives_a_resume(tiny_model_dir, tmp_path, monkeypatch):

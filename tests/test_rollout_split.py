@@ -82,7 +82,7 @@ def test_step_timing_writes_each_step_s_phases_and_peaks_into_the_sink_which_ave
     logged = sink.drain()
     assert {k: v for k, v in logged.items() if k.startswith("time/")} == {
         "time/rollout_s": 15, "time/score_s": 1, "time/ref_logprobs_s": 0, "time/loss_forward_backward_s": 4,
-        "time/optimizer_step_s": 0.5, "time/step_s": 20.5}
+        "time/optimizer_step_s": 0.5, "time/eval_s": 0, "time/step_s": 20.5}
     # Each phase's own peak (the mark after the rollout resets the high-water mark, so the loss's 5 is not
     # the rollout's), each step's afresh (step 2's rollout peaked at 1, not step 1's 3), averaged at the log.
     assert {k: v for k, v in logged.items() if k.startswith("memory/")} == {

@@ -124,7 +124,8 @@ def test_the_clock_charges_each_second_to_the_innermost_phase():
     t.now += 0.5
     metrics = clock.stop()
     assert metrics == {"time/rollout_s": 10, "time/score_s": 3, "time/ref_logprobs_s": 0,
-                       "time/loss_forward_backward_s": 7, "time/optimizer_step_s": 0.5, "time/step_s": 20.5}
+                       "time/loss_forward_backward_s": 7, "time/optimizer_step_s": 0.5, "time/eval_s": 0,
+                       "time/step_s": 20.5}
 
 
 def test_a_step_without_a_kl_term_spends_nothing_on_reference_forwards(tiny_model_dir, tmp_path):
@@ -137,3 +138,40 @@ def test_a_step_without_a_kl_term_spends_nothing_on_reference_forwards(tiny_mode
         train(config, LetterEnv(turns=1, num_tasks=4))
     record = json.loads((out / "metrics.jsonl").read_text().splitlines()[0])
     assert record["time/ref_logprobs_s"] == 0.0 and record["time/score_s"] > 0
+
+
+def test_work_that_closes_a_step_is_a_phase_of_the_step():
+    """How the held-back evaluation enters the step's clock (runlog/step_timing.py `close_steps_with`): at a step
+    it evaluates, its time is `time/eval_s` inside `time/step_s`, with its own peak memory; at any other step
+    `time/eval_s` is 0. A clock made to advance by hand, no model."""
+    from types import SimpleNamespace
+
+    from aitrain_grpo.runlog.step_metrics import StepMetrics
+    from aitrain_grpo.runlog.step_timing import StepTiming
+    from aitrain_grpo.training.step.phases import PhaseClock
+
+    now = [0.0]
+    sink = StepMetrics()
+    timing = StepTiming(sink, PhaseClock(clock=lambda: now[0]))
+
+    def evaluate(args, state, control, model=None, **kwargs) -> None:
+        if state.global_step % 2 == 0:
+            with timing.phase("eval"):
+                now[0] += 5.0
+            timing.mark("eval")
+            control.should_log = True
+
+    timing.close_steps_with(evaluate)
+    logged = {}
+    for step in (1, 2):
+        state, control = SimpleNamespace(global_step=step), SimpleNamespace(should_log=False)
+        timing.on_step_begin(None, state, control)
+        now[0] += 1.0  # the batch and the loss
+        timing.on_pre_optimizer_step(None, state, control)
+        now[0] += 0.5  # the optimizer step
+        assert timing.on_step_end(None, state, control, model=None) is control
+        assert control.should_log == (step == 2)
+        logged[step] = sink.drain()
+    assert (logged[1]["time/eval_s"], logged[1]["time/step_s"]) == (0.0, 1.5)
+    assert (logged[2]["time/eval_s"], logged[2]["time/optimizer_step_s"], logged[2]["time/step_s"]) == (5.0, 0.5, 6.5)
+    assert "memory/eval_peak_rss_gb" in logged[2] and "memory/eval_peak_rss_gb" not in logged[1]

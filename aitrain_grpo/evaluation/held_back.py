@@ -2,21 +2,32 @@
 held-back tasks (held_back_play.py: `aitrain eval`'s own `evaluate`) before step 1 and at the end of every
 N-th optimizer step, and logs what it measured into the run's metrics.
 
-- When: `on_train_begin` of a fresh run (step 0: the weights before training), then `on_step_end` of each
-  step that is a multiple of N. A resumed run does not evaluate before its first step: its checkpoint's
-  step was evaluated, if it was a multiple of N, by the run it resumes.
-- With what: the run's engine's backend where it plays the trainer's current weights (hf: TRL's model,
-  opened as a training rollout opens it). A vLLM generator holds the weights of the step's start until the
-  next rollout syncs it, which needs the trainer, which a callback is not given: there the evaluation
-  plays Hugging Face generate on the callback's `model` (the current weights; slower than vLLM).
+- When: `on_train_begin` of a fresh run (step 0: the weights before training), then at the end of each
+  step that is a multiple of N, after its optimizer step. A resumed run does not evaluate before its first
+  step: its checkpoint's step was evaluated, if it was a multiple of N, by the run it resumes.
+- With what: the run's engine (rollout/parts.py `evaluation_backend`). Hugging Face generate plays the
+  trainer's model itself. A vLLM engine (colocated, or a server pool synced through a folder) holds the
+  weights of the step's start until a sync: the evaluation syncs it first through the run's own weight
+  sync, which then leaves the next rollout nothing to sync (it syncs only weights it has not synced). So
+  a vLLM run's evaluation plays what `aitrain eval --use-vllm` plays on the saved weights. Where the engine
+  cannot play the current weights between steps (--rl-async-steps, whose server weights belong to the
+  steps played ahead; a colocated engine over a tensor-parallel group), it plays Hugging Face generate on
+  the callback's `model` (the current weights; slower). The printed line names the engine that played.
+  A server pool counts the evaluation's requests and tokens in the next step's `vllm/*` numbers; only the
+  colocated engine is tested against `aitrain eval --use-vllm` (tests/test_held_back_vllm.py), a server
+  plays through the same sync and backend the rollout uses.
+- Its cost: a step's evaluation is that step's `eval` phase (training/step/phases.py): the step timing
+  callback (runlog/step_timing.py) runs it inside the step's clock (`close_steps_with`), so `time/eval_s`,
+  the sync included, is one of the phases `time/step_s` adds up (0 at steps without one), in every
+  engine. The evaluation before step 1 is outside any step: its own wall time is its record's `time/eval_s`.
 - What: `eval/mean_score`, `eval/success`, `eval/pass@k` (k = --eval-num-generations), `eval/turns`,
-  `eval/tool_errors`, `eval/truncated` (counts, as `aitrain eval`'s table shows them), `time/eval_s` (the
-  evaluation's wall time, outside the step's phases) and, every step, `time/elapsed_s` (wall seconds since
-  the run began, a resumed run going on from its checkpoint's; report.html draws held-back success against
-  it). A step's numbers go into the run's metrics sink and that step is logged (`control.should_log`), so
-  they reach its metrics.jsonl record, trackers, the health checks and the report; step 0's, before any
-  step is logged, is a metrics.jsonl record of its own (`{"step": 0, "eval/...": ...}`), which trackers and
-  the live health checks do not see. One line is printed per evaluation.
+  `eval/tool_errors`, `eval/truncated` (counts, as `aitrain eval`'s table shows them) and, every step,
+  `time/elapsed_s` (wall seconds since the run began, a resumed run going on from its checkpoint's;
+  report.html draws held-back success against it). A step's numbers go into the run's metrics sink and
+  that step is logged (`control.should_log`), so they reach its metrics.jsonl record, trackers, the health
+  checks and the report; step 0's, before any step is logged, is a metrics.jsonl record of its own
+  (`{"step": 0, "eval/...": ...}`), which trackers and the live health checks do not see. One line is
+  printed per evaluation.
 - `--save-best METRIC`: after each evaluation, best_checkpoint.py keeps the weights if they are the best.
 
 Several processes: each evaluates its share of the tasks and all get the whole numbers (held_back_play.py);
@@ -31,7 +42,7 @@ from __future__ import annotations
 import math
 import time
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from transformers import TrainerCallback
 
@@ -42,12 +53,22 @@ from aitrain_grpo.evaluation.held_back_play import HeldBackTasks
 from aitrain_grpo.option_rules import eval_metrics
 from aitrain_grpo.runlog.records import append_jsonl, read_jsonl
 
+if TYPE_CHECKING:
+    from aitrain_grpo.runlog.step_timing import StepTiming
+    from aitrain_grpo.training.run.context import RunContext
+
 ELAPSED = "time/elapsed_s"
+HF_GENERATE = "Hugging Face generate"
 
 
-def held_back_callbacks(config: RunConfig, rollout, output_dir: str | Path) -> list[TrainerCallback]:
-    """The run's held-back evaluation (none without --eval-every)."""
-    return [HeldBackEvaluation(config, rollout, output_dir)] if config.eval_every else []
+def held_back_callbacks(run: "RunContext") -> list[TrainerCallback]:
+    """The run's held-back evaluation (none without --eval-every): a callback for the evaluation before
+    step 1, and the end of every step registered with the run's step timing, whose `eval` phase it is."""
+    if not run.config.eval_every:
+        return []
+    evaluation = HeldBackEvaluation(run.config, run.rollout, run.plan.output_dir, timing=run.timing)
+    run.timing.close_steps_with(evaluation.at_step_end)
+    return [evaluation]
 
 
 def elapsed_before(metrics_path: Path, step: int) -> float:
@@ -59,20 +80,24 @@ def elapsed_before(metrics_path: Path, step: int) -> float:
     return float(values[-1]) if values else 0.0
 
 
-def eval_line(step: int, metrics: dict[str, float], samples: int, tasks: int, seconds: float) -> str:
+def eval_line(step: int, metrics: dict[str, float], samples: int, tasks: int, seconds: float,
+              engine: str = HF_GENERATE) -> str:
     names = list(eval_metrics(samples))
     score, success, pass_k, turns, tool_errors, truncated = (metrics[name] for name in names)
     return (f"held-back eval at step {step}: success {success:.1%}, mean score {score:.3f}, pass@{samples} "
             f"{pass_k:.1%}, turns {turns:.2f}, tool errors {int(tool_errors)}, truncated {int(truncated)} "
-            f"({tasks} tasks x {samples}, {seconds:.1f} s)")
+            f"({tasks} tasks x {samples}, {engine}, {seconds:.1f} s)")
 
 
 class HeldBackEvaluation(TrainerCallback):
     """See the module docstring. `rollout` is the run's `TrainingRollout` (training/rollout/training_rollout.py): its
-    engine plays, and its metrics sink (`rollout.metrics`) takes the numbers."""
+    parts' engine plays (`parts.evaluation_backend()`), and its metrics sink (`rollout.metrics`) takes the
+    numbers. `at_step_end` is what the step timing runs at each step's end (`held_back_callbacks`), and
+    `timing` that step timing (runlog/step_timing.py; None: a caller that only calls `evaluate`)."""
 
-    def __init__(self, config: RunConfig, rollout, output_dir: str | Path):
+    def __init__(self, config: RunConfig, rollout, output_dir: str | Path, *, timing: "StepTiming | None" = None):
         self.every = config.eval_every
+        self.timing = timing
         self.rollout = rollout
         self.sink = rollout.metrics
         self.output_dir = Path(output_dir)
@@ -95,13 +120,17 @@ class HeldBackEvaluation(TrainerCallback):
         if state.is_world_process_zero:
             append_jsonl(self.output_dir / "metrics.jsonl", [{"step": 0, **metrics, ELAPSED: self.elapsed()}])
 
-    def on_step_end(self, args, state, control, model=None, processing_class=None, **kwargs):
+    def at_step_end(self, args, state, control, model=None, processing_class=None, **kwargs) -> None:
+        """At the end of a step, inside its clock: at a multiple of N, evaluate as the step's `eval` phase."""
         step = state.global_step
         if step % self.every == 0:
-            self.sink.update(self.evaluate(step, state, model, processing_class))
+            with self.timing.phase("eval"):
+                metrics = self.evaluate(step, state, model, processing_class)
+            self.timing.mark("eval")  # the evaluation's own peak memory
+            metrics.pop("time/eval_s", None)  # the step clock's `eval` phase says it, the sync included
+            self.sink.update(metrics)
             control.should_log = True  # this step's record holds them
         self.sink.update({ELAPSED: self.elapsed()})
-        return control
 
     # ------------------------------------------------------------------------------ evaluation
 
@@ -114,8 +143,8 @@ class HeldBackEvaluation(TrainerCallback):
 
         started = time.perf_counter()
         process = PartialState()
-        result = self.tasks.play(self.backend(model, tokenizer), tokenizer, model,
-                                 rank=process.process_index, world=process.num_processes)
+        backend, engine = self.backend(model, tokenizer)
+        result = self.tasks.play(backend, tokenizer, model, rank=process.process_index, world=process.num_processes)
         metrics = self.tasks.metrics(result)
         metrics["time/eval_s"] = seconds = time.perf_counter() - started
         main = state.is_world_process_zero
@@ -123,15 +152,16 @@ class HeldBackEvaluation(TrainerCallback):
             if self.tasks.note:
                 print(self.tasks.note, flush=True)
                 self.tasks.note = None
-            print(eval_line(step, metrics, self.tasks.samples, len(self.tasks.rows or []), seconds), flush=True)
+            print(eval_line(step, metrics, self.tasks.samples, len(self.tasks.rows or []), seconds, engine), flush=True)
         if self.best is not None and self.best.offer(step, metrics, model, tokenizer, write=main) and main:
             print(f"{self.best.describe()}: kept in {self.best.folder}", flush=True)
         return {k: v for k, v in metrics.items() if math.isfinite(v)}
 
-    def backend(self, model, tokenizer) -> Any:
-        """The run's engine's backend where it plays the current weights (no weight sync: hf), else
-        Hugging Face generate on `model` (module docstring)."""
+    def backend(self, model, tokenizer) -> tuple[Any, str]:
+        """(backend, the engine's name for the printed line): the run's engine playing the current weights,
+        synced first where it has a weight sync, else Hugging Face generate on `model` (module docstring)."""
         parts = self.rollout.parts
-        if parts is not None and parts.weight_sync is None:
-            return parts.engine.backend
-        return build_backend("hf", model=model, tokenizer=tokenizer)
+        backend = parts.evaluation_backend() if parts is not None else None
+        if backend is not None:
+            return backend, HF_GENERATE if parts.weight_sync is None else "vLLM"
+        return build_backend("hf", model=model, tokenizer=tokenizer), HF_GENERATE

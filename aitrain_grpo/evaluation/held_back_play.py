@@ -8,7 +8,8 @@ takes a run's settings from its run_config.json) with `--eval-temperature` in pl
 hands them to `evaluation/evaluate.py`'s `evaluate`, the function `aitrain eval` calls, with the run's seed
 and `evaluate`'s own batch size (`aitrain eval`'s default too): so an evaluation during training plays the
 episodes `aitrain eval --model CHECKPOINT --episodes K --rl-num-generations k --seed SEED` plays, and
-scores the same (tests/test_eval_during_training.py checks it).
+scores the same (tests/test_eval_during_training.py checks it; a colocated-vLLM run's evaluation, on its own
+engine, what `aitrain eval --use-vllm` plays: tests/test_held_back_vllm.py).
 
 Around it, the random state of Python, numpy and torch is kept and put back (`kept_random_state`):
 `evaluate` seeds every generator, which would otherwise give each step after an evaluation the same noise.

@@ -54,14 +54,19 @@ def metrics_line(step: int, max_steps: int, logs: dict[str, Any], elapsed: float
 def _time_parts(logs: dict[str, Any]) -> list[str]:
     """Where a step's time went (the `time/*` metrics of training/step/phases.py), where they were
     logged: the rollout and its generation and environment time, then the rest of the step (`train`)
-    and its reference forward, loss forward and backward, and optimizer step."""
+    and its reference forward, loss forward and backward, and optimizer step; and the held-back
+    evaluation (`time/eval_s`, a phase of the step) where the step had one."""
     keys = ("rollout", "generate", "env", "step", "ref_logprobs", "loss_forward_backward", "optimizer_step")
     seconds = {key: logs.get(f"time/{key}_s") for key in keys}
     if not all(isinstance(v, (int, float)) for v in seconds.values()):
         return []
+    evaluation = logs.get("time/eval_s")
+    evaluation = evaluation if isinstance(evaluation, (int, float)) else 0.0
     parts = [f"rollout {seconds['rollout']:.2f}s (gen {seconds['generate']:.2f}s, env {seconds['env']:.2f}s)",
-             f"train {seconds['step'] - seconds['rollout']:.2f}s (ref {seconds['ref_logprobs']:.2f}s, "
+             f"train {seconds['step'] - seconds['rollout'] - evaluation:.2f}s (ref {seconds['ref_logprobs']:.2f}s, "
              f"loss {seconds['loss_forward_backward']:.2f}s, optim {seconds['optimizer_step']:.2f}s)"]
+    if evaluation > 0:
+        parts.append(f"eval {evaluation:.2f}s")
     speed = logs.get("time/tokens_per_s")
     if isinstance(speed, (int, float)):
         parts.append(f"{speed:.0f} tok/s")

@@ -8,18 +8,26 @@ this callback only knows the events transformers gives every trainer:
   trainer's first `compute_loss` moves it on);
 - `on_pre_optimizer_step`: every micro-batch's forward and backward are done: the loss peak is marked,
   the clock moves to `optimizer_step`;
-- `on_step_end`: the optimizer peak is marked; `time/<phase>_s`, `time/step_s` and `memory/*`
-  (runlog/memory.py) go into the sink.
+- `on_step_end`: the optimizer peak is marked; the work registered to close each step runs inside the
+  clock (`close_steps_with`: the held-back evaluation, evaluation/held_back.py, which at a step it
+  evaluates charges its time to the `eval` phase and marks its peak); then `time/<phase>_s`, `time/step_s`
+  and `memory/*` (runlog/memory.py) go into the sink.
 The rollout, which runs inside `score`, times itself with `phase("rollout")` and marks its own peak
 (`mark("rollout")`); the trainer's forward hooks and `compute_loss` advance `clock` directly.
 
-Left out: time outside a step (logging, checkpoints, evaluation) and anything written to a file (the
-sink's values reach metrics.jsonl through the trainer's log).
+Why the evaluation is registered here rather than timed by its own callback's `on_step_end`: transformers
+calls each callback's `on_step_end` in turn, and this one, first so that the step's edges are measured
+before the others do their work, has stopped the clock by the time a later one runs. Registered, the
+evaluation is inside the step's clock whatever the callbacks' order, and its cost is a phase that
+`time/step_s` adds up, in every engine (a vLLM run's evaluation includes its weight sync).
+
+Left out: time outside a step (logging, checkpoints, the evaluation before step 1, which its callback times
+itself) and anything written to a file (the sink's values reach metrics.jsonl through the trainer's log).
 """
 
 from __future__ import annotations
 
-from typing import ContextManager, Protocol
+from typing import Any, Callable, ContextManager, Protocol
 
 from transformers import TrainerCallback
 
@@ -48,9 +56,17 @@ class StepTiming(TrainerCallback):
         self.sink = sink
         self.clock = clock
         self.peaks = StepPeaks()
+        self.closing: list[Callable[..., Any]] = []
+
+    def close_steps_with(self, work: Callable[..., Any]) -> None:
+        """At each step's end, after the optimizer step and before the clock stops, call `work(args, state,
+        control, **kwargs)` (the arguments of `on_step_end`). Its time is charged to the phase in force
+        (`optimizer_step`) unless it enters its own (`phase`), as it does only at the steps where it works,
+        so that the phase is 0 at the others; it marks its own peak (`mark`)."""
+        self.closing.append(work)
 
     def phase(self, name: str) -> ContextManager[None]:
-        """Charge the time inside the block to the nested phase `name` (the rollout)."""
+        """Charge the time inside the block to the nested phase `name` (the rollout, the evaluation)."""
         return self.clock.phase(name)
 
     def mark(self, phase: str) -> None:
@@ -65,6 +81,9 @@ class StepTiming(TrainerCallback):
         self.peaks.mark("loss")  # every micro-batch's forward and backward are done
         self.clock.base("optimizer_step")
 
-    def on_step_end(self, args, state, control, **kwargs):
+    def on_step_end(self, args, state, control, **kwargs: Any):
         self.peaks.mark("optimizer")
+        for work in self.closing:
+            work(args, state, control, **kwargs)
         self.sink.update({**self.clock.stop(), **self.peaks.metrics()})
+        return control

@@ -271,7 +271,7 @@ def build_trainer(config: RunConfig, env: Environment | None = None, *, callback
         reward_funcs=[episode_score, *episode_rewards(extra_rewards, rollout), *judge_rewards(judge, rollout)],
         peft_config=lora_config(config),
         callbacks=[step_timing, *training_callbacks(config, plan.output_dir, rollout), SignalStop(finish_step=config.rl_async_steps > 0), error_stop,
-                   *held_back_callbacks(config, rollout, plan.output_dir), *(callbacks or [])],
+                   *held_back_callbacks(run), *(callbacks or [])],
     )
     # transformers prints every log dict; our TrainingProgress prints a compact line instead.
     trainer.remove_callback(PrinterCallback)

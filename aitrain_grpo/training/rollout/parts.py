@@ -11,6 +11,16 @@ the first rollout: the engine, what keeps its weights current, and the steps pla
   a step trains, on a versioned backend and a copy of the tokenizer (a fast tokenizer is not safe to
   share with the thread where TRL decodes).
 
+Between steps the held-back evaluation (evaluation/held_back.py) plays on the same engine
+(`evaluation_backend`): the weights are brought up to the trainer's by the same `sync_weights` a rollout
+calls, which syncs only when the optimizer has stepped since the last sync (each sync records the step
+it synced), so the next rollout, on the same weights, does not sync again. Where the engine cannot play
+the weights of the moment between steps it says so (None) and the evaluation plays Hugging Face
+generate on the trainer's model: with --rl-async-steps the server's weights belong to the steps played
+ahead (each episode's weight version is recorded from them); and a colocated engine sharded over a
+tensor-parallel group generates a whole group's prompts together, which each process's own share of the
+held-back tasks (different turns, different calls) would leave waiting on each other.
+
 The engine's `on_episode_done` (engine/rollout.py) is the rollout's episode hook (`set_episode_hook`:
 a judge over HTTP, training/rewards/judge.py), kept when a test replaces the engine; the async worker plays on
 the same engine, so played-ahead episodes call it too.
@@ -19,7 +29,8 @@ Building sends no request and starts no thread (the async worker's thread starts
 step), so a trainer built and never trained leaves nothing running; `close()` ends what ran.
 
 Left out: playing a batch (rollout/training_rollout.py), choosing the backend and the sync method (rollout/generation.py),
-and when a step syncs (the rollout, before playing; `train()`, after the last step).
+and when a step syncs (the rollout, before playing; the held-back evaluation, at the end of a step it falls
+on; `train()`, after the last step).
 """
 
 from __future__ import annotations
@@ -42,12 +53,13 @@ class RolloutParts:
     """A run's engine, weight sync (or None) and async rollout (or None); see the module docstring."""
 
     def __init__(self, engine: RolloutEngine, *, sink: StepMetrics, weight_sync=None,
-                 async_rollout: AsyncRollout | None = None):
+                 async_rollout: AsyncRollout | None = None, trainer=None):
         self.engine = engine
         self.sink = sink
         self.weight_sync = weight_sync  # training.weight_sync's FolderWeightSync or ColocateWeightSync
         self.async_rollout = async_rollout
         self.episode_hook = None
+        self.trainer = trainer  # whose weights `evaluation_backend` syncs between steps (None: it cannot)
 
     def set_episode_hook(self, hook) -> None:
         """Call `hook(batch, index)` as each episode is scored (None: nothing)."""
@@ -70,6 +82,17 @@ class RolloutParts:
                 seconds = self.weight_sync.maybe_sync(trainer)
         if seconds is not None:
             self.sink.update({"vllm/sync_seconds": seconds})
+
+    def evaluation_backend(self):
+        """The engine's backend playing the trainer's weights as they are now, synced first where a sync
+        moves them (a no-op when they have not changed since the last sync); None where the engine cannot
+        play them between steps (module docstring)."""
+        if self.weight_sync is None:
+            return self.engine.backend  # Hugging Face generate: the trainer's model itself
+        if self.trainer is None or self.async_rollout is not None or getattr(self.engine.backend, "tp_size", 1) > 1:
+            return None
+        self.sync_weights(self.trainer)
+        return self.engine.backend
 
     def close(self) -> None:
         if self.async_rollout is not None:
@@ -96,4 +119,4 @@ def build_rollout_parts(trainer, env: Environment, config: RunConfig, generation
         except BaseException:
             engine.close()
             raise
-    return RolloutParts(engine, sink=sink, weight_sync=weight_sync, async_rollout=async_rollout)
+    return RolloutParts(engine, sink=sink, weight_sync=weight_sync, async_rollout=async_rollout, trainer=trainer)

@@ -11,7 +11,9 @@ A step is, in order (TRL 1.16's GRPOTrainer on a generation step):
   optimizer steps, the old policy's;
 - `loss_forward_backward`: every micro-batch's loss forward and backward (and the gradient clipping
   that follows the last one: milliseconds for a LoRA adapter);
-- `optimizer_step`: the optimizer step, the learning-rate schedule and zeroing the gradients.
+- `optimizer_step`: the optimizer step, the learning-rate schedule and zeroing the gradients;
+- `eval`: the held-back evaluation (`--eval-every`, evaluation/held_back.py) at a step it falls on,
+  after the optimizer step and before the step ends (0 at every other step).
 Each gets `time/<phase>_s` in the step's metrics; they add up to `time/step_s` (from transformers'
 `on_step_begin` to `on_step_end`). A step that reuses an earlier batch (TRL's num_iterations > 1)
 has no rollout, score or reference time.
@@ -20,11 +22,13 @@ has no rollout, score or reference time.
 step's events (`score` from `on_step_begin` and the optimizer from `on_pre_optimizer_step`, both in the
 step timing callback, runlog/step_timing.py, which also writes the metrics; the loss from the trainer's
 first `compute_loss`), and nested phases entered around a call by the code that makes it (`phase`: the
-rollout, the scoring forwards, both in step/flow.py). Nesting is what lets `score` hold `rollout` and
+rollout, the scoring forwards, both in step/flow.py; the held-back evaluation, which the step timing
+callback's `on_step_end` runs before it stops the clock). Nesting is what lets `score` hold `rollout` and
 `ref_logprobs` without counting them twice.
 
-Left out: time outside a step (logging, checkpoints, evaluation), and any split inside the loss pass
-(forward against backward would need a hook inside autograd; the bare profile measures them together).
+Left out: time outside a step (logging, checkpoints, the evaluation before step 1), and any split inside
+the loss pass (forward against backward would need a hook inside autograd; the bare profile measures them
+together).
 """
 
 from __future__ import annotations
@@ -33,7 +37,7 @@ import contextlib
 import time
 from typing import Iterator
 
-PHASES = ("rollout", "score", "ref_logprobs", "loss_forward_backward", "optimizer_step")
+PHASES = ("rollout", "score", "ref_logprobs", "loss_forward_backward", "optimizer_step", "eval")
 
 
 class PhaseClock:

