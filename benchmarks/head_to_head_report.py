@@ -6,11 +6,16 @@ but the step count and TRL's `step_time`, which both log, aitrain's trainer bein
   (run.json), so model loading counts, as it does in the budget;
 - steps: the last checkpoint's `global_step`; episodes: steps x the recipe's 16; episodes per hour:
   episodes over the minutes of the last checkpoint;
-- held-back success: the share of the 64 held-back episodes (eval/step-<N>.jsonl) that scored 1.0, for
-  the start (start-eval.jsonl, minute 0) and every checkpoint; "final" is the last checkpoint's;
-- peak memory: run.json's peak resident set of the training process.
+- held-back success: the share of the held-back episodes (128 by default, eval/step-<N>.jsonl) that scored
+  1.0, for the start (start-eval.jsonl, minute 0) and every checkpoint; "final" is the last checkpoint's;
+- peak memory: run.json's peak resident set of the training process;
+- TRL's loop: the same for head_to_head_trl.py --evaluate's episodes (eval-trl/step-<N>.jsonl), beside;
+- the settled difference, aitrain - TRL at the budget with its 95% interval: head_to_head_stats.py;
+- the learning curves: each run's in-training evaluations (eval-ledger.jsonl, head_to_head_ledger.py) at
+  their CPU minutes of training, listed and drawn (<md stem>_cpu.png); with such evaluations a step's CPU
+  leaves their CPU out.
 
-Left out: statistical tests (three seeds), and runs that have no run.json (never started by the harness).
+Left out: runs that have no run.json (never started by the harness).
 """
 
 from __future__ import annotations
@@ -20,6 +25,9 @@ import shlex
 import statistics
 from pathlib import Path
 
+from head_to_head_ledger import curve as curve_of
+from head_to_head_ledger import read_ledger
+from head_to_head_stats import curve_figure, describe, difference
 from head_to_head_trl import RECIPE
 from learning import write_block
 from results_table import machine as describe_machine
@@ -75,16 +83,28 @@ def read_run(run: Path, start_success: float | None) -> dict:
     trained_s = sum(step_times[:steps]) if len(step_times) >= steps else None
     timeline = info.get("cpu_timeline") or []
     load_cpu = step_cpu = None
-    if steps and trained_s is not None and timeline:
+    ledger = curve_of(read_ledger(run / "eval-ledger.jsonl"))
+    if steps and ledger and timeline:  # evaluations between the steps: their CPU is left out
+        end = cpu_at(timeline, minutes * 60)
+        evaluated = sum(e["eval_cpu_s"] for e in ledger if e["time"] <= info["launched"] + minutes * 60)
+        load_cpu = ledger[0]["train_cpu_s"]  # the first evaluation comes before step 1
+        step_cpu = (end - evaluated - load_cpu) / steps
+    elif steps and trained_s is not None and timeline:
         end, begin = cpu_at(timeline, minutes * 60), cpu_at(timeline, minutes * 60 - trained_s)
         load_cpu, step_cpu = begin, (end - begin) / steps
+    last = checkpoints(run)[-1][0] if steps else None
+    scores = {loop: [r["score"] for r in read_jsonl(run / folder / f"step-{last}.jsonl")] if last else []
+              for loop, folder in (("aitrain", "eval"), ("trl", "eval-trl"))}
     return {"name": run.name, "trainer": trainer, "seed": int(seed), "curve": curve, "steps": steps,
             "episodes": episodes, "minutes": minutes, "per_hour": episodes / (minutes / 60) if minutes else 0.0,
             "final": curve[-1][2] if steps else None, "peak_mib": info["peak_rss_mib"],
             "budget_min": info["budget_s"] / 60 if info["budget_s"] else None, "wall_min": info["wall_seconds"] / 60,
             "step_s": statistics.median(step_times) if step_times else None, "command": info["command"],
             "step_cpu_s": step_cpu, "load_cpu_s": load_cpu, "cpu_s": info.get("cpu_seconds"),
-            "load_average": info.get("load_average")}
+            "load_average": info.get("load_average"), "ledger": ledger, "scores": scores,
+            "final_trl": success(run / "eval-trl" / f"step-{last}.jsonl") if last else None,
+            "cpu_budget_min": info["cpu_budget_s"] / 60 if info.get("cpu_budget_s") else None,
+            "train_cpu_min": (info.get("signal_train_cpu_s") or 0) / 60 or None}
 
 
 def cell(value: float | None, fmt: str = ".3f") -> str:
@@ -116,6 +136,17 @@ def summary_lines(rows: list[dict]) -> list[str]:
     out += ["", f"Episodes trained per hour, aitrain / TRL: **{ratio:.2f}x** (goal: 1.5x). Held-back success at the "
                 f"budget: aitrain ahead on seed(s) {', '.join(map(str, ahead)) or 'none'}, TRL ahead on seed(s) "
                 f"{', '.join(map(str, behind)) or 'none'}, of {len(seeds)} (goal: aitrain ahead on every seed)."]
+    per_cpu = {t: mean(RECIPE["batch_size"] * 3600 / r["step_cpu_s"] for r in group if r["step_cpu_s"])
+               for t, group in by.items()}
+    if per_cpu["aitrain"] and per_cpu["trl"]:
+        out += ["", f"Episodes per CPU hour of training (16 episodes over a step's CPU seconds), aitrain / TRL: "
+                    f"{per_cpu['aitrain']:.0f} / {per_cpu['trl']:.0f} = **{per_cpu['aitrain'] / per_cpu['trl']:.2f}x**."]
+    out += ["", "Held-back success at the budget, aitrain - TRL, final checkpoints (head_to_head_stats.py: seeds "
+                "paired, a t-interval over the seeds' differences; 'tie' when it holds 0):", ""]
+    for loop, name in (("aitrain", "aitrain's loop (`aitrain eval`)"), ("trl", "TRL's loop (`GRPOTrainer.evaluate`)")):
+        pairs = {s: (next((r["scores"][loop] for r in by["aitrain"] if r["seed"] == s), []),
+                     next((r["scores"][loop] for r in by["trl"] if r["seed"] == s), [])) for s in seeds}
+        out.append(describe(difference(pairs), name))
     return out
 
 
@@ -137,7 +168,7 @@ def figure(rows: list[dict], path: Path) -> bool:
             color, line = STYLE.get(r["trainer"], ("gray", ":"))
             ax.plot(*zip(*points), line, color=color, marker="o", markersize=3, label=r["name"], alpha=0.85)
     ax.set_xlabel("minutes since the process started (model loading included)")
-    ax.set_ylabel("held-back success (64 episodes)")
+    ax.set_ylabel("held-back success (aitrain eval)")
     ax.set_ylim(-0.02, 1.02)
     ax.grid(alpha=0.3)
     ax.legend(fontsize=7, ncol=2)
@@ -159,13 +190,17 @@ def results_block(runs_dir: Path, figure_path: Path | None) -> str:
     if not rows:
         return "\n".join(out + ["No runs yet."])
     out += ["| run | budget | trained | steps | episodes | episodes/hour | step: wall (median) | step: CPU | "
-            "loading: CPU | peak memory | held-back success: start -> final |", "| --- " * 11 + "|"]
+            "loading: CPU | peak memory | held-back success: start -> final | TRL's loop: start -> final |",
+            "| --- " * 12 + "|"]
+    start_trl = success(runs_dir / "start-eval-trl.jsonl")
     for r in rows:
-        budget = f"{r['budget_min']:.1f} min" if r["budget_min"] else "--max-steps"
+        budget = (f"{r['cpu_budget_min']:.1f} CPU min" if r["cpu_budget_min"] else
+                  f"{r['budget_min']:.1f} min" if r["budget_min"] else "--max-steps")
         out.append(f"| {r['name']} | {budget} | {r['minutes']:.1f} min | {r['steps']} | "
                    f"{r['episodes']} | {r['per_hour']:.0f} | {cell(r['step_s'], '.1f')} s | "
                    f"{cell(r['step_cpu_s'], '.1f')} s | {cell(r['load_cpu_s'], '.0f')} s | "
-                   f"{r['peak_mib'] / 1024:.2f} GiB | {cell(start)} -> {cell(r['final'])} |")
+                   f"{r['peak_mib'] / 1024:.2f} GiB | {cell(start)} -> {cell(r['final'])} | "
+                   f"{cell(start_trl)} -> {cell(r['final_trl'])} |")
     loads = [r["load_average"][0] for r in rows if r.get("load_average")]
     if loads:
         out += ["", "Step wall time is TRL's `step_time` (both trainers log it: aitrain's trainer is TRL's); step CPU "
@@ -176,8 +211,23 @@ def results_block(runs_dir: Path, figure_path: Path | None) -> str:
     for r in rows:
         points = ", ".join(f"step {s} ({m:.1f} min): {cell(v)}" for m, s, v in r["curve"][1:])
         out.append(f"- {r['name']}: start {cell(start)}; {points or 'no checkpoint'}")
+    if any(r["ledger"] for r in rows):
+        out += ["", "In-training held-back evaluation (each trainer's own: aitrain's `--eval-every`, TRL's "
+                    "`eval_strategy=\"steps\"`; success at CPU minutes of training, evaluation left out):", ""]
+        for r in rows:
+            points = ", ".join(f"step {e['step']} ({e['train_cpu_s'] / 60:.1f} CPU min): {cell(e['success'])}"
+                               for e in r["ledger"])
+            out.append(f"- {r['name']}: {points}")
+    cpu_runs = [r for r in rows if r["cpu_budget_min"]]
+    if cpu_runs:
+        out += ["", f"Budget: {cpu_runs[0]['cpu_budget_min']:.1f} CPU minutes of training a run (the process tree's "
+                    "CPU less its in-training evaluations'); training CPU when stopped: "
+                    + ", ".join(f"{r['name']} {cell(r['train_cpu_min'], '.1f')}" for r in cpu_runs) + " min."]
     if figure_path is not None and figure(rows, figure_path):
         out += ["", f"![held-back success against minutes]({figure_path.name})"]
+    curves = figure_path.with_name(figure_path.stem + "_cpu.png") if figure_path is not None else None
+    if curves is not None and curve_figure(rows, curves, STYLE):
+        out += ["", f"![in-training held-back success against CPU minutes]({curves.name})"]
     out += ["", "Each run's command (seed 1's; the other seeds change `--seed` and the folder):", ""]
     for trainer in ("aitrain", "trl"):
         first = next((r for r in rows if r["trainer"] == trainer), None)

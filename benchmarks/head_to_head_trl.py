@@ -26,6 +26,9 @@ The budget: SIGTERM (benchmarks/head_to_head.py sends it when the run's minutes 
 the step in flight finishes, a checkpoint is saved and training stops. aitrain's `SignalStop` does the
 same on the same signal, so both trainers stop by one rule.
 
+In-training evaluation (`--eval-every N`) and evaluating a checkpoint in TRL's loop (`--evaluate
+CHECKPOINT --output FILE`, no training): head_to_head_trl_eval.py.
+
 Left out: vLLM, DeepSpeed, several processes, and TRL's `rollout_func` path (TRL runs this task natively).
 """
 
@@ -40,6 +43,8 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parent.parent
 if str(REPO) not in sys.path:
     sys.path.insert(0, str(REPO))
+if str(REPO / "benchmarks") not in sys.path:
+    sys.path.append(str(REPO / "benchmarks"))  # appended: a test helper of the same name wins
 
 # One recipe for both trainers (head_to_head.py turns it into aitrain flags). beyond_sft's `kl` recipe,
 # with a constant learning rate: max_steps is far beyond any budget, so the linear decay barely moves.
@@ -163,42 +168,83 @@ def original_tokenizer_in_checkpoints(tokenizer_dir: str):
     return Keep()
 
 
-def build_trainer(start: str, output_dir: Path, seed: int, save_steps: int, max_steps: int | None = None,
-                  recipe: dict = RECIPE):
-    """GRPOTrainer(environment_factory=StationsTRL) on the start model, as TRL's docs build one."""
-    from datasets import Dataset
-    from peft import LoraConfig
-    from transformers import AutoModelForCausalLM, AutoTokenizer
-    from trl import GRPOTrainer
+def tokenizer_for(start: str):
+    """The start's tokenizer with the template and response template TRL is given (module docstring)."""
+    from transformers import AutoTokenizer
 
     from envs.stations import StationEnv
-    from envs.stations_trl import StationsTRL, rows, station_reward
 
     tokenizer = AutoTokenizer.from_pretrained(start)
     tokenizer.chat_template = trl_chat_template(tokenizer, StationEnv().tools)
     tokenizer.response_template = RESPONSE_TEMPLATE
+    return tokenizer
+
+
+def build_trainer(start: str, output_dir: Path, seed: int, save_steps: int, max_steps: int | None = None,
+                  recipe: dict = RECIPE, eval_every: int = 0, eval_tasks: int = 16, eval_samples: int = 2):
+    """GRPOTrainer(environment_factory=StationsTRL) on the start model, as TRL's docs build one. With
+    `eval_every`, TRL's own in-training evaluation: `eval_dataset` = the first `eval_tasks` held-back rows,
+    `eval_strategy="steps"`, `eval_steps`, `eval_on_start` (step 0, as aitrain's `--eval-every`),
+    `num_generations_eval` = `eval_samples`, at the training temperature (TRL has no evaluation temperature);
+    each evaluation goes into the ledger (head_to_head_trl_eval.py)."""
+    from datasets import Dataset
+    from peft import LoraConfig
+    from transformers import AutoModelForCausalLM
+    from trl import GRPOTrainer
+
+    from envs.stations_trl import StationsTRL, rows
+    from head_to_head_ledger import Ledger
+    from head_to_head_trl_eval import EvalRecorder, ledger_evaluations
+
     model = AutoModelForCausalLM.from_pretrained(start, dtype="float32")
     lora = LoraConfig(r=recipe["lora_r"], lora_alpha=recipe["lora_alpha"], lora_dropout=recipe["lora_dropout"],
                       target_modules="all-linear", task_type="CAUSAL_LM")
-    return GRPOTrainer(model=model, args=grpo_args(output_dir, seed, save_steps, max_steps, recipe),
-                       processing_class=tokenizer, train_dataset=Dataset.from_list(rows("train")),
-                       environment_factory=StationsTRL, reward_funcs=[station_reward], peft_config=lora,
-                       callbacks=[original_tokenizer_in_checkpoints(start)])
+    args = grpo_args(output_dir, seed, save_steps, max_steps, recipe)
+    held_back = None
+    if eval_every:
+        args.eval_strategy, args.eval_steps, args.eval_on_start = "steps", eval_every, True
+        args.num_generations_eval = eval_samples
+        args.per_device_eval_batch_size = 16 if 16 % eval_samples == 0 else eval_samples
+        held_back = Dataset.from_list(rows("held_out")[:eval_tasks])
+    recorder = EvalRecorder()
+    trainer = GRPOTrainer(model=model, args=args, processing_class=tokenizer_for(start),
+                          train_dataset=Dataset.from_list(rows("train")), eval_dataset=held_back,
+                          environment_factory=StationsTRL, reward_funcs=[recorder.reward_func()], peft_config=lora,
+                          callbacks=[original_tokenizer_in_checkpoints(start)])
+    recorder.trainer = trainer
+    if eval_every:
+        ledger_evaluations(trainer, recorder, Ledger())
+    return trainer
 
 
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--start", required=True, help="the shared start: a plain model folder")
-    parser.add_argument("--output-dir", type=Path, required=True)
+    parser.add_argument("--output-dir", type=Path, help="training: the trainer's output folder")
     parser.add_argument("--seed", type=int, default=1)
     parser.add_argument("--save-steps", type=int, default=5)
     parser.add_argument("--max-steps", type=int, default=RECIPE["max_steps"])
+    parser.add_argument("--eval-every", type=int, default=0, help="TRL's in-training evaluation every N steps (0: none)")
+    parser.add_argument("--eval-tasks", type=int, default=16, help="held-back rows each evaluation plays")
+    parser.add_argument("--eval-samples", type=int, default=2, help="episodes a row (num_generations_eval)")
+    parser.add_argument("--evaluate", default=None, metavar="CHECKPOINT",
+                        help="no training: evaluate this checkpoint (either trainer's, or the start) in TRL's loop")
+    parser.add_argument("--output", type=Path, help="--evaluate: the episodes' JSON lines")
+    parser.add_argument("--eval-temperature", type=float, default=0.7)
+    parser.add_argument("--eval-seed", type=int, default=0)
     args = parser.parse_args(argv)
+    if args.evaluate:
+        from head_to_head_trl_eval import evaluate_checkpoint
+
+        evaluate_checkpoint(args.evaluate, args.start, args.output, args.eval_tasks, args.eval_samples,
+                            args.eval_temperature, args.eval_seed)
+        return
     stop = StopOnSignal()  # first: a budget that ends during loading still stops after one step
     import torch
 
     torch.set_num_threads(1)
-    trainer = build_trainer(args.start, args.output_dir, args.seed, args.save_steps, args.max_steps)
+    trainer = build_trainer(args.start, args.output_dir, args.seed, args.save_steps, args.max_steps,
+                            eval_every=args.eval_every, eval_tasks=args.eval_tasks, eval_samples=args.eval_samples)
     trainer.add_callback(stop.callback())
     trainer.train()
     print(f"trl: stopped after step {trainer.state.global_step}", flush=True)

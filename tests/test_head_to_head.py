@@ -3,15 +3,18 @@
 What would make its comparison unfair or its numbers wrong fails here: the score read differently from
 TRL's messages than from aitrain's, TRL shown other tokens than aitrain renders (SmolLM2's prompt with
 its tools, the tool-reply tokens TRL splices in), TRL given another recipe than the aitrain command. The
-end-to-end test runs every phase on the tiny model (sft, both trainers to a budget side by side,
-eval, report) and checks what the report needs: a budget stop with a checkpoint, peak memory and CPU
-time, held-back episodes per checkpoint, the results block and its figure; about 2 minutes on two
-cores (5.5 with a 1-minute budget under a load average of 11).
+end-to-end test runs every phase on the tiny model (sft, both trainers to a CPU budget side by side with
+their in-training evaluations, eval in both loops, report) and checks what the report needs: a budget stop
+at the training CPU with a checkpoint, peak memory and CPU time, the evaluation ledgers, held-back episodes
+per checkpoint in aitrain's loop and TRL's, the results block with the interval and its figures; about 2
+minutes on two cores. The settled difference's interval, the CPU budget's arithmetic (evaluation left out)
+and TRL's evaluation recorder are checked without a model.
 """
 
 from __future__ import annotations
 
 import json
+import statistics
 import sys
 
 import pytest
@@ -103,13 +106,13 @@ def test_trl_gets_aitrains_recipe_and_tool_reply_tokens(model, tiny_model_dir, t
     from head_to_head_trl import build_trainer
 
     path = tiny_model_dir if model == "tiny" else request.getfixturevalue("smollm2_model_dir")
-    trainer = build_trainer(path, tmp_path / "trl", seed=1, save_steps=5)
+    trainer = build_trainer(path, tmp_path / "trl", seed=1, save_steps=5, eval_every=2)
     reply = [{"role": "tool", "name": "find_station", "content": StationsTRL().find_station("Paris")}]
     renderer = ChatRenderer(AutoTokenizer.from_pretrained(path), StationEnv().tools)
     assert trainer._get_tool_suffix_ids(reply) == renderer.reply_ids(reply, ended_with_eos=True)
 
     # The aitrain command's flags, as RunConfig fields, give TRL the same GRPOConfig numbers.
-    command = head_to_head.aitrain_command(tmp_path / "start", tmp_path / "ours", 1, 5, RECIPE["max_steps"])
+    command = head_to_head.aitrain_command(tmp_path / "start", tmp_path / "ours", 1, 5, RECIPE["max_steps"], 2)
     flags = command[command.index("grpo") + 1:]
     options = {}
     while flags:
@@ -120,13 +123,90 @@ def test_trl_gets_aitrains_recipe_and_tool_reply_tokens(model, tiny_model_dir, t
                  (float(v) if "float" in str(fields[k].type) else int(v) if "int" in str(fields[k].type) else v))
              for k, v in options.items()}
     typed.update(model=path, output_dir=str(tmp_path / "ours"))
-    ours = grpo_config(RunConfig(**typed), plan_run(RunConfig(**typed)))
+    config = RunConfig(**typed)
+    ours = grpo_config(config, plan_run(config))
     for name in ("per_device_train_batch_size", "gradient_accumulation_steps", "num_generations", "max_completion_length",
                  "temperature", "top_k", "top_p", "beta", "epsilon", "learning_rate", "loss_type", "max_steps", "seed",
                  "bf16", "gradient_checkpointing", "scale_rewards", "num_iterations", "use_vllm"):
         assert getattr(trainer.args, name) == getattr(ours, name), name
     assert trainer.args.generation_kwargs == {"max_new_tokens": RECIPE["max_new_tokens"]}
+    # Both evaluate the same held-back rows during training, every 2 steps and before step 1, 2 samples a row.
+    assert (config.eval_every, config.eval_episodes, config.eval_num_generations) == (2, 16, 2)
+    assert trainer.args.eval_strategy == "steps" and trainer.args.eval_steps == 2 and trainer.args.eval_on_start
+    assert trainer.num_generations_eval == 2 and list(trainer.eval_dataset) == rows("held_out")[:16]
     assert trainer.args.max_tool_calling_iterations == RECIPE["max_turns"] - 1
+
+
+def test_the_difference_has_a_paired_t_interval_and_says_tie_when_it_holds_zero():
+    from head_to_head_stats import difference
+
+    def scores(successes: int, n: int = 128) -> list[float]:
+        return [1.0] * successes + [0.6] * (n - successes)
+
+    # Five seeds: differences 0.1, 0.05, 0.15, 0.0, 0.1 -> mean 0.08, sd 0.0570, t(0.975, 4) = 2.776.
+    a, b = [77, 70, 83, 64, 77], [64, 64, 64, 64, 64]
+    result = difference({seed: (scores(x), scores(y)) for seed, (x, y) in enumerate(zip(a, b), 1)})
+    diffs = [(x - y) / 128 for x, y in zip(a, b)]
+    half = 2.776 * statistics.stdev(diffs) / 5 ** 0.5
+    assert result["mean"] == pytest.approx(statistics.mean(diffs))
+    assert (result["low"], result["high"]) == (pytest.approx(result["mean"] - half), pytest.approx(result["mean"] + half))
+    assert result["verdict"] == "aitrain ahead" and result["low"] > 0 and "t-interval over 5 paired seeds" in result["method"]
+    # A seed the other way puts 0 inside: a tie.
+    a[3] = 40
+    assert difference({seed: (scores(x), scores(y)) for seed, (x, y) in enumerate(zip(a, b), 1)})["verdict"] == "tie"
+    # One seed: the episodes' interval alone, said so; a seed missing a trainer is left out.
+    one = difference({1: (scores(80), scores(60)), 2: (scores(80), [])})
+    assert one["seeds"] == [1] and "episodes only" in one["method"]
+    assert one["high"] - one["low"] == pytest.approx(2 * 1.96 * ((80 / 128 * 48 / 128 + 60 / 128 * 68 / 128) / 128) ** 0.5)
+    assert difference({1: ([], scores(3))}) is None
+
+
+def test_the_cpu_budget_counts_training_cpu_and_leaves_evaluation_out(tmp_path):
+    from head_to_head_jobs import Job, _budget_reached
+    from head_to_head_ledger import Ledger, curve, read_ledger
+
+    ledger = tmp_path / "eval-ledger.jsonl"
+    job = Job("run", ["true"], tmp_path / "log", cpu_budget_s=60.0, ledger=ledger)
+    lines = [{"event": "begin", "step": 0, "time": 1.0, "cpu": 10.0},
+             {"event": "end", "step": 0, "time": 2.0, "cpu": 25.0, "success": 0.5, "mean_score": 0.6, "episodes": 32},
+             {"event": "begin", "step": 2, "time": 3.0, "cpu": 50.0}]
+    ledger.write_text("".join(json.dumps(line) + "\n" for line in lines))
+    assert _budget_reached(job, 0.0, None) == (False, "")
+    assert not _budget_reached(job, 0.0, 74.0)[0]  # 74 - 15 evaluating = 59 s of training
+    assert not _budget_reached(job, 0.0, 200.0)[0]  # an evaluation under way since 50 s: 35 s of training
+    with ledger.open("a") as out:  # that evaluation ends at 55 s: 20 s evaluating in all
+        out.write(json.dumps({"event": "end", "step": 2, "time": 4.0, "cpu": 55.0, "success": 0.6,
+                              "mean_score": 0.7, "episodes": 32}) + "\n")
+    assert not _budget_reached(job, 0.0, 79.0)[0] and _budget_reached(job, 0.0, 80.0)[0]
+    assert job.at_signal == {"signal_train_cpu_s": 60.0, "signal_eval_cpu_s": 20.0}
+    Ledger(tmp_path / "written.jsonl").begin(0)  # what the runners write: the process's CPU seconds
+    assert read_ledger(tmp_path / "written.jsonl")[0]["cpu"] > 0
+    ledger.write_text("".join(json.dumps(line) + "\n" for line in lines[:2]))
+    reached, why = _budget_reached(job, 0.0, 76.0)
+    assert reached and job.at_signal == {"signal_train_cpu_s": 61.0, "signal_eval_cpu_s": 15.0} and "61 CPU s" in why
+    assert curve(read_ledger(ledger)) == [{**lines[1], "train_cpu_s": 10.0, "eval_cpu_s": 15.0}]
+    # A wall budget is unchanged.
+    assert _budget_reached(Job("wall", ["true"], tmp_path / "log", budget_s=5.0), 10.0, None)[0]
+
+
+def test_trls_evaluation_records_each_episodes_score_and_success():
+    from types import SimpleNamespace
+
+    from head_to_head_trl_eval import EvalRecorder
+
+    recorder = EvalRecorder()
+    reward = recorder.reward_func()
+    assert reward.__name__ == "station_reward"  # TRL's metric names unchanged
+    env = StationsTRL()
+    env.reset(city="Paris", prompt=rows()[0]["prompt"])
+    number = env.temperatures[env.stations["Paris"]]
+    completions = [episode(env, "Paris", trl=True, answer=f"{number}"), episode(env, "Paris", trl=True, answer=None)]
+    logged = {}
+    recorder.trainer = SimpleNamespace(model=SimpleNamespace(training=True))
+    assert reward(completions, [env, env]) == [pytest.approx(1.0), pytest.approx(0.6)] and recorder.scores == []
+    recorder.trainer.model.training = False  # TRL's evaluate() puts the model in eval mode
+    reward(completions, [env, env], log_metric=logged.__setitem__)
+    assert recorder.success() == 0.5 and recorder.cities == ["Paris", "Paris"] and logged == {"success": 0.5}
 
 
 @pytest.mark.slow
@@ -137,22 +217,34 @@ def test_the_harness_runs_every_phase_on_the_tiny_model(tmp_path):
     runs, md = tmp_path / "runs", tmp_path / "HEAD_TO_HEAD.md"
     common = ["--runs-dir", str(runs), "--md", str(md)]
     head_to_head.main(["sft", "--model", "tiny", "--demos", "8", "--sft-steps", "2", *common])
-    # A minute: each run finishes a step or more before SIGTERM (aitrain drops the step in flight and saves the
-    # last finished one; the TRL runner finishes it).
-    head_to_head.main(["train", "--budget", "1", "--seeds", "1", "--save-every", "100", "--parallel", "2", *common])
+    # 12 CPU seconds of training (loading included, in-training evaluation left out): each run finishes a step
+    # or more before SIGTERM (aitrain drops the step in flight and saves the last finished one; TRL finishes it).
+    head_to_head.main(["train", "--cpu-budget", "0.2", "--seeds", "1", "--save-every", "100", "--parallel", "2",
+                       "--eval-every", "2", "--curve-tasks", "2", *common])
     for trainer in ("aitrain", "trl"):
         run = runs / f"{trainer}-seed1"
         info = json.loads((run / "run.json").read_text())
-        assert info["signalled_after_s"] >= 3 and info["peak_rss_mib"] > 100 and info["cpu_seconds"] > 1
+        assert info["peak_rss_mib"] > 100 and info["cpu_seconds"] > 12 and info["budget_s"] is None
+        assert info["cpu_budget_s"] == pytest.approx(12.0) and info["signal_train_cpu_s"] >= 12
+        assert info["eval_cpu_seconds"] > 0 and info["cpu_seconds"] >= info["signal_train_cpu_s"]
         assert "\ntraining: " in (run / "train.log").read_text()
         assert info["exit_code"] == (143 if trainer == "aitrain" else 0)
         assert list((run / "train").glob("checkpoint-*")), f"{trainer}: the budget stop saved no checkpoint"
+        ledger = [json.loads(line) for line in (run / "eval-ledger.jsonl").read_text().splitlines()]
+        assert ledger[0]["event"] == "begin" and ledger[0]["step"] == 0, f"{trainer}: no evaluation before step 1"
+        assert ledger[1]["episodes"] == 4 and 0 <= ledger[1]["success"] <= 1
     head_to_head.main(["eval", "--eval-tasks", "4", *common])
-    evaluated = sorted(p.relative_to(runs).as_posix() for p in runs.glob("*/eval/step-*.jsonl"))
-    assert [p.split("/")[0] for p in evaluated] == ["aitrain-seed1", "trl-seed1"]
-    assert len((runs / "start-eval.jsonl").read_text().splitlines()) == 8  # 4 tasks x 2 samples
+    for loop in ("eval", "eval-trl"):  # aitrain's loop and TRL's, the final checkpoint of each run
+        evaluated = sorted(p.relative_to(runs).as_posix() for p in runs.glob(f"*/{loop}/step-*.jsonl"))
+        assert [p.split("/")[0] for p in evaluated] == ["aitrain-seed1", "trl-seed1"]
+        assert len((runs / f"start-{loop}.jsonl").read_text().splitlines()) == 8  # 4 tasks x 2 samples
+        for path in evaluated:
+            assert len([json.loads(x)["score"] for x in (runs / path).read_text().splitlines()]) == 8
     head_to_head.main(["report", *common])
     block = md.read_text().split(BEGIN)[1].split(END)[0]
-    assert "| aitrain-seed1 | 1.0 min |" in block and "| trl-seed1 | 1.0 min |" in block
-    assert "Episodes trained per hour, aitrain / TRL:" in block and "aitrain_grpo grpo" in block
+    assert "| aitrain-seed1 | 0.2 CPU min |" in block and "| trl-seed1 | 0.2 CPU min |" in block
+    assert "Episodes trained per hour, aitrain / TRL:" in block and "head_to_head_aitrain.py grpo" in block
+    assert "- TRL's loop (`GRPOTrainer.evaluate`): aitrain - TRL = " in block and "95% interval" in block
+    assert "- aitrain-seed1: step 0 (" in block and "- trl-seed1: step 0 (" in block  # the in-training curves
     assert (tmp_path / "head_to_head.png").stat().st_size > 1000
+    assert (tmp_path / "head_to_head_cpu.png").stat().st_size > 1000
