@@ -192,7 +192,7 @@ def unsupported(accelerator: Any, model: Any, extras: dict[str, Any], compute_au
         return "sliding-window attention (the tree's mask would reach past the window)"
     attention = getattr(causal.config, "_attn_implementation", None) or "eager"
     if attention not in MASKED_ATTENTION:
-        return f"{attention} attention takes no tree mask (--attn-implementation sdpa does)"
+        return f"{attention} attention takes no tree mask (sdpa and eager do)"
     return None
 
 
