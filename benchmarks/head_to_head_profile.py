@@ -8,8 +8,9 @@ aitrain's speed comes from instead of "not profiled".
 
 - aitrain: `aitrain grpo --max-steps 1` through head_to_head_aitrain.py with `H2H_CPU_PHASES=1`, so its
   own step timing (runlog/step_timing.py, training/step/phases.py) counts process CPU seconds: `time/rollout_s`,
-  `time/score_s`, `time/ref_logprobs_s`, `time/loss_forward_backward_s`, `time/optimizer_step_s`; `time/generate_s`
-  (the engine's generate calls inside the rollout) stays wall seconds.
+  `time/score_s`, `time/ref_logprobs_s`, `time/loss_forward_backward_s`, `time/optimizer_step_s` (its
+  `time/generate_s`, the engine's generate calls inside the rollout, stays wall seconds and is not shown:
+  the table's "generate" is TRL's alone; aitrain's rollout is generation but for its 0.05 s of tools).
 - TRL: `GRPOTrainer.train()` for one step (head_to_head_trl.py's `build_trainer`), with its methods wrapped
   here (TRL's private names, TRL 1.16) to charge CPU and wall seconds: `_generate` (the multi-turn rollout:
   generation, tool calls, parsing) and within it `_generate_single_turn` (the model's generate calls);
@@ -154,12 +155,11 @@ def cell(value) -> str:
 
 
 def table(results: dict[str, dict]) -> str:
-    rows = ["| run | rollout | (of which generate, wall) | score | ref log-probs | reward | loss forward+backward | "
+    rows = ["| run | rollout | (of which generate) | score | ref log-probs | reward | loss forward+backward | "
             "optimizer | step | episode stats |", "| --- " * 10 + "|"]
     for name, r in results.items():
         c = r["cpu"]
-        generate = r["cpu"].get("generate") if r["cpu"].get("generate") is not None else r["wall"].get("generate")
-        rows.append(f"| {name} | {cell(c['rollout'])} | {cell(generate)} | {cell(c['score'])} | "
+        rows.append(f"| {name} | {cell(c['rollout'])} | {cell(c.get('generate'))} | {cell(c['score'])} | "
                     f"{cell(c['ref_logprobs'])} | {cell(c['reward'])} | {cell(c['loss_forward_backward'])} | "
                     f"{cell(c['optimizer_step'])} | {cell(c['step'])} | "
                     + ", ".join(f"{k} {v:.2f}" for k, v in r["stats"].items() if isinstance(v, (int, float))) + " |")
@@ -174,8 +174,11 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--md", type=Path, default=None, help="write the table into this file's profile block")
     parser.add_argument("--ablate", action="store_true", help="also aitrain with --shared-prefix-loss off")
     parser.add_argument("--parallel", type=int, default=2)
+    parser.add_argument("--from-json", action="store_true", help="only write the table of <out>/profile.json")
     parser.add_argument("--trl-step", type=Path, default=None, help=argparse.SUPPRESS)  # the TRL child process
     args = parser.parse_args(argv)
+    if args.from_json:
+        return write_table(json.loads((args.out / "profile.json").read_text()), args)
     from aitrain_grpo.models.loading import resolve_model
 
     start = str(Path(resolve_model(args.start)).resolve())
@@ -202,6 +205,10 @@ def main(argv: list[str] | None = None) -> None:
     results = {name: (json.loads((args.out / "trl" / "phases.json").read_text()) if name == "trl"
                       else aitrain_phases(args.out / folders[name])) for name in runs}
     (args.out / "profile.json").write_text(json.dumps(results, indent=1) + "\n")
+    write_table(results, args)
+
+
+def write_table(results: dict, args) -> None:
     block = (f"One step each from `{args.start}`, seed {args.seed}, CPU seconds a phase (`python "
              f"benchmarks/head_to_head_profile.py --start {args.start}{' --ablate' if args.ablate else ''}`):\n\n"
              + table(results))
