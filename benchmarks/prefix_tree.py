@@ -193,6 +193,35 @@ def table(results: list[dict]) -> str:
     return "\n".join(lines)
 
 
+def demo_tokens(path: Path, model: str, micro: int) -> dict:
+    """The tokens a pass computes over an `aitrain sft` demonstrations file's sequences (an oracle's
+    episodes as a context strategy cut them: each sequence's prompt is the kept history), an episode's
+    sequences side by side in passes of `micro` rows, as the loss pass groups a group's rows. Tokens only:
+    the oracle's episodes are the same in every sample, so they are not a GRPO group's to time."""
+    from aitrain_grpo.models.loading import load_tokenizer, resolve_source
+
+    tokenizer = load_tokenizer(resolve_source(model))
+    rows = []
+    for line in path.read_text().splitlines():
+        demo = json.loads(line)
+        for messages in [*demo.get("earlier_messages", []), demo["messages"]]:
+            prompt = tokenizer.apply_chat_template(messages[:demo["prompt_length"]], add_generation_prompt=True,
+                                                   tokenize=True, return_dict=False)
+            whole = tokenizer.apply_chat_template(messages, tokenize=True, return_dict=False)
+            rows.append((list(prompt), list(whole[len(prompt):])))
+    parts = []
+    for i in range(0, len(rows), micro):
+        chunk = rows[i:i + micro]
+        width, length = max(len(p) for p, _ in chunk), max(len(c) for _, c in chunk)
+        parts.append({
+            "prompt_ids": torch.tensor([[0] * (width - len(p)) + p for p, _ in chunk]),
+            "prompt_mask": torch.tensor([[0] * (width - len(p)) + [1] * len(p) for p, _ in chunk]),
+            "completion_ids": torch.tensor([c + [0] * (length - len(c)) for _, c in chunk]),
+            "completion_mask": torch.tensor([[1] * len(c) + [0] * (length - len(c)) for _, c in chunk]),
+        })
+    return {"demos": str(path), "sequences": len(rows), "micro": micro, "tokens": tokens(parts)}
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--model", default="smollm2")
@@ -203,10 +232,14 @@ def main() -> None:
     parser.add_argument("--seed", type=int, default=3)
     parser.add_argument("--json", type=Path, help="also write the raw results here")
     parser.add_argument("--record", type=Path, help="append the table to this markdown file")
+    parser.add_argument("--demos", type=Path, help="count the tokens of an sft demos.jsonl's sequences instead")
     parser.add_argument("--check", type=float, metavar="TOL",
                         help="exit 1 when the two reference passes' log-probs differ by more than TOL, or the summed "
                              "losses by more than TOL relative (benchmarks/gpu_check.py: 0.1 for bfloat16)")
     args = parser.parse_args()
+    if args.demos:
+        print(json.dumps(demo_tokens(args.demos, args.model, args.micro)))
+        return
     results = []
     for workload in args.workloads:
         r = measure(args.model, workload, args.batch, args.micro, args.reps, args.seed)
