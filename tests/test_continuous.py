@@ -5,7 +5,7 @@ conversations, the same token ids and masks, and log-probabilities that differ o
 rounding that a different batch composition brings (the tolerance is stated per backend). The
 episodes here play different numbers of turns, come in GRPO groups of two identical prompts, and get
 fewer slots than there are episodes, so the continuous schedule really does refill slots and batch
-differently. The vLLM server version of the comparison is in test_continuous_vllm.py.
+differently. The vLLM server version of the comparison is in test_vllm.py.
 
 The model is the real tiny one; its turns end with a forced EOS after `NEW_TOKENS` tokens (a
 transformers generation option; helpers/rollouts.py), so episodes play all the turns the environment asks for.

@@ -6,7 +6,12 @@ step 1 as the evaluation before step 1 scored the base weights; Hugging Face gen
 One short run serves the module (an engine start costs 20-50 s): one step at a high learning rate, full
 fine-tuning (so that `aitrain eval` loads exactly the weights the trainer synced, not an adapter applied
 per request), evaluated before step 1 and after it. Training and `aitrain eval` each run in a process of
-their own: a colocated engine sets process-wide distributed state."""
+their own: a colocated engine sets process-wide distributed state.
+
+The evaluation process opens one engine on the saved run and plays on it three times (its `open_backend`
+wrapped to keep what it opened): the held-back tasks as the run played them, then, for
+`aitrain eval --use-vllm`'s schedule choice, the environment's own tasks under `auto` and under `lockstep`
+(this module's engine instead of two more engine starts of their own)."""
 
 from __future__ import annotations
 
@@ -29,18 +34,33 @@ EVAL_KEYS = ("eval/mean_score", "eval/success", "eval/pass@1", "eval/turns", "ev
 SUMMARY_OF = dict(zip(EVAL_KEYS, ("mean_score", "success_rate", "pass@1", "mean_turns", "tool_errors", "truncated")))
 ENV = dict(os.environ, OMP_NUM_THREADS="1", VLLM_CPU_KVCACHE_SPACE="1")
 
-# `aitrain eval --model RUN --use-vllm --episodes 4 --rl-env-config HELD_BACK --seed SEED --rl-temperature 0`,
-# its summary printed as JSON.
+# `aitrain eval --model RUN --use-vllm --rl-temperature 0 --seed SEED` three times on one engine: the held-back tasks
+# (`--rl-env-config HELD_BACK --episodes 4`, the run's schedule), then the environment's own tasks
+# (`--episodes 6 --rl-max-new-tokens 24`) with `--rl-rollout-schedule auto` and `lockstep`, each written to
+# FOLDER/NAME.jsonl; what each printed and its summary, and how many engines were opened, printed as JSON.
 EVAL_SCRIPT = """
 import io, json, sys
 from rich.console import Console
+from aitrain_grpo.commands import evaluation
 from aitrain_grpo.commands.evaluation import RUN_FLAGS, run_eval
-options = {name: None for name in RUN_FLAGS}
-options["rl_temperature"] = 0.0
-results = run_eval(model=sys.argv[1], baseline=None, module=None, class_name=None, env_config=sys.argv[2],
-                   episodes=4, samples=1, use_vllm=True, output=None, options=options, seed=int(sys.argv[3]),
-                   batch_size=32, console=Console(file=io.StringIO()))
-print("SUMMARY " + json.dumps(results[0].summary()))
+run, held_back, seed, folder = sys.argv[1], sys.argv[2], int(sys.argv[3]), sys.argv[4]
+opened, open_backend = {}, evaluation.open_backend
+def open_once(source, *, use_vllm=False):
+    if source.spec not in opened:
+        opened[source.spec] = open_backend(source, use_vllm=use_vllm)
+    return opened[source.spec]
+evaluation.open_backend = open_once
+played = {}
+for name, env_config, episodes, schedule, tokens in (("held_back", held_back, 4, None, None),
+                                                     ("auto", None, 6, "auto", 24), ("lockstep", None, 6, "lockstep", 24)):
+    options = {key: None for key in RUN_FLAGS}
+    options.update(rl_temperature=0.0, rl_rollout_schedule=schedule, rl_max_new_tokens=tokens)
+    printed = io.StringIO()
+    results = run_eval(model=run, baseline=None, module=None, class_name=None, env_config=env_config,
+                       episodes=episodes, samples=1, use_vllm=True, output=f"{folder}/{name}.jsonl", options=options,
+                       seed=seed, batch_size=32, console=Console(file=printed, width=200))
+    played[name] = {"summary": results[0].summary(), "printed": printed.getvalue()}
+print("PLAYED " + json.dumps({"engines": len(opened), **played}))
 """
 
 
@@ -65,18 +85,44 @@ def vllm_run(tiny_model_dir, tmp_path_factory):
     return out, {r["step"]: r for r in records}, result.stdout
 
 
-def test_eval_in_a_colocated_vllm_run_plays_its_engine_on_the_current_weights(vllm_run, tmp_path):
+@pytest.fixture(scope="module")
+def evaluated(vllm_run, tmp_path_factory):
+    """What `aitrain eval --use-vllm` played on the saved run (EVAL_SCRIPT): {name: {summary, printed}}, the
+    episodes in FOLDER/NAME.jsonl, and the number of engines it opened."""
+    out, _, _ = vllm_run
+    folder = tmp_path_factory.mktemp("held_back_eval")
+    result = run(["-c", EVAL_SCRIPT, str(out), json.dumps(HELD_BACK), str(SEED), str(folder)], folder)
+    assert result.returncode == 0, result.stderr[-3000:]
+    played = json.loads(result.stdout.split("PLAYED ", 1)[1].splitlines()[0])
+    assert played["engines"] == 1, played  # one engine start served the three evaluations
+    return folder, played
+
+
+def test_eval_in_a_colocated_vllm_run_plays_its_engine_on_the_current_weights(vllm_run, evaluated):
     out, records, printed = vllm_run
     lines = [line for line in printed.splitlines() if line.startswith("held-back eval at step")]
     assert len(lines) == 2 and all("(4 tasks x 1, vLLM," in line for line in lines), lines
-    result = run(["-c", EVAL_SCRIPT, str(out), json.dumps(HELD_BACK), str(SEED)], tmp_path)
-    assert result.returncode == 0, result.stderr[-3000:]
-    played = json.loads(result.stdout.split("SUMMARY ", 1)[1].splitlines()[0])
+    played = evaluated[1]["held_back"]["summary"]
     logged = {key: records[1][key] for key in EVAL_KEYS}
     assert logged == {key: played[SUMMARY_OF[key]] for key in EVAL_KEYS}
     # The step moved the weights far enough to change what greedy play scores: a stale engine's step-1
     # evaluation would repeat step 0's numbers.
     assert logged != {key: records[0][key] for key in EVAL_KEYS}
+
+
+def test_eval_with_vllm_plays_continuous_rollouts_like_training(vllm_run, evaluated):
+    """`aitrain eval --use-vllm` takes training's schedule choice: continuous unless told otherwise, and
+    greedy episodes come out the same under either schedule."""
+    out, _, _ = vllm_run
+    folder, played = evaluated
+    assert json.loads((out / "run_config.json").read_text())["rl_rollout_schedule"] == "auto"
+    assert "continuous rollouts" in " ".join(played["held_back"]["printed"].split())  # the run's choice, auto
+    transcripts = {}
+    for schedule, rollouts in (("auto", "continuous"), ("lockstep", "lockstep")):
+        assert f"{rollouts} rollouts" in " ".join(played[schedule]["printed"].split()), played[schedule]["printed"]
+        records = map(json.loads, (folder / f"{schedule}.jsonl").read_text().splitlines())
+        transcripts[schedule] = [(r["messages"], r["score"]) for r in records]
+    assert len(transcripts["auto"]) == 6 and transcripts["auto"] == transcripts["lockstep"]
 
 
 def test_the_evaluation_is_a_phase_of_its_step_in_a_vllm_run(vllm_run):

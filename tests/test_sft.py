@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from helpers import REPO, command_options, run_cli
+from helpers import REPO, command_options, in_process_cli, run_cli
 from helpers.rollouts import OracleBackend
 
 FIXTURES = REPO / "tests"
@@ -22,7 +22,8 @@ HOTEL = ["--rl-env-module", "envs.hotel", "--rl-env-class", "HotelEnv"]
 
 
 def assert_one_line_error(result, *fragments: str) -> str:
-    assert result.returncode == 2, result.stdout + result.stderr
+    code = result.returncode if hasattr(result, "returncode") else result.exit_code  # a process's, or in_process_cli's
+    assert code == 2, result.stdout + result.stderr + repr(getattr(result, "exception", None))
     lines = [line for line in result.stderr.splitlines() if line.strip()]
     assert len(lines) == 1 and lines[0].startswith("error: "), result.stderr
     for fragment in fragments:
@@ -175,20 +176,27 @@ def test_options_are_grpos_and_the_differing_defaults_are_shown():
     assert sft["--epochs"][1] == 3.0 and "(default: 3.0)" in sft["--epochs"][0]
 
 
-def test_an_environment_without_solve_is_refused(tmp_path):
+# The refusals run in this process (`in_process_cli`: the same code and exit codes without a command's start,
+# 9 CPU seconds); the last, on a finished run, runs as the command, where nothing else reaches stderr.
+@pytest.mark.integration  # a command, run in this process
+@pytest.mark.usefixtures("isolated_imports")
+def test_an_environment_without_solve_is_refused(tmp_path, monkeypatch):
     out = tmp_path / "never"
-    result = run_cli("sft", "--rl-env-module", "envs_fixtures.good", "--rl-env-class", "GoodEnv",
-                     "--rl-env-config", '{"num_tasks": 2}', "--output-dir", str(out), cwd=FIXTURES)
+    result = in_process_cli(monkeypatch, FIXTURES)("sft", "--rl-env-module", "envs_fixtures.good", "--rl-env-class",
+                                                  "GoodEnv", "--rl-env-config", '{"num_tasks": 2}', "--output-dir", out)
     assert_one_line_error(result, "GoodEnv has no solve(episode) -> str", "add one")
     assert not out.exists()
 
 
-def test_no_demonstration_good_enough_is_refused(tmp_path):
+@pytest.mark.integration  # a command, run in this process
+@pytest.mark.usefixtures("isolated_imports")
+def test_no_demonstration_good_enough_is_refused(tmp_path, monkeypatch):
+    cli = in_process_cli(monkeypatch, REPO)
     # One turn lets the oracle search but never book: every episode scores 0.2.
-    result = run_cli("sft", *HOTEL, "--episodes", "4", "--rl-max-turns", "1", "--output-dir", str(tmp_path / "o"))
+    result = cli("sft", *HOTEL, "--episodes", "4", "--rl-max-turns", "1", "--output-dir", tmp_path / "o")
     assert_one_line_error(result, "none of the 4 oracle episodes of HotelEnv scored at least --min-score 1",
                           "best: 0.2", "lower --min-score")
-    result = run_cli("sft", *HOTEL, "--min-score", "1.5", "--output-dir", str(tmp_path / "o"))
+    result = cli("sft", *HOTEL, "--min-score", "1.5", "--output-dir", tmp_path / "o")
     assert_one_line_error(result, "--min-score must be in [0, 1]")
 
 

