@@ -245,15 +245,18 @@ def test_a_model_that_ignores_the_trees_positions_falls_back(tiny_model_dir, tmp
     torch.testing.assert_close(got, plain_logps, atol=ATOL, rtol=0)
 
 
-def test_auto_shares_only_where_the_tree_costs_less(lora_trainer):
+def test_trees_share_only_where_they_cost_less(lora_trainer, caplog):
     # The whole batch in one chunk: 3 prompts of 14 columns for 8 episodes. With 11 completion columns the
-    # tree is 92 of the rows' 143 tokens, an estimated 0.52 of the plain path's cost; with 51, 413 of 463,
-    # and its dense mask over all 413 costs the tiny model more than the rows' 65 columns: `auto` leaves it be.
-    for longer, auto_shares in ((0, 1), (40, 0)):
+    # tree is 92 of the rows' 143 tokens, an estimated 0.52 of the plain path's cost: both modes share.
+    # With 51, 413 of 463: its dense mask would hold 5x the 8 rows' attention scores, which neither mode
+    # computes (and auto's estimate, 1.32, would have declined it too).
+    for longer, shares in ((0, 1), (40, 0)):
         batch = episode_batch(longer=longer)
-        _, _, on = logps(lora_trainer, "on", batch)
+        with caplog.at_level(logging.WARNING, logger="aitrain_grpo.training.step.shared_prefix"):
+            _, _, on = logps(lora_trainer, "on", batch)
         _, _, auto = logps(lora_trainer, "auto", batch)
-        assert (on.shared_chunks, auto.shared_chunks) == (1, auto_shares), longer
+        assert (on.shared_chunks, auto.shared_chunks) == (shares, shares), longer
+    assert "attention scores" in caplog.text
     ids = torch.tensor([[0, 5, 6, 7, 8], [0, 5, 6, 7, 9]])
     mask = (ids != 0).long()
     tree = build_tree(ids, mask, logits_to_keep=1)

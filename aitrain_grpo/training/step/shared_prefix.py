@@ -65,6 +65,11 @@ AUTO_MAX_COST = 0.85
 AUTO_DEVICES = ("cpu",)
 # A larger tree takes the plain path: its mask alone is nodes^2 values (8192 tokens: 256 MiB in float32).
 MAX_NODES = 8192
+# ... and so does a tree whose dense mask holds more than this many times the attention scores of the
+# plain rows (rows x width^2): rows that share little would make the tree's attention, computed and kept
+# for the backward over every pair of nodes, the largest memory of the pass (a stations pass of 4 rows
+# of 620 tokens peaks at 6.7 GB plain; a tree of all their tokens would hold 4x the scores).
+MAX_ATTENTION_GROWTH = 2
 # Attention implementations that read a prepared 4D mask.
 MASKED_ATTENTION = ("sdpa", "eager")
 # How far the first shared chunk may be from the plain path (largest log-prob difference) before the model
@@ -241,7 +246,12 @@ def _tree_chunk(accelerator: Any, state: SharedPrefix, model: Any, ids: torch.Te
         state.note_once(f"a chunk's tree of {tree.nodes} tokens is over {MAX_NODES} (its mask is quadratic); "
                         f"such chunks take TRL's plain path")
         return None
-    if state.mode == "auto" and _cost(causal, tree, ids, mask, logits_to_keep) > AUTO_MAX_COST:
+    width = _used_width(ids, mask, logits_to_keep)
+    if tree.nodes ** 2 > MAX_ATTENTION_GROWTH * ids.size(0) * width ** 2:
+        state.note_once(f"a chunk whose rows share little makes a tree whose dense mask holds over "
+                        f"{MAX_ATTENTION_GROWTH}x the plain rows' attention scores; such chunks take TRL's plain path")
+        return None
+    if state.mode == "auto" and _cost(causal, tree, ids.size(0), width) > AUTO_MAX_COST:
         return None
     logps, entropy = _tree_forward(accelerator, model, causal, tree, compute_entropy)
     if not state.checked and not dropout_in_use(causal):  # with dropout the two paths draw different masks
@@ -296,14 +306,19 @@ def _rotary(causal: Any) -> bool:
     return any(getattr(config, name, None) is not None for name in ("rope_parameters", "rope_theta", "rope_scaling"))
 
 
-def _cost(causal: Any, tree: PackedTree, ids: torch.Tensor, mask: torch.Tensor, logits_to_keep: int) -> float:
-    config = causal.config.get_text_config()
+def _used_width(ids: torch.Tensor, mask: torch.Tensor, logits_to_keep: int) -> int:
+    """The plain path's padded width for these rows: the prompt columns and the completion columns some
+    row uses (the plain passes cut the rest)."""
     used = mask[:, ids.size(1) - logits_to_keep:].any(dim=0).nonzero()
-    width = ids.size(1) - logits_to_keep + (int(used[-1]) + 1 if used.numel() else 0)
+    return ids.size(1) - logits_to_keep + (int(used[-1]) + 1 if used.numel() else 0)
+
+
+def _cost(causal: Any, tree: PackedTree, rows: int, width: int) -> float:
+    config = causal.config.get_text_config()
     weights = causal.num_parameters(exclude_embeddings=True)
     heads = getattr(config, "num_attention_heads", 1)
     heads_width = heads * (getattr(config, "head_dim", None) or config.hidden_size // heads)
-    return cost_ratio(tree, plain_tokens=ids.size(0) * width, plain_width=width,
+    return cost_ratio(tree, plain_tokens=rows * width, plain_width=width,
                       weights_per_token=weights, attention_per_key=2 * config.num_hidden_layers * heads_width)
 
 
