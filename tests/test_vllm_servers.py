@@ -185,20 +185,22 @@ def wait_for_steps(out: Path, training: subprocess.Popen, steps: int, timeout: f
         time.sleep(0.3)
 
 
-def test_a_single_server_that_restarts_does_not_end_the_run(tiny_model_dir, tmp_path):
-    process, url = start_vllm_serve(tiny_model_dir, tmp_path / "server.log")
+def test_a_single_server_that_restarts_does_not_end_the_run(two_servers, tiny_model_dir, tmp_path):
+    """A run on server A of the module's two alone (a server of its own would be one more start): A is
+    killed and started again on its port, and stays the module's (the fixture stops it at the end)."""
+    a = two_servers[0]
+    url = a["url"]
     out = tmp_path / "run"
     training = start_training(out, tiny_model_dir, url, "--max-steps", "8", "--vllm-sync", "lora",
                               "--vllm-server-timeout", "400")  # a restart: 30-60 s idle, minutes on busy cores
     try:
         wait_for_steps(out, training, 1)
-        kill_hard(process)  # requests in flight fail, then connections are refused
+        kill_hard(a["process"])  # requests in flight fail, then connections are refused
         time.sleep(8)  # the run notices and waits
-        process = serve_on(url, tiny_model_dir, tmp_path / "server.log")
+        a["process"] = serve_on(url, tiny_model_dir, a["log"])
         stdout, stderr = training.communicate(timeout=600)
     finally:
         training.kill()
-        stop(process)
     assert training.returncode == 0, stderr[-3000:]
     assert "Traceback" not in stderr
     waits = [line for line in stderr.splitlines() if line.startswith("waiting for a vLLM server to return")]
