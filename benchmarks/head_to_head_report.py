@@ -27,7 +27,7 @@ from pathlib import Path
 
 from head_to_head_ledger import curve as curve_of
 from head_to_head_ledger import read_ledger
-from head_to_head_stats import curve_figure, describe, difference
+from head_to_head_stats import curve_figure, describe, difference, success_figure
 from head_to_head_trl import RECIPE
 from learning import write_block
 from results_table import machine as describe_machine
@@ -152,30 +152,9 @@ def summary_lines(rows: list[dict]) -> list[str]:
 
 def figure(rows: list[dict], path: Path) -> bool:
     """Held-back success against minutes, every run; False when matplotlib is missing."""
-    try:
-        import matplotlib
-
-        matplotlib.use("Agg")
-        import matplotlib.pyplot as plt
-    except ImportError:
-        return False
-    if not any(s is not None for r in rows for _, _, s in r["curve"]):
-        return False
-    fig, ax = plt.subplots(figsize=(7, 4.2))
-    for r in rows:
-        points = [(m, s) for m, _, s in r["curve"] if s is not None]
-        if points:
-            color, line = STYLE.get(r["trainer"], ("gray", ":"))
-            ax.plot(*zip(*points), line, color=color, marker="o", markersize=3, label=r["name"], alpha=0.85)
-    ax.set_xlabel("minutes since the process started (model loading included)")
-    ax.set_ylabel("held-back success (aitrain eval)")
-    ax.set_ylim(-0.02, 1.02)
-    ax.grid(alpha=0.3)
-    ax.legend(fontsize=7, ncol=2)
-    fig.tight_layout()
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
-    return True
+    series = [(r["name"], r["trainer"], [(m, s) for m, _, s in r["curve"] if s is not None]) for r in rows]
+    return success_figure(series, path, STYLE, "minutes since the process started (model loading included)",
+                          "held-back success (aitrain eval)")
 
 
 def results_block(runs_dir: Path, figure_path: Path | None) -> str:

@@ -70,8 +70,9 @@ def describe(result: dict | None, loop: str) -> str:
             f" **{result['verdict']}**.")
 
 
-def curve_figure(rows: list[dict], path, style: dict) -> bool:
-    """In-training held-back success against training CPU minutes, every run; False without matplotlib or data."""
+def success_figure(series: list[tuple[str, str, list[tuple[float, float]]]], path, style: dict, xlabel: str,
+                   ylabel: str) -> bool:
+    """Held-back success lines, one per (run name, trainer, points); False without matplotlib or points."""
     try:
         import matplotlib
 
@@ -79,16 +80,15 @@ def curve_figure(rows: list[dict], path, style: dict) -> bool:
         import matplotlib.pyplot as plt
     except ImportError:
         return False
-    if not any(r["ledger"] for r in rows):
+    if not any(points for _, _, points in series):
         return False
     fig, ax = plt.subplots(figsize=(7, 4.2))
-    for r in rows:
-        points = [(e["train_cpu_s"] / 60, e["success"]) for e in r["ledger"] if e.get("success") is not None]
+    for name, trainer, points in series:
         if points:
-            color, line = style.get(r["trainer"], ("gray", ":"))
-            ax.plot(*zip(*points), line, color=color, marker="o", markersize=3, label=r["name"], alpha=0.85)
-    ax.set_xlabel("CPU minutes of training (model loading included, evaluation left out)")
-    ax.set_ylabel("held-back success (in-training evaluation)")
+            color, line = style.get(trainer, ("gray", ":"))
+            ax.plot(*zip(*points), line, color=color, marker="o", markersize=3, label=name, alpha=0.85)
+    ax.set_xlabel(xlabel)
+    ax.set_ylabel(ylabel)
     ax.set_ylim(-0.02, 1.02)
     ax.grid(alpha=0.3)
     ax.legend(fontsize=7, ncol=2)
@@ -96,3 +96,11 @@ def curve_figure(rows: list[dict], path, style: dict) -> bool:
     fig.savefig(path, dpi=110)
     plt.close(fig)
     return True
+
+
+def curve_figure(rows: list[dict], path, style: dict) -> bool:
+    """In-training held-back success against training CPU minutes, every run; False without matplotlib or data."""
+    series = [(r["name"], r["trainer"], [(e["train_cpu_s"] / 60, e["success"]) for e in r["ledger"]
+                                         if e.get("success") is not None]) for r in rows]
+    return success_figure(series, path, style, "CPU minutes of training (model loading included, evaluation left out)",
+                          "held-back success (in-training evaluation)")
