@@ -182,6 +182,21 @@ def test_local_vllm_server_gpus_are_hidden_from_training(monkeypatch, tmp_path):
     assert generation.training_devices(["0"], 1) == ["0"]  # never leaves training without a GPU
 
 
+def test_two_colocated_runs_started_at_once_get_their_own_rendezvous_ports():
+    """TRL would give both 29500 (its first choice when it looks free), and the second engine's start
+    fails with EADDRINUSE; each single-process colocated run now takes a port the OS hands out."""
+    from aitrain_grpo.training.rollout.generation import GenerationPlan, colocate_rendezvous_port
+
+    colocate = GenerationPlan("vllm_colocate", "reload")
+    first, second = {}, {}
+    assert colocate_rendezvous_port(colocate, first) and colocate_rendezvous_port(colocate, second)
+    ports = {int(first["MASTER_PORT"]), int(second["MASTER_PORT"])}
+    assert 29500 not in ports and all(0 < port < 65536 for port in ports)  # the OS's pick, not a fixed list
+    assert colocate_rendezvous_port(colocate, {"MASTER_PORT": "1234"}) is None  # the user's or launcher's port stands
+    assert colocate_rendezvous_port(colocate, {"WORLD_SIZE": "2"}) is None
+    assert colocate_rendezvous_port(GenerationPlan("hf", None), {}) is None
+
+
 def test_a_missing_tracker_is_refused_before_anything_is_written(tmp_path):
     out = tmp_path / "run"
     result = grpo(*LETTERS, "--report-to", "wandb", "--output-dir", str(out))

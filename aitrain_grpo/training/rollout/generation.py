@@ -187,6 +187,24 @@ def training_devices(visible: list[str], server_gpus: int) -> list[str]:
     return visible[server_gpus:]
 
 
+def colocate_rendezvous_port(plan: GenerationPlan, environ: dict[str, str] | None = None) -> str | None:
+    """For a colocated engine in a single process, set MASTER_PORT to a port the OS hands out, unless
+    one is set. TRL sets it otherwise from a fixed list that starts at 29500, checked and then bound:
+    two runs starting at once on one machine both find 29500 free and the second engine's start fails
+    with EADDRINUSE (seen with two runs side by side). Under a launcher (WORLD_SIZE > 1) the launcher's
+    port stands. Returns the port set, or None."""
+    import os
+    import socket
+
+    environ = os.environ if environ is None else environ
+    if plan.backend != "vllm_colocate" or environ.get("MASTER_PORT") or int(environ.get("WORLD_SIZE", "1") or 1) > 1:
+        return None
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+        sock.bind(("127.0.0.1", 0))
+        environ["MASTER_PORT"] = str(sock.getsockname()[1])
+    return environ["MASTER_PORT"]
+
+
 def reserve_server_gpus(config: RunConfig, environ: dict[str, str] | None = None) -> str | None:
     """For a server on this machine, hide its GPUs from training by setting CUDA_VISIBLE_DEVICES (before
     CUDA starts). Skipped when the user set CUDA_VISIBLE_DEVICES or the server is on another machine.

@@ -25,7 +25,8 @@ from aitrain_grpo.models.loading import check_model_option
 from aitrain_grpo.runlog.files import check_tracker_installed
 from aitrain_grpo.training.rollout.async_steps import check_async_supported
 from aitrain_grpo.training.run.folder import check_output_dir_for_run, with_fresh_default_output_dir
-from aitrain_grpo.training.rollout.generation import GenerationPlan, plan_generation, reserve_server_gpus
+from aitrain_grpo.training.rollout.generation import (GenerationPlan, colocate_rendezvous_port, plan_generation,
+                                                      reserve_server_gpus)
 from aitrain_grpo.training.run.folder import check_overwrite_target, check_resume_has_steps_left, resume_note
 from aitrain_grpo.training.step.micro_batches import BatchShape
 from aitrain_grpo.training.run.lock import claim_output_dir
@@ -54,6 +55,7 @@ def plan_run(config: RunConfig) -> RunPlan:
     reserve_server_gpus(config)  # before anything starts CUDA
     check_distributed_engine()
     generation = plan_generation(config)
+    colocate_rendezvous_port(generation)  # before TRL's engine picks 29500 (rollout/generation.py)
     check_async_supported(config, generation.sync)
     resume = check_output_dir_for_run(config)
     check_resume_has_steps_left(config, resume)
