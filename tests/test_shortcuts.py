@@ -123,16 +123,21 @@ def test_an_older_run_without_stop_reasons_is_read_by_its_truncated_share():
     assert found is not None and found.moves[0].metric == "env/truncated_frac"
 
 
-def test_training_prints_the_shortcut_warning_once():
-    records = run(**{"env/stop/turn_tokens": (0.1, 1.0), "env/turns_mean": (2.9, 1.0)})
-    assert "shortcut" in [w.key for w in check_health(records[:30])]
+def printed(records) -> str:
+    """What the training health callback prints as `records` are logged one step at a time."""
     out = io.StringIO()
-    callback = HealthCallback(Console(file=out, width=400, highlight=False))
+    callback = HealthCallback(Console(file=out, width=600, highlight=False))
     state = TrainerState()
     for record in records:
         state.global_step = record["step"]
         callback.on_log(None, state, TrainerControl(), logs={k: v for k, v in record.items() if k != "step"})
-    text = out.getvalue()
+    return out.getvalue()
+
+
+def test_training_prints_the_shortcut_warning_once():
+    records = run(**{"env/stop/turn_tokens": (0.1, 1.0), "env/turns_mean": (2.9, 1.0)})
+    assert "shortcut" in [w.key for w in check_health(records[:30])]
+    text = printed(records)
     assert text.count("possible shortcut") == 1
     assert "episodes.jsonl" in text and "score function" in text
 
@@ -160,13 +165,7 @@ def test_training_prints_the_warning_once_more_when_its_replies_come_to_resemble
     records = run(**{"env/stop/turn_tokens": (0.1, 1.0), "env/turns_mean": (2.9, 1.0)})
     for r in records:
         r["probe/fill-the-turn"] = 0.0 if r["step"] < 24 else 0.97
-    out = io.StringIO()
-    callback = HealthCallback(Console(file=out, width=600, highlight=False))
-    state = TrainerState()
-    for record in records:
-        state.global_step = record["step"]
-        callback.on_log(None, state, TrainerControl(), logs={k: v for k, v in record.items() if k != "step"})
-    lines = [line for line in out.getvalue().splitlines() if "possible shortcut" in line]
+    lines = [line for line in printed(records).splitlines() if "possible shortcut" in line]
     assert len(lines) == 2 and "resemble" not in lines[0]
     assert "its replies resemble the probe 'fill-the-turn'" in lines[1]
     found = first_shortcut(records)  # the report's replay: the first step, and the probe from where it was named
