@@ -111,12 +111,13 @@ class SharedPrefix:
 def shared_logps(accelerator: Any, state: SharedPrefix, model: Any, input_ids: torch.Tensor,
                  attention_mask: torch.Tensor, logits_to_keep: int, batch_size: int | None, compute_entropy: bool,
                  compute_aux_loss: bool, extras: dict[str, Any],
-                 plain: Callable[[torch.Tensor, torch.Tensor, int | None], tuple]) -> tuple:
+                 plain: Callable[..., tuple]) -> tuple:
     """What TRL's `_get_per_token_logps_and_entropies` returns, shared where this call allows it;
-    `plain(ids, mask, batch_size)` is TRL's own method; `state` the run's (run/context.py)."""
+    `plain(ids, mask, batch_size, on=None)` is TRL's own method on `model` (or on the model `on`);
+    `state` the run's (run/context.py)."""
     if not declined(accelerator, state, model, input_ids.device, extras, compute_aux_loss):
         return per_token_logps(accelerator, state, model, input_ids, attention_mask, logits_to_keep, batch_size,
-                               compute_entropy, lambda ids, mask: plain(ids, mask, None))
+                               compute_entropy, lambda ids, mask, on=None: plain(ids, mask, None, on))
     return plain(input_ids, attention_mask, batch_size)
 
 
@@ -203,10 +204,12 @@ def unsupported(accelerator: Any, model: Any, extras: dict[str, Any], compute_au
 
 def per_token_logps(accelerator: Any, state: SharedPrefix, model: Any, input_ids: torch.Tensor,
                     attention_mask: torch.Tensor, logits_to_keep: int, batch_size: int | None, compute_entropy: bool,
-                    plain: Callable[[torch.Tensor, torch.Tensor], tuple]) -> tuple:
+                    plain: Callable[..., tuple]) -> tuple:
     """TRL's `(logps, entropies, aux_loss)` for these rows: in the order of their tokens, each chunk of
     `batch_size` rows shared where it pays and `plain(ids, mask)` (TRL's own method on that chunk) where
-    not, the results in the rows' own order."""
+    not, the results in the rows' own order. Each chunk is one forward of `model`, shared or not: under a
+    distributed wrapper a forward can be a collective (DDP broadcasts the buffers), so every process must
+    make as many whatever its rows."""
     batch_size = batch_size or input_ids.size(0)
     order = token_order(input_ids, attention_mask)
     logps, entropies = [], []
@@ -237,7 +240,7 @@ def token_order(input_ids: torch.Tensor, attention_mask: torch.Tensor) -> torch.
 
 def _tree_chunk(accelerator: Any, state: SharedPrefix, model: Any, ids: torch.Tensor, mask: torch.Tensor,
                 logits_to_keep: int, compute_entropy: bool,
-                plain: Callable[[torch.Tensor, torch.Tensor], tuple]) -> tuple[torch.Tensor, torch.Tensor | None] | None:
+                plain: Callable[..., tuple]) -> tuple[torch.Tensor, torch.Tensor | None] | None:
     causal = _trained(accelerator, model)
     tree = build_tree(ids, mask, logits_to_keep, by_column=not _rotary(causal))
     if tree.nodes >= tree.row_tokens:
@@ -256,7 +259,10 @@ def _tree_chunk(accelerator: Any, state: SharedPrefix, model: Any, ids: torch.Te
     logps, entropy = _tree_forward(accelerator, model, causal, tree, compute_entropy)
     if not state.checked and not dropout_in_use(causal):  # with dropout the two paths draw different masks
         state.checked = True
-        problem = _differs_from_plain(causal, logps, ids, mask, plain)
+        # Against the model under the distributed wrapper: one process checks where another does not, and
+        # a forward of the wrapper would be a collective the others never join (the run hangs).
+        problem = _differs_from_plain(causal, logps, ids, mask,
+                                      lambda i, m: plain(i, m, on=accelerator.unwrap_model(model)))
         if problem:
             state.broken = problem
             state.note(problem)
@@ -288,7 +294,7 @@ def _tree_forward(accelerator: Any, model: Any, causal: Any, tree: PackedTree,
 
 
 def _differs_from_plain(causal: Any, logps: torch.Tensor, ids: torch.Tensor, mask: torch.Tensor,
-                        plain: Callable[[torch.Tensor, torch.Tensor], tuple]) -> str | None:
+                        plain: Callable[..., tuple]) -> str | None:
     with torch.no_grad():
         reference = plain(ids, mask)[0]
     dtype = next(causal.parameters()).dtype

@@ -120,9 +120,9 @@ class TRLHooks:
 
     def _get_per_token_logps_and_entropies(self, model, input_ids, attention_mask, logits_to_keep, batch_size=None,
                                            compute_entropy=False, compute_aux_loss=False, **extras):
-        def plain(ids, mask, size):
+        def plain(ids, mask, size, on=None):
             return super(TRLHooks, self)._get_per_token_logps_and_entropies(
-                model, ids, mask, logits_to_keep, batch_size=size, compute_entropy=compute_entropy,
+                model if on is None else on, ids, mask, logits_to_keep, batch_size=size, compute_entropy=compute_entropy,
                 compute_aux_loss=compute_aux_loss, **extras)
 
         out = shared_logps(self.accelerator, self.run.shared_prefix, model, input_ids, attention_mask, logits_to_keep,
