@@ -175,7 +175,7 @@ class RunConfig:
     _section("several processes")
     ddp_timeout: float = _opt(1800.0, "Seconds a process of a multi-process run (accelerate launch, torchrun) waits for the others to start, and then in a collective (the episodes gathered after a rollout, the gradients, a save) before it stops with one line saying another process likely died or hangs (exit 1; the checkpoints written stay). It must cover the longest time one process may spend alone: a slower rollout, a wait for a vLLM server, rank 0's checkpoint save.", bound=POSITIVE_SECONDS)
     _section("vLLM")
-    use_vllm: bool = _opt(False, "Generate with vLLM instead of Hugging Face generate.")
+    use_vllm: bool | None = _opt(None, "Generate with vLLM (--use-vllm) or Hugging Face generate (--no-use-vllm). Default: the engine measured fastest on this kind of machine: colocated vLLM on a CPU with AVX-512 when vLLM is installed and the run is one process (or the server --vllm-server-url names), else Hugging Face generate; the run prints which and why (benchmarks/ENGINE_CHOICE.md).")
     vllm_mode: str = _opt("colocate", "vLLM mode: colocate (in the trainer) or server (aitrain vllm-serve).", choices=VLLM_MODES)
     vllm_gpu_memory_utilization: float = _opt(0.3, "Share of GPU memory for colocated vLLM.", bound=Bound(low=0, high=1, low_open=True))
     vllm_server_url: str | None = _opt(None, "URL of the vLLM server (server mode), e.g. http://127.0.0.1:8000; several, comma-separated (a list in a config file), share the episodes and each get the weights.")

@@ -28,8 +28,8 @@ import tempfile
 from pathlib import Path
 
 ENGINES = {
-    "hf-lockstep": ["--rl-rollout-schedule", "lockstep"],
-    "hf-continuous": ["--rl-rollout-schedule", "continuous"],
+    "hf-lockstep": ["--no-use-vllm", "--rl-rollout-schedule", "lockstep"],
+    "hf-continuous": ["--no-use-vllm", "--rl-rollout-schedule", "continuous"],
     "vllm-colocate": ["--use-vllm", "--vllm-mode", "colocate"],
 }
 

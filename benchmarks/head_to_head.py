@@ -103,6 +103,7 @@ def aitrain_command(start: Path, out: Path, seed: int, save_every: int, max_step
                  json.dumps(HELD_BACK)) if eval_every else ()
     return [sys.executable, str(REPO / "benchmarks" / "head_to_head_aitrain.py"),
             "grpo", "--model", str(start), "--rl-env", ENV_SPEC, "--rl-env-config", json.dumps(ENV_CONFIG),
+            "--no-use-vllm",  # TRL's arm generates with Hugging Face generate too
             "--batch-size", str(r["batch_size"]), "--rl-num-generations", str(r["num_generations"]),
             "--lr", str(r["lr"]), "--rl-kl-coef", str(r["kl_coef"]), "--rl-temperature", str(r["temperature"]),
             "--rl-top-k", str(r["top_k"]), "--rl-top-p", str(r["top_p"]), *TURN_OPTIONS,

@@ -271,7 +271,7 @@ def test_smollm2_export_keeps_its_tied_embeddings(smollm2_model_dir, tmp_path):
     load back with the output layer tied (a lost tie scores text with a random output layer)."""
     run = tmp_path / "smol"
     trained = aitrain("grpo", "--model", "smollm2", *LETTERS, *ONE_STEP, "--lr", "1e-3", "--batch-size", "4",
-                      "--rl-num-generations", "4", "--output-dir", run)
+                      "--rl-num-generations", "4", "--output-dir", run, "--no-use-vllm")
     assert trained.exit_code == 0, trained.output
     folder = tmp_path / "exported"
     result = aitrain("export", run, "--to", folder)

@@ -31,7 +31,8 @@ STEPS = 12
 MIN_RISE = 0.15
 RECIPE = ("--lr", "1e-3", "--rl-kl-coef", "0", "--rl-temperature", "0.7", "--batch-size", "16",
           "--rl-num-generations", "4", "--rl-max-new-tokens", "40", "--rl-max-completion-length", "128",
-          "--rl-cut-turn", "end", "--log-episodes-every", "0")
+          "--rl-cut-turn", "end", "--log-episodes-every", "0",
+          "--no-use-vllm")  # the same engine on every machine (with vLLM installed, an AVX-512 CPU would colocate it)
 
 
 def aitrain(*args: str) -> None:

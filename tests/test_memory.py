@@ -24,6 +24,7 @@ def one_step(model: str, output_dir, micro: int, new_tokens: int = 12) -> dict:
         model=model, output_dir=str(output_dir), rl_env_module="envs.letters", rl_env_class="LetterEnv",
         rl_env_config={"letter": "a", "turns": 2}, max_steps=1, batch_size=8, rl_num_generations=4,
         micro_batch_size=micro, rl_max_new_tokens=new_tokens, lr=1e-3, lora_dropout=0.0, seed=3, rl_cut_turn="end",
+        use_vllm=False,  # the test is of micro-batches; the engine stays the same on every machine
     )
     train(config)
     return json.loads((output_dir / "metrics.jsonl").read_text().splitlines()[0])

@@ -243,7 +243,7 @@ def test_smollm2_trains_one_grpo_step_through_the_cli(smollm2_model_dir, tmp_pat
     out = tmp_path / "run"
     result = run_cli("grpo", *LETTERS, "--model", "smollm2", "--output-dir", str(out), "--max-steps", "1",
                      "--batch-size", "4", "--rl-num-generations", "4", "--rl-max-new-tokens", "12",
-                     "--rl-env-config", '{"turns": 1, "num_tasks": 4}')
+                     "--rl-env-config", '{"turns": 1, "num_tasks": 4}', "--no-use-vllm")
     assert result.returncode == 0, result.stderr[-3000:]
     assert "step 1/1" in result.stdout
     assert json.loads((out / "adapter_config.json").read_text())["base_model_name_or_path"] == smollm2_model_dir

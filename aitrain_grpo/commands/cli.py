@@ -304,7 +304,8 @@ eval_command.__signature__ = inspect.Signature([
     field_option("rl_num_generations", 1, with_default("Episodes per task (k of pass@k).", 1)),
     command_option("baseline", None, "A second model to compare against, on the same tasks and seed.", str),
     command_option("output", None, "Write one JSON line per episode here (messages, score, turns, error).", str),
-    as_in_grpo("use_vllm"),
+    field_option("use_vllm", False, "Generate with vLLM instead of Hugging Face generate (the default here: a short "
+                                    "evaluation does not pay vLLM's 20-50 s start)."),
     *[from_training_run(name) for name in RUN_FLAGS],
     field_option("batch_size", 32, with_default("Episodes generated together.", 32)),
     field_option("seed", 0, with_default("Sampling seed (both models use it).", 0)),

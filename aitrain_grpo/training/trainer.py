@@ -64,7 +64,7 @@ from aitrain_grpo.training.rewards.judge import judge_rewards
 from aitrain_grpo.training.rewards.judge_setup import build_judge
 from aitrain_grpo.training.rollout.generation import check_server as check_vllm_server
 from aitrain_grpo.training.rollout.generation import grpo_kwargs as generation_grpo_kwargs
-from aitrain_grpo.training.rollout.generation import engine_note, sampling_warning
+from aitrain_grpo.training.rollout.generation import sampling_warning
 from aitrain_grpo.training.preflight.memory_check import available_bytes, memory_warning
 from aitrain_grpo.training.step.micro_batches import BatchShape
 from aitrain_grpo.training.run.plan import RunPlan, plan_run
@@ -234,7 +234,7 @@ def build_trainer(config: RunConfig, env: Environment | None = None, *, callback
     plan = plan or plan_run(config)
     config = plan.config  # with the output folder the run really writes to
     check_vllm_server(config, plan.generation)
-    for line in (sampling_warning(config, plan.generation), engine_note(plan.generation)):
+    for line in (plan.engine.line() if plan.engine else None, sampling_warning(config, plan.generation)):
         if line and os.environ.get("RANK", "0") == "0":
             print(line, file=sys.stderr)
     os.environ.setdefault("TRL_EXPERIMENTAL_SILENCE", "1")

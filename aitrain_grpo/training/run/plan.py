@@ -24,6 +24,7 @@ from aitrain_grpo.errors import ConfigError
 from aitrain_grpo.models.loading import check_model_option
 from aitrain_grpo.runlog.files import check_tracker_installed
 from aitrain_grpo.training.rollout.async_steps import check_async_supported
+from aitrain_grpo.training.rollout.engine_choice import EngineChoice, choose_engine
 from aitrain_grpo.training.run.folder import check_output_dir_for_run, with_fresh_default_output_dir
 from aitrain_grpo.training.rollout.generation import (GenerationPlan, colocate_rendezvous_port, plan_generation,
                                                       reserve_server_gpus)
@@ -39,6 +40,7 @@ class RunPlan:
     output_dir: Path
     config: RunConfig  # the options the run uses: the caller's, with the output folder it really writes to
     batch: BatchShape  # episodes a forward/backward pass, passes a step
+    engine: EngineChoice | None = None  # the engine chosen by default (None: the run named one)
 
 
 def plan_run(config: RunConfig) -> RunPlan:
@@ -52,6 +54,7 @@ def plan_run(config: RunConfig) -> RunPlan:
     check_tracker_installed(config.report_to)  # before run_config.json or anything else is written
     movable = not (config.output_dir or config.resume_from_checkpoint or config.overwrite)
     config, note = with_fresh_default_output_dir(config)
+    config, engine = choose_engine(config)  # a server URL is chosen before CUDA is asked about
     reserve_server_gpus(config)  # before anything starts CUDA
     check_distributed_engine()
     generation = plan_generation(config)
@@ -66,7 +69,7 @@ def plan_run(config: RunConfig) -> RunPlan:
             if line:
                 print(line, file=sys.stderr, flush=True)
     return RunPlan(generation=generation, resume=resume, output_dir=config.resolved_output_dir(), config=config,
-                   batch=batch)
+                   batch=batch, engine=engine)
 
 
 def check_distributed_engine() -> None:
