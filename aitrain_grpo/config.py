@@ -313,7 +313,7 @@ class RunConfig:
                 f"--rl-temperature must be above 0 for training, got {self.rl_temperature}: at 0 every episode of a "
                 f"group is the same, so GRPO has no score differences to learn from; use e.g. 1.0 (aitrain eval takes 0)"
             )
-        if self.use_vllm and self.vllm_mode == "server" and not self.vllm_server_url:
+        if self.use_vllm is not False and self.vllm_mode == "server" and not self.vllm_server_url:
             raise ConfigError("--vllm-mode server needs --vllm-server-url (start one with `aitrain vllm-serve --model ...`)")
         if self.rl_curriculum != "off" and self.rl_curriculum_easy <= self.rl_curriculum_hard:
             raise ConfigError(f"--rl-curriculum-easy {self.rl_curriculum_easy} must be above --rl-curriculum-hard "

@@ -16,6 +16,7 @@ from aitrain_grpo.training.rollout.engine_choice import Machine, choose_engine
 from helpers import run_cli
 
 LETTERS = ("--rl-env-module", "envs.letters", "--rl-env-class", "LetterEnv")
+LETTERS_CONFIG = {"rl_env_module": "envs.letters", "rl_env_class": "LetterEnv"}
 CPU_WITH_VLLM = Machine(vllm=True, cuda=False, cpu="AVX512", processes=1)
 
 
@@ -54,6 +55,16 @@ def test_a_named_server_is_used_without_asking_the_machine():
 
     config, choice = choose_engine(RunConfig(vllm_server_url="http://127.0.0.1:8000"), never)
     assert (config.use_vllm, config.vllm_mode) == (True, "server") and "--vllm-server-url" in choice.reason
+
+
+def test_server_mode_without_a_url_is_refused_whether_or_not_vllm_is_named():
+    # Not left to the default: it would otherwise colocate (or take Hugging Face) against the mode asked.
+    from aitrain_grpo.errors import ConfigError
+
+    for use_vllm in (None, True):
+        with pytest.raises(ConfigError, match="--vllm-mode server needs --vllm-server-url"):
+            RunConfig(use_vllm=use_vllm, vllm_mode="server", **LETTERS_CONFIG).validate()
+    RunConfig(use_vllm=False, vllm_mode="server", **LETTERS_CONFIG).validate()  # Hugging Face named: the mode is moot
 
 
 @pytest.mark.parametrize("asked", [True, False])
