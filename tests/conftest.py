@@ -1,7 +1,8 @@
 """Shared fixtures: one torch thread (two cores here; two threads make steps 10x slower), the tiny
 local model built once per session, SmolLM2 when installed, a refused URL, a vLLM server per test module
-that asks for one, and imports isolated per test for modules that load environment packages. Plain
-helper functions live in the helpers package; no test module imports from another."""
+that asks for one, imports isolated per test for modules that load environment packages, and MASTER_PORT
+left as each test found it. Plain helper functions live in the helpers package; no test module imports
+from another."""
 
 from __future__ import annotations
 
@@ -33,6 +34,19 @@ torch.set_num_threads(1)
 from transformers.utils import logging as _hf_logging  # noqa: E402
 
 _hf_logging.get_logger("transformers")
+
+
+@pytest.fixture(autouse=True)
+def _own_rendezvous_port() -> Iterator[None]:
+    """A run inside a test's own process that colocates vLLM sets MASTER_PORT in this process
+    (training/rollout/generation.py `colocate_rendezvous_port`); every command a later test starts would
+    inherit it and clash with whatever still holds that port. Each test leaves MASTER_PORT as it found it."""
+    before = os.environ.get("MASTER_PORT")
+    yield
+    if before is None:
+        os.environ.pop("MASTER_PORT", None)
+    else:
+        os.environ["MASTER_PORT"] = before
 
 
 @pytest.fixture(scope="session")

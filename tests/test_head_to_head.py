@@ -117,6 +117,9 @@ def test_trl_gets_aitrains_recipe_and_tool_reply_tokens(model, tiny_model_dir, t
     options = {}
     while flags:
         name = flags.pop(0)[2:].replace("-", "_")
+        if name.startswith("no_"):  # --no-use-vllm
+            options[name[3:]] = False
+            continue
         options[name] = True if not flags or flags[0].startswith("--") else flags.pop(0)
     fields = RunConfig.__dataclass_fields__
     typed = {k: (v if fields[k].type in ("bool", "str", "str | None", "Any") else

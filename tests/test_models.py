@@ -234,7 +234,8 @@ def test_two_processes_converting_one_gguf_at_once_share_one_correct_folder(tiny
     # And the file trains through the CLI, from the cache.
     monkeypatch.setenv("AITRAIN_CACHE_DIR", str(tmp_path / "cache"))
     result = run_cli("grpo", *LETTERS, "--model", str(gguf_file), "--output-dir", str(tmp_path / "run"),
-                     "--max-steps", "1", "--batch-size", "4", "--rl-num-generations", "4", "--rl-max-new-tokens", "8")
+                     "--max-steps", "1", "--batch-size", "4", "--rl-num-generations", "4", "--rl-max-new-tokens", "8",
+                     "--no-use-vllm")
     assert result.returncode == 0 and "step 1/1" in result.stdout, result.stderr[-3000:]
     assert "converting" not in result.stderr
 
