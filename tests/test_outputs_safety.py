@@ -148,6 +148,10 @@ def test_errors_raised_to_python_name_keyword_arguments(tmp_path):
     assert "--" not in str(raised.value)
     with pytest.raises(ConfigError, match=r"batch_size=6 is not a multiple of rl_num_generations=4"):
         train(RunConfig(rl_env_module="envs.letters", rl_env_class="LetterEnv", batch_size=6))
+    from aitrain_grpo.training.trainer import as_python_arguments
+
+    # use_vllm is None until a run decides: its flags still read as the keyword (--async-steps' refusal names them).
+    assert as_python_arguments("add --use-vllm, or --no-use-vllm") == "add use_vllm=True, or use_vllm=False"
 
 
 def test_an_environment_handed_in_from_python_is_recorded_in_run_config(tmp_path):

@@ -25,7 +25,8 @@ def test_no_written_file_holds_a_secret(tmp_path, tiny_model_dir, monkeypatch):
         "grpo", "--rl-env-module", "fault_envs", "--rl-env-class", "SecretLetters",
         "--rl-env-config", json.dumps(env_config), "--model", tiny_model_dir, "--output-dir", str(out),
         "--max-steps", "2", "--save-steps", "1", "--batch-size", "8", "--rl-max-new-tokens", "16",
-        "--vllm-server-url", f"http://trainer:{URL_PASSWORD}@127.0.0.1:8000", cwd=REPO / "tests" / "faults",
+        # Written to run_config.json, never reached: Hugging Face generates.
+        "--vllm-server-url", f"http://trainer:{URL_PASSWORD}@127.0.0.1:8000", "--no-use-vllm", cwd=REPO / "tests" / "faults",
     )
     assert result.returncode == 0, result.stderr[-3000:]
     written = [p for p in out.rglob("*") if p.is_file()]

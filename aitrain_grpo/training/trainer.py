@@ -234,9 +234,6 @@ def build_trainer(config: RunConfig, env: Environment | None = None, *, callback
     plan = plan or plan_run(config)
     config = plan.config  # with the output folder the run really writes to
     check_vllm_server(config, plan.generation)
-    for line in (plan.engine.line() if plan.engine else None, sampling_warning(config, plan.generation)):
-        if line and os.environ.get("RANK", "0") == "0":
-            print(line, file=sys.stderr)
     os.environ.setdefault("TRL_EXPERIMENTAL_SILENCE", "1")
     extra_rewards = load_reward_funcs(config.reward_specs)  # before the model: a bad one fails fast
     judge = build_judge(config)  # --rl-judge-rubric: checked, one more reward, weighted last (rewards/judge_setup.py)
@@ -259,6 +256,10 @@ def build_trainer(config: RunConfig, env: Environment | None = None, *, callback
     rollout = TrainingRollout(env, config, metrics=step_metrics, timing=step_timing, observers=[error_stop.observe])
     run = RunContext(config=config, plan=plan, metrics=step_metrics, timing=step_timing, rollout=rollout,
                      shared_prefix=SharedPrefix(config.shared_prefix_loss))
+    # Every refusal has had its say: a refused run prints its error alone.
+    for line in (plan.engine.line() if plan.engine else None, sampling_warning(config, plan.generation)):
+        if line and os.environ.get("RANK", "0") == "0":
+            print(line, file=sys.stderr)
     start_process_group(config.ddp_timeout)  # meet the other processes under the bound (run/collectives.py)
     trainer = EpisodeGRPOTrainer(
         run=run,
@@ -326,7 +327,7 @@ def as_python_arguments(message: str) -> str:
         negated, name, value = match.group(1), match.group(2).replace("-", "_"), match.group(3)
         if name not in fields:
             return match.group(0)
-        if fields[name].type in ("bool", bool):
+        if fields[name].type in ("bool", bool, "bool | None"):
             return f"{name}={'False' if negated else 'True'}" + (value or "")
         return f"{name}=" + (value.strip() if value else "")
 
