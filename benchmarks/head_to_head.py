@@ -42,7 +42,11 @@ one) in both loops (`--loop`): `aitrain eval` (StationEnv, `{"split": "held_out"
 handling) into <run>/eval-trl/step-<N>.jsonl. `report` is head_to_head_report.py; the phase profile of
 one step each is head_to_head_profile.py.
 
-Left out: GPUs, resuming a stopped run, and the environment's per-turn rewards (the runs use `outcome`).
+`train --resume` keeps the runs that finished (run.json written) and goes on with the others, stopped with
+their harness (a session's end), from their newest checkpoint (head_to_head_ledger.py dates it; the
+budget counts on from the run's CPU then; a run with no checkpoint starts again).
+
+Left out: GPUs, and the environment's per-turn rewards (the runs use `outcome`).
 """
 
 from __future__ import annotations
@@ -54,6 +58,7 @@ import sys
 from pathlib import Path
 
 from head_to_head_jobs import Job, run_jobs
+from head_to_head_ledger import read_ledger, resume_point, until, write_ledger
 from head_to_head_report import checkpoints
 from head_to_head_trl import RECIPE
 
@@ -94,9 +99,10 @@ def run_dir(args, trainer: str, seed: int) -> Path:
 
 
 def aitrain_command(start: Path, out: Path, seed: int, save_every: int, max_steps: int, eval_every: int = 0,
-                    eval_tasks: int = CURVE_TASKS) -> list[str]:
+                    eval_tasks: int = CURVE_TASKS, resume: Path | None = None) -> list[str]:
     """`aitrain grpo` with the recipe, through head_to_head_aitrain.py (aitrain unchanged, its in-training
-    evaluations written into the ledger); with `eval_every`, aitrain's `--eval-every` on the held-back split."""
+    evaluations written into the ledger); with `eval_every`, aitrain's `--eval-every` on the held-back split;
+    with `resume`, going on from that checkpoint (`--resume-from-checkpoint`)."""
     r = RECIPE
     held_back = ("--eval-every", str(eval_every), "--eval-episodes", str(eval_tasks), "--eval-num-generations", "2",
                  "--eval-env-module", "envs.stations", "--eval-env-class", "StationEnv", "--eval-env-config",
@@ -109,15 +115,16 @@ def aitrain_command(start: Path, out: Path, seed: int, save_every: int, max_step
             "--rl-top-k", str(r["top_k"]), "--rl-top-p", str(r["top_p"]), *TURN_OPTIONS,
             "--lora-r", str(r["lora_r"]), "--lora-alpha", str(r["lora_alpha"]),
             "--lora-dropout", str(r["lora_dropout"]), "--max-steps", str(max_steps), "--save-steps",
-            str(save_every), "--seed", str(seed), *held_back, "--output-dir", str(out), "--overwrite"]
+            str(save_every), "--seed", str(seed), *held_back, "--output-dir", str(out),
+            *(("--resume-from-checkpoint", str(resume)) if resume else ("--overwrite",))]
 
 
 def trl_command(start: Path, out: Path, seed: int, save_every: int, max_steps: int, eval_every: int = 0,
-                eval_tasks: int = CURVE_TASKS) -> list[str]:
+                eval_tasks: int = CURVE_TASKS, resume: Path | None = None) -> list[str]:
     held_back = ("--eval-every", str(eval_every), "--eval-tasks", str(eval_tasks)) if eval_every else ()
     return [sys.executable, str(REPO / "benchmarks" / "head_to_head_trl.py"), "--start", str(start),
             "--output-dir", str(out), "--seed", str(seed), "--save-steps", str(save_every),
-            "--max-steps", str(max_steps), *held_back]
+            "--max-steps", str(max_steps), *held_back, *(("--resume", str(resume)) if resume else ())]
 
 
 COMMANDS = {"aitrain": aitrain_command, "trl": trl_command}
@@ -151,16 +158,44 @@ def train(args) -> None:
     for seed in args.seeds:  # per seed both trainers, so side-by-side runs share the machine's load alike
         for trainer in args.trainers:
             out = run_dir(args, trainer, seed)
-            if out.exists():
-                shutil.rmtree(out)
-            out.mkdir(parents=True)
+            if args.resume and (out / "run.json").is_file():
+                print(f"{out.name}: finished (run.json), kept", flush=True)
+                continue
+            step, checkpoint, offset = resume_point_of(out) if args.resume else (None, None, 0.0)
+            if checkpoint is None:
+                if out.exists():
+                    shutil.rmtree(out)
+                out.mkdir(parents=True)
+            else:
+                print(f"{out.name}: resumes from checkpoint-{step} at {offset / 60:.1f} CPU min", flush=True)
             command = COMMANDS[trainer](start, (out / "train").resolve(), seed, args.save_every, args.max_steps,
-                                        args.eval_every, args.curve_tasks)
+                                        args.eval_every, args.curve_tasks, checkpoint)
             cpu_budget = args.cpu_budget * 60 if timed and args.cpu_budget else None
             budget = args.budget * 60 if timed and cpu_budget is None else None
             jobs.append(Job(out.name, command, out / "train.log", budget, out / "run.json", cpu_budget,
-                            out / "eval-ledger.jsonl"))
+                            out / "eval-ledger.jsonl", cpu_offset_s=offset, resumed_from_step=step))
     run_jobs(jobs, args.parallel, args.pin)
+
+
+def resume_point_of(out: Path) -> tuple[int | None, Path | None, float]:
+    """Where an unfinished run (stopped before its budget, its harness gone with it) goes on from: its newest
+    checkpoint whose save the ledger dates, and the run's CPU seconds then; (None, None, 0.0) when there is
+    none (a fresh start). The work after it is dropped: later checkpoints, and the ledger's later records;
+    the earlier process's log is kept as train.<k>.log."""
+    ledger = out / "eval-ledger.jsonl"
+    records = read_ledger(ledger)
+    for step, checkpoint in reversed(checkpoints(out)):
+        cpu = resume_point(records, step)
+        if cpu is None:
+            continue
+        for later, folder in checkpoints(out):
+            if later > step:
+                shutil.rmtree(folder)
+        write_ledger(ledger, until(records, step))
+        if (out / "train.log").exists():
+            (out / "train.log").rename(out / f"train.{len(list(out.glob('train.*.log'))) + 1}.log")
+        return step, checkpoint.resolve(), cpu
+    return None, None, 0.0
 
 
 def runs(args) -> list[Path]:
@@ -221,6 +256,8 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--eval-every", type=int, default=CURVE_EVERY,
                         help="in-training held-back evaluation every N steps, both trainers (0: none)")
     parser.add_argument("--curve-tasks", type=int, default=CURVE_TASKS, help="held-back tasks (x2) a training eval")
+    parser.add_argument("--resume", action="store_true",
+                        help="train: keep finished runs, and go on with unfinished ones from their last checkpoint")
     parser.add_argument("--max-steps", type=int, default=RECIPE["max_steps"],
                         help="stop after this many steps instead of at the budget (timing a step)")
     parser.add_argument("--save-every", type=int, default=3, help="checkpoint every N steps")

@@ -15,10 +15,16 @@ The budget is one of two clocks:
 Either way the signal waits until the run has printed that training began (a SIGTERM before it would find
 aitrain's SignalStop not yet installed), and a run still going KILL_AFTER_S after it is killed.
 
+A resumed run (`cpu_offset_s`: its CPU when the checkpoint it goes on from was saved, head_to_head_ledger.py)
+counts on from there: the offset is added to its process tree's CPU and passed to the runner
+(`H2H_CPU_OFFSET`) for its ledger. Its new process loads the model again, and that CPU counts as training
+(tens of seconds in 40 minutes; run.json says where a run was resumed).
+
 Recorded in run.json: the command, start and end, exit code, peak resident memory (`os.wait4`), CPU
 seconds (the process and its waited-for children), the budget (`budget_s` or `cpu_budget_s`), the
-training and evaluation CPU seconds when the signal went (`signal_train_cpu_s`, `signal_eval_cpu_s`), and
-`cpu_timeline`: [seconds since start, process-tree CPU seconds] every CPU_EVERY_S.
+training and evaluation CPU seconds when the signal went (`signal_train_cpu_s`, `signal_eval_cpu_s`),
+`resumed_from_step` and `cpu_offset_s` (None and 0 for a run in one process), and `cpu_timeline`:
+[seconds since start, the run's CPU seconds (process tree plus offset)] every CPU_EVERY_S.
 
 Left out: processes that detach from the tree (none here), and several machines.
 """
@@ -33,12 +39,13 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from head_to_head_ledger import CPU_OFFSET_ENV, LEDGER_ENV
+
 REPO = Path(__file__).resolve().parent.parent
 # Both trainers print this line when training begins (aitrain's progress display, the TRL runner's callback).
 TRAINING_STARTED = "\ntraining: "
 CPU_EVERY_S = 2.0  # how often a run's CPU time is sampled (run.json's cpu_timeline)
 KILL_AFTER_S = 7200  # after SIGTERM, a run still going this long is killed (a SmolLM2 step took 20 min at load 8)
-LEDGER_ENV = "H2H_EVAL_LEDGER"
 
 
 @dataclass
@@ -50,6 +57,8 @@ class Job:
     record: Path | None = None  # run.json
     cpu_budget_s: float | None = None  # SIGTERM when training CPU seconds reach this
     ledger: Path | None = None  # the runner's evaluation ledger (its evaluations' CPU)
+    cpu_offset_s: float = 0.0  # a resumed run: its CPU seconds at the checkpoint it goes on from
+    resumed_from_step: int | None = None
     core: int | None = None
     process: subprocess.Popen | None = None
     started: float = 0.0
@@ -107,6 +116,9 @@ def _start(job: Job) -> None:
     env = dict(os.environ, OMP_NUM_THREADS="1", PYTHONUNBUFFERED="1", TOKENIZERS_PARALLELISM="false",
                TRL_EXPERIMENTAL_SILENCE="1")
     env.pop(LEDGER_ENV, None)
+    env.pop(CPU_OFFSET_ENV, None)
+    if job.cpu_offset_s:
+        env[CPU_OFFSET_ENV] = repr(job.cpu_offset_s)
     if job.ledger is not None:
         env[LEDGER_ENV] = str(job.ledger.resolve())
     job.log.parent.mkdir(parents=True, exist_ok=True)
@@ -124,7 +136,8 @@ def _finish(job: Job, status: int, usage) -> None:
                 "wall_seconds": round(time.time() - job.started, 1), "exit_code": code,
                 "signalled_after_s": round(job.signalled - job.started, 1) if job.signalled else None,
                 "peak_rss_mib": round(usage.ru_maxrss / 1024, 1), "budget_s": job.budget_s,
-                "cpu_budget_s": job.cpu_budget_s, "core": job.core,
+                "cpu_budget_s": job.cpu_budget_s, "core": job.core, "resumed_from_step": job.resumed_from_step,
+                "cpu_offset_s": job.cpu_offset_s,
                 "cpu_seconds": round(usage.ru_utime + usage.ru_stime, 1), "load_average": os.getloadavg(),
                 "eval_cpu_seconds": round(eval_cpu(job.ledger, None), 1), **job.at_signal,
                 "cpu_timeline": job.cpu}
@@ -166,6 +179,7 @@ def run_jobs(jobs: list[Job], parallel: int, pin: bool) -> None:
             if not job.cpu or now - job.started - job.cpu[-1][0] >= CPU_EVERY_S:
                 used = tree_cpu_seconds(job.process.pid)
                 if used is not None:
+                    used += job.cpu_offset_s
                     job.cpu.append((round(now - job.started, 1), round(used, 2)))
             if job.signalled is None and (job.budget_s is not None or job.cpu_budget_s is not None):
                 reached, why = _budget_reached(job, now, used)

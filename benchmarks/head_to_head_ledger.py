@@ -4,10 +4,16 @@ aitrain's HeldBackEvaluation, head_to_head_trl.py around TRL's `evaluate`) to th
 `H2H_EVAL_LEDGER`; the harness reads it to leave evaluation out of a CPU budget (head_to_head_jobs.py),
 the report to draw held-back success against training CPU minutes.
 
-A record is a JSON line: `{"event": "begin", "step", "time", "cpu"}` as an evaluation starts, and
-`{"event": "end", "step", "time", "cpu", "success", "mean_score", "episodes"}` as it ends. `cpu` is the
-process's user + system seconds with its waited-for children (`resource.getrusage`), what the harness
-counts of a process that has no live children, which neither trainer keeps here.
+A record is a JSON line: `{"event": "begin", "step", "time", "cpu"}` as an evaluation starts,
+`{"event": "end", "step", "time", "cpu", "success", "mean_score", "episodes"}` as it ends, and
+`{"event": "save", "step", "time", "cpu"}` once checkpoint-<step> is written. `cpu` is the run's CPU
+seconds: the process's user + system seconds with its waited-for children (`resource.getrusage`), what the
+harness counts of a process that has no live children, which neither trainer keeps here, plus
+`H2H_CPU_OFFSET` (a resumed run: what its earlier processes had used when the checkpoint it goes on from
+was saved), so one run's ledger counts on across its processes.
+
+Resuming (`head_to_head.py train --resume`): `resume_point` is a checkpoint's CPU, `until` the ledger as
+it stood then; what came after (work the stopped process did past its last checkpoint) is dropped.
 
 Left out: several processes (one writer a run), and the episodes themselves (their share scoring 1.0 is
 `success`; the settled comparison evaluates the final checkpoints apart, episode by episode).
@@ -22,11 +28,14 @@ import time
 from pathlib import Path
 
 LEDGER_ENV = "H2H_EVAL_LEDGER"
+CPU_OFFSET_ENV = "H2H_CPU_OFFSET"
 
 
 def process_cpu() -> float:
+    """The run's CPU seconds so far: this process's (and its waited-for children's) plus the offset."""
     own, children = resource.getrusage(resource.RUSAGE_SELF), resource.getrusage(resource.RUSAGE_CHILDREN)
-    return own.ru_utime + own.ru_stime + children.ru_utime + children.ru_stime
+    offset = float(os.environ.get(CPU_OFFSET_ENV) or 0.0)
+    return offset + own.ru_utime + own.ru_stime + children.ru_utime + children.ru_stime
 
 
 class Ledger:
@@ -49,6 +58,9 @@ class Ledger:
         self._write({"event": "end", "step": step, "time": time.time(), "cpu": process_cpu(), "success": success,
                      "mean_score": mean_score, "episodes": episodes})
 
+    def save(self, step: int) -> None:
+        self._write({"event": "save", "step": step, "time": time.time(), "cpu": process_cpu()})
+
 
 def read_ledger(path: Path | None) -> list[dict]:
     if path is None or not path.exists():
@@ -68,7 +80,7 @@ def spent(records: list[dict], now_cpu: float | None = None) -> float:
     for record in records:
         if record["event"] == "begin":
             begun = record["cpu"]
-        elif begun is not None:
+        elif record["event"] == "end" and begun is not None:
             total, begun = total + record["cpu"] - begun, None
     if begun is not None and now_cpu is not None:
         total += max(0.0, now_cpu - begun)
@@ -82,8 +94,39 @@ def curve(records: list[dict]) -> list[dict]:
     for record in records:
         if record["event"] == "begin":
             begun = record
-        elif begun is not None:
+        elif record["event"] == "end" and begun is not None:
             out.append({**record, "train_cpu_s": begun["cpu"] - before, "eval_cpu_s": record["cpu"] - begun["cpu"]})
             before += record["cpu"] - begun["cpu"]
             begun = None
     return out
+
+
+def _resume_record(records: list[dict], step: int) -> int | None:
+    """The index of the record that marks checkpoint `step` as saved: its save record, or, in a ledger
+    written before save records, the end of that step's evaluation (both trainers save a step's checkpoint
+    right after its evaluation); None when neither is there."""
+    saves = [i for i, r in enumerate(records) if r["event"] == "save" and r["step"] == step]
+    if saves:
+        return saves[-1]
+    if any(r["event"] == "save" for r in records):
+        return None
+    ends = [i for i, r in enumerate(records) if r["event"] == "end" and r["step"] == step]
+    return ends[-1] if ends else None
+
+
+def resume_point(records: list[dict], step: int) -> float | None:
+    """The run's CPU seconds when checkpoint `step` was saved, or None when the ledger cannot tell."""
+    index = _resume_record(records, step)
+    return None if index is None else records[index]["cpu"]
+
+
+def until(records: list[dict], step: int) -> list[dict]:
+    """The ledger as it stood when checkpoint `step` was saved (resume_point must know the step)."""
+    index = _resume_record(records, step)
+    if index is None:
+        raise ValueError(f"the ledger does not say when checkpoint-{step} was saved")
+    return records[: index + 1]
+
+
+def write_ledger(path: Path, records: list[dict]) -> None:
+    path.write_text("".join(json.dumps(record) + "\n" for record in records))

@@ -15,6 +15,10 @@ but the step count and TRL's `step_time`, which both log, aitrain's trainer bein
   their CPU minutes of training, listed and drawn (<md stem>_cpu.png); with such evaluations a step's CPU
   leaves their CPU out.
 
+A resumed run (head_to_head.py train --resume) spans processes, so it has no wall minutes: its checkpoint
+minutes and episodes per hour are n/a; its CPU numbers count on across processes (a step's CPU includes its
+reloading), and its name says where it was resumed.
+
 Left out: runs that have no run.json (never started by the harness).
 """
 
@@ -68,15 +72,17 @@ def read_run(run: Path, start_success: float | None) -> dict:
     """One run's numbers (see the module docstring); `curve` is [(minutes, step, success or None)]."""
     info = json.loads((run / "run.json").read_text())
     trainer, seed = run.name.rsplit("-seed", 1)
+    resumed = info.get("resumed_from_step")
     curve = [(0.0, 0, start_success)]
     step_times: list[float] = []
+    minutes = 0.0  # of the last checkpoint, since its process started
     for step, checkpoint in checkpoints(run):
         state = checkpoint / "trainer_state.json"
         minutes = (state.stat().st_mtime - info["launched"]) / 60
-        curve.append((minutes, step, success(run / "eval" / f"step-{step}.jsonl")))
+        curve.append((None if resumed is not None else minutes, step, success(run / "eval" / f"step-{step}.jsonl")))
         history = json.loads(state.read_text()).get("log_history", [])
         step_times = [h["step_time"] for h in history if "step_time" in h] or step_times
-    steps, minutes = curve[-1][1], curve[-1][0]
+    steps = curve[-1][1]
     episodes = steps * RECIPE["batch_size"]
     # CPU per step: what the process used from the start of training (the last checkpoint less the steps'
     # own seconds) to the last checkpoint, per step; the CPU used before is loading.
@@ -95,8 +101,10 @@ def read_run(run: Path, start_success: float | None) -> dict:
     last = checkpoints(run)[-1][0] if steps else None
     scores = {loop: [r["score"] for r in read_jsonl(run / folder / f"step-{last}.jsonl")] if last else []
               for loop, folder in (("aitrain", "eval"), ("trl", "eval-trl"))}
-    return {"name": run.name, "trainer": trainer, "seed": int(seed), "curve": curve, "steps": steps,
-            "episodes": episodes, "minutes": minutes, "per_hour": episodes / (minutes / 60) if minutes else 0.0,
+    wall = None if resumed is not None else minutes
+    return {"name": run.name if resumed is None else f"{run.name} (resumed at step {resumed})", "trainer": trainer,
+            "seed": int(seed), "curve": curve, "steps": steps, "episodes": episodes, "minutes": wall,
+            "per_hour": (episodes / (wall / 60) if wall else 0.0) if wall is not None else None,
             "final": curve[-1][2] if steps else None, "peak_mib": info["peak_rss_mib"],
             "budget_min": info["budget_s"] / 60 if info["budget_s"] else None, "wall_min": info["wall_seconds"] / 60,
             "step_s": statistics.median(step_times) if step_times else None, "command": info["command"],
@@ -152,7 +160,8 @@ def summary_lines(rows: list[dict]) -> list[str]:
 
 def figure(rows: list[dict], path: Path) -> bool:
     """Held-back success against minutes, every run; False when matplotlib is missing."""
-    series = [(r["name"], r["trainer"], [(m, s) for m, _, s in r["curve"] if s is not None]) for r in rows]
+    series = [(r["name"], r["trainer"], [(m, s) for m, _, s in r["curve"] if s is not None and m is not None])
+              for r in rows]
     return success_figure(series, path, STYLE, "minutes since the process started (model loading included)",
                           "held-back success (aitrain eval)")
 
@@ -175,8 +184,8 @@ def results_block(runs_dir: Path, figure_path: Path | None) -> str:
     for r in rows:
         budget = (f"{r['cpu_budget_min']:.1f} CPU min" if r["cpu_budget_min"] else
                   f"{r['budget_min']:.1f} min" if r["budget_min"] else "--max-steps")
-        out.append(f"| {r['name']} | {budget} | {r['minutes']:.1f} min | {r['steps']} | "
-                   f"{r['episodes']} | {r['per_hour']:.0f} | {cell(r['step_s'], '.1f')} s | "
+        out.append(f"| {r['name']} | {budget} | {cell(r['minutes'], '.1f')} min | {r['steps']} | "
+                   f"{r['episodes']} | {cell(r['per_hour'], '.0f')} | {cell(r['step_s'], '.1f')} s | "
                    f"{cell(r['step_cpu_s'], '.1f')} s | {cell(r['load_cpu_s'], '.0f')} s | "
                    f"{r['peak_mib'] / 1024:.2f} GiB | {cell(start)} -> {cell(r['final'])} | "
                    f"{cell(start_trl)} -> {cell(r['final_trl'])} |")
@@ -188,7 +197,7 @@ def results_block(runs_dir: Path, figure_path: Path | None) -> str:
     out += summary_lines(rows)
     out += ["", "Held-back success at each checkpoint (step, minutes since the start of the process):", ""]
     for r in rows:
-        points = ", ".join(f"step {s} ({m:.1f} min): {cell(v)}" for m, s, v in r["curve"][1:])
+        points = ", ".join(f"step {s} ({cell(m, '.1f')} min): {cell(v)}" for m, s, v in r["curve"][1:])
         out.append(f"- {r['name']}: start {cell(start)}; {points or 'no checkpoint'}")
     if any(r["ledger"] for r in rows):
         out += ["", "In-training held-back evaluation (each trainer's own: aitrain's `--eval-every`, TRL's "

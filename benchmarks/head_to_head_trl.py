@@ -156,14 +156,18 @@ class StopOnSignal:
 
 
 def original_tokenizer_in_checkpoints(tokenizer_dir: str):
-    """A callback that saves the model's own tokenizer (its original chat template) into each checkpoint."""
+    """A callback that saves the model's own tokenizer (its original chat template) into each checkpoint,
+    then writes the save into the evaluation ledger (the point a resumed run counts on from)."""
     from transformers import AutoTokenizer, TrainerCallback
 
-    original = AutoTokenizer.from_pretrained(tokenizer_dir)
+    from head_to_head_ledger import Ledger
+
+    original, ledger = AutoTokenizer.from_pretrained(tokenizer_dir), Ledger()
 
     class Keep(TrainerCallback):
         def on_save(self, args, state, control, **kwargs):
             original.save_pretrained(str(Path(args.output_dir) / f"checkpoint-{state.global_step}"))
+            ledger.save(state.global_step)
 
     return Keep()
 
@@ -181,10 +185,12 @@ def tokenizer_for(start: str):
 
 
 def build_trainer(start: str, output_dir: Path, seed: int, save_steps: int, max_steps: int | None = None,
-                  recipe: dict = RECIPE, eval_every: int = 0, eval_tasks: int = 16, eval_samples: int = 2):
+                  recipe: dict = RECIPE, eval_every: int = 0, eval_tasks: int = 16, eval_samples: int = 2,
+                  resumed: bool = False):
     """GRPOTrainer(environment_factory=StationsTRL) on the start model, as TRL's docs build one. With
     `eval_every`, TRL's own in-training evaluation: `eval_dataset` = the first `eval_tasks` held-back rows,
-    `eval_strategy="steps"`, `eval_steps`, `eval_on_start` (step 0, as aitrain's `--eval-every`),
+    `eval_strategy="steps"`, `eval_steps`, `eval_on_start` (step 0, as aitrain's `--eval-every`; not when
+    `resumed`: the checkpoint's step was evaluated by the process that saved it, as aitrain does),
     `num_generations_eval` = `eval_samples`, at the training temperature (TRL has no evaluation temperature);
     each evaluation goes into the ledger (head_to_head_trl_eval.py)."""
     from datasets import Dataset
@@ -202,7 +208,7 @@ def build_trainer(start: str, output_dir: Path, seed: int, save_steps: int, max_
     args = grpo_args(output_dir, seed, save_steps, max_steps, recipe)
     held_back = None
     if eval_every:
-        args.eval_strategy, args.eval_steps, args.eval_on_start = "steps", eval_every, True
+        args.eval_strategy, args.eval_steps, args.eval_on_start = "steps", eval_every, not resumed
         args.num_generations_eval = eval_samples
         args.per_device_eval_batch_size = 16 if 16 % eval_samples == 0 else eval_samples
         held_back = Dataset.from_list(rows("held_out")[:eval_tasks])
@@ -232,6 +238,7 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--output", type=Path, help="--evaluate: the episodes' JSON lines")
     parser.add_argument("--eval-temperature", type=float, default=0.7)
     parser.add_argument("--eval-seed", type=int, default=0)
+    parser.add_argument("--resume", default=None, metavar="CHECKPOINT", help="training: go on from this checkpoint")
     args = parser.parse_args(argv)
     if args.evaluate:
         from head_to_head_trl_eval import evaluate_checkpoint
@@ -244,9 +251,10 @@ def main(argv: list[str] | None = None) -> None:
 
     torch.set_num_threads(1)
     trainer = build_trainer(args.start, args.output_dir, args.seed, args.save_steps, args.max_steps,
-                            eval_every=args.eval_every, eval_tasks=args.eval_tasks, eval_samples=args.eval_samples)
+                            eval_every=args.eval_every, eval_tasks=args.eval_tasks, eval_samples=args.eval_samples,
+                            resumed=args.resume is not None)
     trainer.add_callback(stop.callback())
-    trainer.train()
+    trainer.train(resume_from_checkpoint=args.resume)
     print(f"trl: stopped after step {trainer.state.global_step}", flush=True)
 
 

@@ -4,9 +4,10 @@ What would make its comparison unfair or its numbers wrong fails here: the score
 TRL's messages than from aitrain's, TRL shown other tokens than aitrain renders (SmolLM2's prompt with
 its tools, the tool-reply tokens TRL splices in), TRL given another recipe than the aitrain command. The
 end-to-end test runs every phase on the tiny model (sft, both trainers to a CPU budget side by side with
-their in-training evaluations, eval in both loops, report) and checks what the report needs: a budget stop
-at the training CPU with a checkpoint, peak memory and CPU time, the evaluation ledgers, held-back episodes
-per checkpoint in aitrain's loop and TRL's, the results block with the interval and its figures; about 2
+their in-training evaluations, both resumed from their checkpoints to a larger budget, eval in both loops,
+report) and checks what the report needs: a budget stop at the training CPU with a checkpoint, peak memory
+and CPU time, the evaluation ledgers, a resume that counts on from the checkpoint's CPU, held-back episodes
+per checkpoint in aitrain's loop and TRL's, the results block with the interval and its figures; about 3
 minutes on two cores. The settled difference's interval, the CPU budget's arithmetic (evaluation left out)
 and TRL's evaluation recorder are checked without a model.
 """
@@ -192,6 +193,45 @@ def test_the_cpu_budget_counts_training_cpu_and_leaves_evaluation_out(tmp_path):
     assert _budget_reached(Job("wall", ["true"], tmp_path / "log", budget_s=5.0), 10.0, None)[0]
 
 
+def test_a_stopped_run_resumes_from_its_newest_dated_checkpoint_and_counts_on_from_its_cpu(tmp_path, monkeypatch):
+    """A run stopped with its harness (a session's end) goes on from the newest checkpoint its ledger dates,
+    with the CPU it had then: the work after it (a later checkpoint, an evaluation cut off) is dropped."""
+    from head_to_head_ledger import CPU_OFFSET_ENV, process_cpu, read_ledger, spent
+
+    out = tmp_path / "aitrain-seed1"
+    for step in (3, 6, 7):
+        (out / "train" / f"checkpoint-{step}").mkdir(parents=True)
+    lines = [{"event": "begin", "step": 0, "time": 1.0, "cpu": 10.0},
+             {"event": "end", "step": 0, "time": 2.0, "cpu": 25.0, "success": 0.5, "mean_score": 0.6, "episodes": 4},
+             {"event": "save", "step": 3, "time": 3.0, "cpu": 60.0},
+             {"event": "begin", "step": 4, "time": 4.0, "cpu": 70.0},
+             {"event": "end", "step": 4, "time": 5.0, "cpu": 80.0, "success": 0.6, "mean_score": 0.7, "episodes": 4},
+             {"event": "save", "step": 6, "time": 6.0, "cpu": 120.0},
+             {"event": "begin", "step": 8, "time": 7.0, "cpu": 150.0}]  # checkpoint-7's save never written
+    (out / "eval-ledger.jsonl").write_text("".join(json.dumps(line) + "\n" for line in lines))
+    (out / "train.log").write_text("the stopped process\n")
+    step, checkpoint, cpu = head_to_head.resume_point_of(out)
+    assert (step, checkpoint, cpu) == (6, (out / "train" / "checkpoint-6").resolve(), 120.0)
+    assert sorted(p.name for p in (out / "train").iterdir()) == ["checkpoint-3", "checkpoint-6"]
+    kept = read_ledger(out / "eval-ledger.jsonl")
+    assert kept == lines[:6] and spent(kept) == 25.0  # save records are no evaluation
+    assert (out / "train.1.log").read_text() == "the stopped process\n" and not (out / "train.log").exists()
+    command = head_to_head.aitrain_command(tmp_path, out / "train", 1, 3, 1000, 2, 16, checkpoint)
+    assert command[-2:] == ["--resume-from-checkpoint", str(checkpoint)] and "--overwrite" not in command
+    assert head_to_head.trl_command(tmp_path, out / "train", 1, 3, 1000, 2, 16, checkpoint)[-2:] == ["--resume", str(checkpoint)]
+    # A ledger from before save records: a checkpoint is dated by the end of its step's evaluation.
+    legacy = tmp_path / "trl-seed1"
+    (legacy / "train" / "checkpoint-3").mkdir(parents=True)
+    (legacy / "train" / "checkpoint-4").mkdir(parents=True)
+    (legacy / "eval-ledger.jsonl").write_text("".join(json.dumps(line) + "\n" for line in lines[:2] + lines[3:5]))
+    assert head_to_head.resume_point_of(legacy)[::2] == (4, 80.0)
+    empty = tmp_path / "trl-seed2"
+    (empty / "train" / "checkpoint-3").mkdir(parents=True)
+    assert head_to_head.resume_point_of(empty) == (None, None, 0.0)  # undated: a fresh start
+    monkeypatch.setenv(CPU_OFFSET_ENV, "1000.5")
+    assert process_cpu() > 1000.5  # the runners' ledger counts on from the offset
+
+
 def test_trls_evaluation_records_each_episodes_score_and_success():
     from types import SimpleNamespace
 
@@ -236,6 +276,22 @@ def test_the_harness_runs_every_phase_on_the_tiny_model(tmp_path):
         ledger = [json.loads(line) for line in (run / "eval-ledger.jsonl").read_text().splitlines()]
         assert ledger[0]["event"] == "begin" and ledger[0]["step"] == 0, f"{trainer}: no evaluation before step 1"
         assert ledger[1]["episodes"] == 4 and 0 <= ledger[1]["success"] <= 1
+        assert ledger[-1]["event"] == "save"  # the budget stop's checkpoint, dated for a resume
+        (run / "run.json").unlink()  # as if the harness had been stopped with the runs
+    # --resume goes on from each run's last checkpoint, its budget counting on from the CPU it had there.
+    head_to_head.main(["train", "--resume", "--cpu-budget", "0.6", "--seeds", "1", "--save-every", "100",
+                       "--parallel", "2", "--eval-every", "2", "--curve-tasks", "2", *common])
+    for trainer in ("aitrain", "trl"):
+        run = runs / f"{trainer}-seed1"
+        info = json.loads((run / "run.json").read_text())
+        resumed = info["resumed_from_step"]
+        assert resumed >= 1 and info["cpu_offset_s"] >= 12 and info["signal_train_cpu_s"] >= 36
+        assert max(int(c.name.split("-")[1]) for c in (run / "train").glob("checkpoint-*")) > resumed, trainer
+        assert (run / "train.1.log").exists() and "\ntraining: " in (run / "train.log").read_text()
+        ledger = [json.loads(line) for line in (run / "eval-ledger.jsonl").read_text().splitlines()]
+        assert [r["step"] for r in ledger if r["event"] == "begin"].count(resumed) <= 1  # no second evaluation
+        cpus = [r["cpu"] for r in ledger]
+        assert cpus == sorted(cpus), f"{trainer}: the resumed process's ledger does not count on"
     head_to_head.main(["eval", "--eval-tasks", "4", *common])
     for loop in ("eval", "eval-trl"):  # aitrain's loop and TRL's, the final checkpoint of each run
         evaluated = sorted(p.relative_to(runs).as_posix() for p in runs.glob(f"*/{loop}/step-*.jsonl"))
@@ -245,9 +301,11 @@ def test_the_harness_runs_every_phase_on_the_tiny_model(tmp_path):
             assert len([json.loads(x)["score"] for x in (runs / path).read_text().splitlines()]) == 8
     head_to_head.main(["report", *common])
     block = md.read_text().split(BEGIN)[1].split(END)[0]
-    assert "| aitrain-seed1 | 0.2 CPU min |" in block and "| trl-seed1 | 0.2 CPU min |" in block
+    for trainer in ("aitrain", "trl"):
+        assert f"| {trainer}-seed1 (resumed at step " in block and "| 0.6 CPU min | n/a min |" in block
     assert "Episodes trained per hour, aitrain / TRL:" in block and "head_to_head_aitrain.py grpo" in block
     assert "- TRL's loop (`GRPOTrainer.evaluate`): aitrain - TRL = " in block and "95% interval" in block
-    assert "- aitrain-seed1: step 0 (" in block and "- trl-seed1: step 0 (" in block  # the in-training curves
+    curves = [line for line in block.splitlines() if "(resumed at step " in line and ": step 0 (" in line]
+    assert [line.split()[1] for line in curves] == ["aitrain-seed1", "trl-seed1"]  # the in-training curves
     assert (tmp_path / "head_to_head.png").stat().st_size > 1000
     assert (tmp_path / "head_to_head_cpu.png").stat().st_size > 1000

@@ -31,11 +31,18 @@ from aitrain_grpo.models.loading import ModelSource, load_for_generation, load_t
 from aitrain_grpo.runlog.records import episode_record, write_jsonl
 
 
+# The settings of TRL's colocated engine (trl/generation/vllm_generation.py, `LLM(...)`) that change what
+# it generates: compiled graphs (no enforce_eager; on an AVX2 CPU eager kernels round differently enough to
+# change greedy tokens), its batch token limit and processed log-probabilities.
+TRL_ENGINE_SETTINGS = {"max_num_batched_tokens": 4096, "logprobs_mode": "processed_logprobs"}
+
+
 def open_vllm_engine(source: ModelSource) -> tuple[Any, Any, list[int], Any]:
     """An in-process vLLM engine on the base weights, with the LoRA adapter (if any) applied per
-    request rather than merged (vLLM serves adapters natively): (llm, lora_request, stop_ids, tokenizer)."""
+    request rather than merged (vLLM serves adapters natively): (llm, lora_request, stop_ids, tokenizer).
+    Built as TRL builds a training run's colocated engine (TRL_ENGINE_SETTINGS), so that `aitrain eval`
+    plays the kernels a run's held-back evaluation played."""
     # vLLM is optional and, like torch, takes seconds to import: only when --use-vllm asks for it.
-    import torch
     from transformers import AutoConfig, GenerationConfig
     from vllm import LLM
     from vllm.lora.request import LoRARequest
@@ -49,8 +56,8 @@ def open_vllm_engine(source: ModelSource) -> tuple[Any, Any, list[int], Any]:
         lora_request = LoRARequest("eval-adapter", 1, source.adapter)
     try:
         llm = LLM(
-            model=source.weights, tokenizer=source.tokenizer, enforce_eager=not torch.cuda.is_available(),
-            gpu_memory_utilization=0.5, **lora_kwargs,
+            model=source.weights, tokenizer=source.tokenizer, gpu_memory_utilization=0.5, **TRL_ENGINE_SETTINGS,
+            **lora_kwargs,
         )
     except Exception as exc:  # vLLM reports unsupported models and memory problems this way
         raise ConfigError(f"vLLM could not load {source.spec}: {' '.join(str(exc).split())[:300]}") from None
