@@ -58,7 +58,7 @@ import sys
 from pathlib import Path
 
 from head_to_head_jobs import Job, run_jobs
-from head_to_head_ledger import read_ledger, resume_point, until, write_ledger
+from head_to_head_ledger import read_ledger, resume_point, spent, until, write_ledger
 from head_to_head_report import checkpoints
 from head_to_head_trl import RECIPE
 
@@ -167,7 +167,8 @@ def train(args) -> None:
                     shutil.rmtree(out)
                 out.mkdir(parents=True)
             else:
-                print(f"{out.name}: resumes from checkpoint-{step} at {offset / 60:.1f} CPU min", flush=True)
+                trained = offset - spent(read_ledger(out / "eval-ledger.jsonl"))
+                print(f"{out.name}: resumes from checkpoint-{step} at {trained / 60:.1f} CPU min of training", flush=True)
             command = COMMANDS[trainer](start, (out / "train").resolve(), seed, args.save_every, args.max_steps,
                                         args.eval_every, args.curve_tasks, checkpoint)
             cpu_budget = args.cpu_budget * 60 if timed and args.cpu_budget else None
