@@ -23,7 +23,9 @@ counts on from there: the offset is added to its process tree's CPU and passed t
 Recorded in run.json: the command, start and end, exit code, peak resident memory (`os.wait4`), CPU
 seconds (the process and its waited-for children), the budget (`budget_s` or `cpu_budget_s`), the
 training and evaluation CPU seconds when the signal went (`signal_train_cpu_s`, `signal_eval_cpu_s`),
-`resumed_from_step` and `cpu_offset_s` (None and 0 for a run in one process), and `cpu_timeline`:
+`resumed_from_step` and `cpu_offset_s` (None and 0 for a run in one process), `code`: the repository's
+commit when the process started, "+changes" when its tracked files differed from it (the report says
+which code each run ran: a run resumed in a later session may run later code), and `cpu_timeline`:
 [seconds since start, the run's CPU seconds (process tree plus offset)] every CPU_EVERY_S.
 
 Left out: processes that detach from the tree (none here), and several machines.
@@ -66,6 +68,7 @@ class Job:
     info: dict = field(default_factory=dict)
     cpu: list = field(default_factory=list)  # [(seconds since start, process-tree CPU seconds so far)]
     at_signal: dict = field(default_factory=dict)
+    code: str | None = None  # the commit the process started on (code_version)
 
 
 def _stat(pid: int) -> list[str] | None:
@@ -111,6 +114,18 @@ def eval_cpu(ledger: Path | None, now_cpu: float | None) -> float:
     return spent(read_ledger(ledger), now_cpu) if ledger is not None else 0.0
 
 
+def code_version() -> str | None:
+    """The repository's commit, with "+changes" when tracked files differ from it; None outside git."""
+    try:
+        commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=REPO, capture_output=True, text=True,
+                                timeout=30, check=True).stdout.strip()
+        changed = subprocess.run(["git", "status", "--porcelain", "--untracked-files=no"], cwd=REPO,
+                                 capture_output=True, text=True, timeout=30, check=True).stdout.strip()
+    except (OSError, subprocess.SubprocessError):
+        return None
+    return commit + ("+changes" if changed else "")
+
+
 def _start(job: Job) -> None:
     command = (["taskset", "-c", str(job.core)] if job.core is not None else []) + job.command
     env = dict(os.environ, OMP_NUM_THREADS="1", PYTHONUNBUFFERED="1", TOKENIZERS_PARALLELISM="false",
@@ -125,6 +140,7 @@ def _start(job: Job) -> None:
     with job.log.open("w") as out:
         out.write("$ " + " ".join(command) + "\n")
         out.flush()
+        job.code = code_version()
         job.started = time.time()
         job.process = subprocess.Popen(command, cwd=REPO, env=env, stdout=out, stderr=subprocess.STDOUT)
     print(f"started {job.name}" + (f" on core {job.core}" if job.core is not None else ""), flush=True)
@@ -137,7 +153,7 @@ def _finish(job: Job, status: int, usage) -> None:
                 "signalled_after_s": round(job.signalled - job.started, 1) if job.signalled else None,
                 "peak_rss_mib": round(usage.ru_maxrss / 1024, 1), "budget_s": job.budget_s,
                 "cpu_budget_s": job.cpu_budget_s, "core": job.core, "resumed_from_step": job.resumed_from_step,
-                "cpu_offset_s": job.cpu_offset_s,
+                "cpu_offset_s": job.cpu_offset_s, "code": job.code,
                 "cpu_seconds": round(usage.ru_utime + usage.ru_stime, 1), "load_average": os.getloadavg(),
                 "eval_cpu_seconds": round(eval_cpu(job.ledger, None), 1), **job.at_signal,
                 "cpu_timeline": job.cpu}

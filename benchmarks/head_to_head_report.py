@@ -112,7 +112,7 @@ def read_run(run: Path, start_success: float | None) -> dict:
             "load_average": info.get("load_average"), "ledger": ledger, "scores": scores,
             "final_trl": success(run / "eval-trl" / f"step-{last}.jsonl") if last else None,
             "cpu_budget_min": info["cpu_budget_s"] / 60 if info.get("cpu_budget_s") else None,
-            "train_cpu_min": (info.get("signal_train_cpu_s") or 0) / 60 or None}
+            "train_cpu_min": (info.get("signal_train_cpu_s") or 0) / 60 or None, "code": info.get("code")}
 
 
 def cell(value: float | None, fmt: str = ".3f") -> str:
@@ -216,6 +216,10 @@ def results_block(runs_dir: Path, figure_path: Path | None) -> str:
     curves = figure_path.with_name(figure_path.stem + "_cpu.png") if figure_path is not None else None
     if curves is not None and curve_figure(rows, curves, STYLE):
         out += ["", f"![in-training held-back success against CPU minutes]({curves.name})"]
+    codes = sorted({r["code"] for r in rows if r.get("code")})
+    if codes:
+        out += ["", "Code (the commit each run's last process started on): " + "; ".join(
+            f"{code}: {', '.join(r['name'] for r in rows if r.get('code') == code)}" for code in codes) + "."]
     out += ["", "Each run's command (seed 1's; the other seeds change `--seed` and the folder):", ""]
     for trainer in ("aitrain", "trl"):
         first = next((r for r in rows if r["trainer"] == trainer), None)

@@ -286,6 +286,7 @@ def test_the_harness_runs_every_phase_on_the_tiny_model(tmp_path):
         info = json.loads((run / "run.json").read_text())
         resumed = info["resumed_from_step"]
         assert resumed >= 1 and info["cpu_offset_s"] >= 12 and info["signal_train_cpu_s"] >= 36
+        assert len(info["code"].split("+")[0]) >= 7  # the commit the run's process started on
         assert max(int(c.name.split("-")[1]) for c in (run / "train").glob("checkpoint-*")) > resumed, trainer
         assert (run / "train.1.log").exists() and "\ntraining: " in (run / "train.log").read_text()
         ledger = [json.loads(line) for line in (run / "eval-ledger.jsonl").read_text().splitlines()]
@@ -304,6 +305,7 @@ def test_the_harness_runs_every_phase_on_the_tiny_model(tmp_path):
     for trainer in ("aitrain", "trl"):
         assert f"| {trainer}-seed1 (resumed at step " in block and "| 0.6 CPU min | n/a min |" in block
     assert "Episodes trained per hour, aitrain / TRL:" in block and "head_to_head_aitrain.py grpo" in block
+    assert "Code (the commit each run's last process started on): " in block
     assert "- TRL's loop (`GRPOTrainer.evaluate`): aitrain - TRL = " in block and "95% interval" in block
     curves = [line for line in block.splitlines() if "(resumed at step " in line and ": step 0 (" in line]
     assert [line.split()[1] for line in curves] == ["aitrain-seed1", "trl-seed1"]  # the in-training curves
