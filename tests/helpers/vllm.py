@@ -73,9 +73,11 @@ def fixed_prompt(tokenizer) -> list[int]:
 
 def in_sync(ratio: float) -> bool:
     """An importance-sampling ratio mean of a server that holds the trainer's weights. The server samples in
-    bfloat16 on a CPU and the trainer scores in float32, so at lr 1e-2 the tiny model's ratio wanders:
-    0.78-1.03 measured after syncs; a server left on stale weights gives 0.004-0.11 (the stale tests)."""
-    return 0.6 <= ratio <= 1.5
+    bfloat16 on a CPU and the trainer scores in float32, so at lr 1e-2 the tiny model's ratio wanders, and
+    the mean of exp(difference) more upward than down: 0.78-1.03 measured after syncs on an AVX-512 CPU,
+    0.74-1.68 with vLLM's AVX2 kernels (bfloat16 without hardware support); a server left on stale weights
+    gives 0.004-0.11 (the stale tests), a factor of 3 below the band."""
+    return 1 / 3 <= ratio <= 3.0
 
 
 def stop(process: subprocess.Popen) -> None:
