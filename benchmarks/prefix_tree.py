@@ -6,8 +6,10 @@ played with `--shared-prefix-loss on`, and the micro-batches its loss pass recei
 group's rows together, step/micro_batches.py). Then, alternating `--reps` times:
 
 - loss: TRL's `_compute_loss` and `backward()` on every kept micro-batch, plain (`off`) and tree (`on`);
-- ref: the reference log-prob pass (no gradient, adapter off) over the whole batch in chunks of the
-  micro-batch size, plain (rows in the batch's order, as TRL chunks them) and tree (rows in token order).
+- ref: the reference log-prob pass (no gradient, adapter off) over the whole batch: plain in chunks of the
+  micro-batch size (rows in the batch's order, as TRL chunks them), tree (rows in token order) in chunks
+  of a loss pass's rows as a run takes them (step/micro_batches.py `scoring_chunk_rows`) and, as `ref at
+  TRL's chunks`, in chunks of the micro-batch size (the way runs took them before).
 
 Tokens, per pass: `plain` is what TRL's path computes (rows x the padded width, after the completion
 columns no row uses are cut), `rows` the real tokens, `prompt once` what sharing only the group's prompt
@@ -142,37 +144,46 @@ def time_loss(trainer, parts: list[dict]) -> tuple[float, float]:
     return clock(trainer.accelerator.device) - started, total
 
 
-def time_ref(trainer, batch: dict, micro: int) -> tuple[float, torch.Tensor]:
+def time_ref(trainer, batch: dict, chunk: int) -> tuple[float, torch.Tensor]:
     from trl.trainer.utils import use_adapter
 
     ids, mask, keep = joined(batch)
     started = clock(trainer.accelerator.device)
     with torch.no_grad(), use_adapter(trainer.model, None):
-        logps = trainer._get_per_token_logps_and_entropies(trainer.model, ids, mask, keep, batch_size=micro)[0]
+        logps = trainer._get_per_token_logps_and_entropies(trainer.model, ids, mask, keep, batch_size=chunk)[0]
     return clock(trainer.accelerator.device) - started, logps
 
 
 def measure(model: str, workload: str, batch: int, micro: int, reps: int, seed: int) -> dict:
+    from aitrain_grpo.training.step.micro_batches import scoring_chunk_rows
     from aitrain_grpo.training.step.shared_prefix import SharedPrefix
 
     with tempfile.TemporaryDirectory() as tmp:
         trainer, parts = play_one_step(model, workload, batch, micro, seed, Path(tmp) / "run")
         data = whole(parts)
+        pass_rows = scoring_chunk_rows(data["prompt_ids"].size(0), micro, len(parts))
         times: dict[tuple[str, str], list[float]] = {(p, m): [] for p in ("loss", "ref") for m in ("off", "on")}
+        times[("ref_trl_chunks", "on")] = []
         losses, ref = {}, {}
         for rep in range(reps + 1):  # the first round warms up and is not counted
             for mode in ("off", "on"):
                 trainer.run.shared_prefix = SharedPrefix(mode)
                 seconds, losses[mode] = time_loss(trainer, parts)
-                ref_seconds, ref[mode] = time_ref(trainer, data, micro)
+                ref_seconds, ref[mode] = time_ref(trainer, data, micro if mode == "off" else pass_rows)
                 if rep:
                     times[("loss", mode)].append(seconds)
                     times[("ref", mode)].append(ref_seconds)
+            trainer.run.shared_prefix = SharedPrefix("on")
+            trl_chunks_seconds, _ = time_ref(trainer, data, micro)
+            if rep:
+                times[("ref_trl_chunks", "on")].append(trl_chunks_seconds)
+        times[("ref_trl_chunks", "off")] = times[("ref", "off")]
         sequences = int((data["prompt_mask"].sum(1) > 1).sum())
     scored = data["completion_mask"] == 1
     return {
-        "workload": workload, "batch": batch, "micro": micro, "sequences": sequences,
-        "loss_tokens": tokens(parts), "ref_tokens": tokens(ref_chunks(data, micro, tree=True)),
+        "workload": workload, "batch": batch, "micro": micro, "sequences": sequences, "ref_chunk_rows": pass_rows,
+        "loss_tokens": tokens(parts), "ref_tokens": tokens(ref_chunks(data, pass_rows, tree=True)),
+        "ref_trl_chunks_tokens": tokens(ref_chunks(data, micro, tree=True)),
         "ref_tokens_plain_order": tokens(ref_chunks(data, micro, tree=False)),
         **{f"{p}_{m}": statistics.median(v) for (p, m), v in times.items()},
         "sum_loss_off": losses["off"], "sum_loss_on": losses["on"],
@@ -184,10 +195,11 @@ def table(results: list[dict]) -> str:
     lines = ["| workload | rows (episodes) | pass | tokens: plain / rows / prompt once / tree | tree / plain | "
              "CPU s plain / tree | ratio |", "| --- | --- | --- | --- | --- | --- | --- |"]
     for r in results:
-        for name in ("loss", "ref"):
+        for name in ("loss", "ref", "ref_trl_chunks"):
             t = r[f"{name}_tokens"]
-            plain_t = r["ref_tokens_plain_order"]["plain"] if name == "ref" else t["plain"]
-            lines.append(f"| {r['workload']} | {r['sequences']} ({r['batch']}) | {name} | {plain_t} / {t['rows']} / "
+            plain_t = t["plain"] if name == "loss" else r["ref_tokens_plain_order"]["plain"]
+            label = {"ref_trl_chunks": "ref at TRL's chunks"}.get(name, name)
+            lines.append(f"| {r['workload']} | {r['sequences']} ({r['batch']}) | {label} | {plain_t} / {t['rows']} / "
                          f"{t['prompt_once']} / {t['tree']} | {t['tree'] / plain_t:.2f} | {r[f'{name}_off']:.2f} / "
                          f"{r[f'{name}_on']:.2f} | **{r[f'{name}_off'] / r[f'{name}_on']:.2f}x** |")
     return "\n".join(lines)

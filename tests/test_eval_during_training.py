@@ -241,10 +241,16 @@ def test_a_save_best_never_logged_is_refused_before_a_model_loads(tmp_path, no_t
     assert not out.exists()
 
 
-def test_a_held_back_environment_that_cannot_load_is_refused_before_a_model_loads(tmp_path, no_training):
+@pytest.mark.parametrize("config, expected", [
+    ('{"no_such_argument": 1}', ["no_such_argument"]),
+    ("{num_tasks: 3}", ["--eval-env-config is not valid JSON", "e.g. --eval-env-config '{"]),  # the flag named
+    ("[1]", ["--eval-env-config must be a JSON object", "got an array"]),
+])
+def test_a_held_back_environment_that_cannot_load_is_refused_before_a_model_loads(tmp_path, no_training, config,
+                                                                                  expected):
     out = tmp_path / "run"
     refused(["grpo", "--rl-env-module", "envs.letters", "--rl-env-class", "LetterEnv", "--output-dir", str(out),
-             "--eval-every", "2", "--eval-env-config", '{"no_such_argument": 1}'], tmp_path, "no_such_argument")
+             "--eval-every", "2", "--eval-env-config", config], tmp_path, *expected)
     assert not out.exists()
 
 

@@ -275,7 +275,7 @@ def test_abstract_class_names_unimplemented_methods():
 
 def test_invalid_json_gives_line_column_and_shell_quoting_hint():
     message = load_error("envs_fixtures.good", "GoodEnv", "{num_tasks: 3}")
-    assert "config is not valid JSON" in message and "line 1, column 2" in message
+    assert "--rl-env-config is not valid JSON" in message and "line 1, column 2" in message
     assert "'{num_tasks: 3}'" in message  # what actually arrived after the shell
     assert "double quotes" in message and "single quotes" in message
 

@@ -208,3 +208,21 @@ def test_one_sequence_episodes_add_nothing(tiny_model_dir, tmp_path):
     assert scored["advantages"].shape[0] == 8 and log["sequences/per_episode"] == 1.0
     assert log["sequences/extra_rows"] == 0 and log["sequences/blank_rows"] == 0
     assert isinstance(scored["num_items_in_batch"], torch.Tensor)
+
+
+def test_the_reference_pass_takes_a_loss_passs_rows_at_once(tiny_model_dir, tmp_path):
+    # 12 rows (8 episodes, 3 earlier sequences, 1 blank) in 4 loss passes of 3: the KL's reference forwards
+    # take 3 rows each (4 forwards), not TRL's per_device_train_batch_size of 2 (6 forwards), so a pass's
+    # shared-prefix tree holds an episode's sequences together as the loss pass's does.
+    scoring: list[int] = []
+
+    def count(trainer):
+        def hook(module, args, kwargs):
+            if kwargs.get("fused_lm_head") and not torch.is_grad_enabled():
+                scoring.append(kwargs["input_ids"].size(0))
+        trainer.model.register_forward_pre_hook(hook, with_kwargs=True)
+
+    _, log, scored = one_step(tiny_model_dir, tmp_path, TurnRewardEnv(flat_score=None), which=(0, 3, 6),
+                              prepare=count, shared_prefix_loss="off", micro_batch_size=2)
+    assert scored["advantages"].shape[0] == 12 and log["kl"] >= 0
+    assert scoring == [3, 3, 3, 3]

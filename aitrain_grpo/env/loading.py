@@ -63,8 +63,9 @@ _JSON_KIND = {dict: "an object", list: "an array", str: "a string", int: "a numb
 # -------------------------------------------------------------------------------------------- config
 
 
-def parse_config_json(text: str | Mapping | None) -> dict[str, Any]:
-    """Turn `--rl-env-config` into constructor keyword arguments.
+def parse_config_json(text: str | Mapping | None, option: str = "--rl-env-config") -> dict[str, Any]:
+    """Turn `--rl-env-config` (or the `option` named in errors, e.g. `--eval-env-config`) into
+    constructor keyword arguments.
 
     Accepts a JSON object string, `@path/to/file.json`, an already-parsed mapping, or None/"" (no
     keyword arguments). Returns a new dict; raises `EnvLoadError` for anything else.
@@ -78,11 +79,11 @@ def parse_config_json(text: str | Mapping | None) -> dict[str, Any]:
                                f"({type(bad[0]).__name__}); use string keys")
         return dict(text)
     if not isinstance(text, str):
-        raise EnvLoadError(f"config must be a JSON object string, '@file.json', a dict or None, got "
+        raise EnvLoadError(f"{option} must be a JSON object string, '@file.json', a dict or None, got "
                            f"{type(text).__name__}; pass e.g. {_CONFIG_EXAMPLE}")
     if not text.strip():
         return {}
-    source = "config"
+    source = option
     if text.startswith("@"):
         try:
             path = Path(text[1:].strip()).expanduser()
@@ -104,13 +105,13 @@ def parse_config_json(text: str | Mapping | None) -> dict[str, Any]:
         value = json.loads(text)
     except json.JSONDecodeError as exc:
         where = f"line {exc.lineno}, column {exc.colno}"
-        if source == "config":
+        if source == option:
             # Most bad inline configs come from the shell eating double quotes, or from Python-style
             # single quotes; say both, and show what actually arrived.
             raise EnvLoadError(
-                f"config is not valid JSON: {exc.msg} at {where} in {one_line(text, 80)!r}; JSON needs "
+                f"{option} is not valid JSON: {exc.msg} at {where} in {one_line(text, 80)!r}; JSON needs "
                 f"double quotes around keys and strings, and the shell needs the whole object in single "
-                f"quotes, e.g. --rl-env-config {_CONFIG_EXAMPLE}") from exc
+                f"quotes, e.g. {option} {_CONFIG_EXAMPLE}") from exc
         raise EnvLoadError(f"{source} is not valid JSON: {exc.msg} at {where}; fix the file there "
                            f"(keys and strings need double quotes, no trailing commas)") from exc
     if not isinstance(value, dict):
@@ -301,9 +302,11 @@ def _check_arguments(cls: type, kwargs: dict[str, Any]) -> None:
                            f"them to the config, e.g. '{{{example}}}'")
 
 
-def load_environment(module: str, class_name: str, config: str | Mapping | None = None) -> Environment:
-    """Import `module`, find `class_name`, and return `cls(**config)`; see `parse_config_json`."""
-    kwargs = parse_config_json(config)
+def load_environment(module: str, class_name: str, config: str | Mapping | None = None, *,
+                     option: str = "--rl-env-config") -> Environment:
+    """Import `module`, find `class_name`, and return `cls(**config)`; see `parse_config_json` (`option`:
+    the flag the config came from, named in its errors)."""
+    kwargs = parse_config_json(config, option)
     mod = import_user_module(module)
     cls = _find_class(mod, class_name)
     aitraining_style = _check_is_environment(cls, mod.__name__)

@@ -52,6 +52,12 @@ def held_back_environment(config: RunConfig) -> tuple[str, str, Any]:
     return environment_of(config.rl_env, config.rl_env_module, config.rl_env_class, env_config, config.rl_env_weights)
 
 
+def load_held_back_environment(config: RunConfig) -> Environment:
+    """The environment a run evaluates on, built; a bad `--eval-env-config` is named in its error."""
+    option = "--eval-env-config" if config.eval_env_config is not None else "--rl-env-config"
+    return load_environment(*held_back_environment(config), option=option)
+
+
 def held_back_settings(config: RunConfig) -> EpisodeSettings:
     """The run's episode settings, at `--eval-temperature`; an agent environment's endpoint on a port of
     its own (the training engine's may be the fixed `--agent-port`)."""
@@ -84,7 +90,7 @@ class HeldBackTasks:
     """The held-back environment, rows and settings of a run (module docstring); `play` evaluates once."""
 
     def __init__(self, config: RunConfig):
-        self.env: Environment = load_environment(*held_back_environment(config))
+        self.env: Environment = load_held_back_environment(config)
         self.settings = held_back_settings(config)
         self.episodes = config.eval_episodes
         self.samples = config.eval_num_generations

@@ -75,10 +75,9 @@ def check_held_back_environment(config: Any) -> None:
     `--eval-env-class`: evaluation/held_back_play.py): its one-line error now, not after the model loads."""
     if not getattr(config, "eval_every", None):
         return
-    from aitrain_grpo.env.loading import load_environment
-    from aitrain_grpo.evaluation.held_back_play import held_back_environment
+    from aitrain_grpo.evaluation.held_back_play import load_held_back_environment
 
-    load_environment(*held_back_environment(config))
+    load_held_back_environment(config)
 
 
 def check_run(config: Any, env: Any) -> list[str]:

@@ -33,6 +33,7 @@ import torch
 
 from aitrain_grpo.training.step.advantages import group_advantages
 from aitrain_grpo.training.step.batch import blank_record, blank_rows_needed, loss_mask, trl_batch
+from aitrain_grpo.training.step.micro_batches import scoring_chunk_rows
 from aitrain_grpo.training.step.records import sequence_records
 from aitrain_grpo.training.step.rewards import call_reward_functions, decoded_completions
 from aitrain_grpo.training.step.scoring import importance_ratio, sampling_metrics
@@ -113,15 +114,17 @@ def batch_reused(args, num_iterations: int) -> bool:
 
 
 def scoring_passes(trainer, out: dict[str, Any], training: bool, clock) -> dict[str, torch.Tensor]:
-    """The old and reference log-probabilities and importance weights `out` needs (step/scoring.py);
-    each forward's time is charged to `clock`'s `ref_logprobs` phase."""
+    """The old and reference log-probabilities and importance weights `out` needs (step/scoring.py), in
+    chunks of a loss pass's rows (`scoring_chunk_rows`); each forward's time is charged to `clock`'s
+    `ref_logprobs` phase."""
     from trl.models.utils import disable_gradient_checkpointing
     from trl.trainer.utils import use_adapter
 
     ids = torch.cat([out["prompt_ids"], out["completion_ids"]], dim=1)
     attention = torch.cat([out["prompt_mask"], out["completion_mask"]], dim=1)
     keep = out["completion_ids"].shape[1]
-    size = trainer.args.per_device_train_batch_size if training else trainer.args.per_device_eval_batch_size
+    size = scoring_chunk_rows(ids.size(0), trainer.args.per_device_train_batch_size,
+                              trainer.args.steps_per_generation) if training else trainer.args.per_device_eval_batch_size
 
     def logps(model):
         with clock.phase("ref_logprobs"):

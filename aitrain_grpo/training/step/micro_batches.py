@@ -10,7 +10,8 @@ into `steps_per_generation` micro-batches that accumulate gradients into one opt
 `gradient_accumulation_steps = (B / M) * --gradient-accumulation-steps`, with TRL's default
 `steps_per_generation` (= the accumulation steps): the same episodes, advantages and loss normalisation
 as one pass of B (every TRL loss type divides by the accumulation steps or by the generation batch's
-token count), in pieces. The old/reference log-probabilities are computed in chunks of M too.
+token count), in pieces. The old/reference log-probabilities are computed in chunks of a loss pass's
+rows (`scoring_chunk_rows`: M, or more where an episode trains several sequences).
 
 An episode whose history was rewritten mid-episode trains a row per sequence (step/records.py): its earlier
 sequences' rows join the generation batch before TRL shuffles and splits it, with blank rows up to a
@@ -114,6 +115,16 @@ class BatchShape:
     def trl_arguments(self) -> dict[str, int]:
         return {"per_device_train_batch_size": self.episodes_per_pass,
                 "gradient_accumulation_steps": self.accumulation_steps}
+
+
+def scoring_chunk_rows(rows: int, episodes_per_pass: int, passes: int) -> int:
+    """Rows a no-gradient scoring forward (reference, old policy) takes at once: as many as one loss pass
+    holds, i.e. the step's rows over its passes, an episode's extra sequences and the blank rows included
+    (there are enough blanks to make the rows a multiple of the passes). TRL chunks these forwards by
+    `per_device_train_batch_size` episodes, which under a context strategy cuts an episode's sequences
+    and a group's episodes apart, so the shared-prefix tree over a reference chunk shared less than the
+    loss pass's (benchmarks/PREFIX_TREE.md). A chunk holds no more than a loss pass, and no gradients."""
+    return max(episodes_per_pass, -(-rows // max(passes, 1)))
 
 
 def trim_padding(inputs: dict[str, Any]) -> dict[str, Any]:

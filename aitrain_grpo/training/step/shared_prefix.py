@@ -8,7 +8,8 @@ later sequences repeat its kept history; episodes that open alike share their op
 
 How, per chunk of rows TRL would forward together:
 1. the rows are put in the order of their tokens (rows that share a prefix side by side) and cut into
-   chunks of TRL's size, the results put back in the rows' order;
+   chunks of the size the caller passes (the loss pass's micro-batch; for the scoring forwards a loss
+   pass's rows, step/micro_batches.py `scoring_chunk_rows`), the results put back in the rows' order;
 2. a chunk's rows become one prefix tree (step/prefix_tree.py): each shared prefix once, no padding,
    positions counted along each row, a tree attention mask (a token sees its own row's earlier tokens);
 3. one forward of the model over the packed tree through TRL's own fused head (`model(...,

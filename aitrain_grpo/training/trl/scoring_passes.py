@@ -2,8 +2,8 @@
 own length instead of the whole batch's.
 
 Why: TRL pads a generation batch once, every completion to the batch's longest, and runs the reference
-(and, where it needs them, the old) log-probabilities over it in chunks of `--micro-batch-size` rows
-without trimming them. One long episode makes every chunk as long as it is: on issue 33's tool
+(and, where it needs them, the old) log-probabilities over it in chunks of rows (here a loss pass's,
+step/micro_batches.py `scoring_chunk_rows`) without trimming them. One long episode makes every chunk as long as it is: on issue 33's tool
 environment (SmolLM2, batch 16) the reference forward took 1.74x the same forward over each chunk's own
 length, 0.98x with this and trl/lm_head.py (CPU time, benchmarks/STEP_LIMIT.md). The loss pass does not pay
 this: micro_batches.trim_padding cuts its micro-batches before TRL's `_compute_loss`.
