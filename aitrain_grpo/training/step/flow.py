@@ -123,8 +123,9 @@ def scoring_passes(trainer, out: dict[str, Any], training: bool, clock) -> dict[
     ids = torch.cat([out["prompt_ids"], out["completion_ids"]], dim=1)
     attention = torch.cat([out["prompt_mask"], out["completion_mask"]], dim=1)
     keep = out["completion_ids"].shape[1]
-    size = scoring_chunk_rows(ids.size(0), trainer.args.per_device_train_batch_size,
-                              trainer.args.steps_per_generation) if training else trainer.args.per_device_eval_batch_size
+    args = trainer.args
+    size = scoring_chunk_rows(ids.size(0), args.per_device_train_batch_size, args.steps_per_generation) \
+        if training else args.per_device_eval_batch_size
 
     def logps(model):
         with clock.phase("ref_logprobs"):
