@@ -11,6 +11,9 @@ but the step count and TRL's `step_time`, which both log, aitrain's trainer bein
 - peak memory: run.json's peak resident set of the training process;
 - TRL's loop: the same for head_to_head_trl.py --evaluate's episodes (eval-trl/step-<N>.jsonl), beside;
 - the settled difference, aitrain - TRL at the budget with its 95% interval: head_to_head_stats.py;
+- where the held-back episodes end: the share at each of envs.stations' score levels (no tool result, a
+  tool result only, the station found, the reading shown, answered), per loop, for the start and each
+  trainer's final checkpoints pooled over seeds;
 - the learning curves: each run's in-training evaluations (eval-ledger.jsonl, head_to_head_ledger.py) at
   their CPU minutes of training, listed and drawn (<md stem>_cpu.png); with such evaluations a step's CPU
   leaves their CPU out.
@@ -32,7 +35,8 @@ from pathlib import Path
 from head_to_head_ledger import curve as curve_of
 from head_to_head_ledger import read_ledger
 from head_to_head_stats import curve_figure, describe, difference, success_figure
-from head_to_head_trl import RECIPE
+from head_to_head_trl import RECIPE  # puts the repository on sys.path, for envs below
+from envs.stations_trl import FOUND, READ, TRIED  # noqa: I001
 from learning import write_block
 from results_table import machine as describe_machine
 
@@ -158,6 +162,34 @@ def summary_lines(rows: list[dict]) -> list[str]:
     return out
 
 
+# Where an envs.stations episode ends, by its score (envs/stations_trl.py `episode_score`: each part adds).
+OUTCOMES = {0.0: "no tool result", TRIED: "a tool result only", TRIED + FOUND: "the station found",
+            TRIED + FOUND + READ: "the reading shown, not answered", 1.0: "answered (success)"}
+
+
+def outcome_lines(rows: list[dict], start: dict[str, list[float]]) -> list[str]:
+    """The share of held-back episodes ending at each stage, per loop: the start's, and each trainer's
+    final checkpoints pooled over seeds, so a difference in success says where it comes from (a wrong
+    station looked up, a reading never answered...)."""
+    table = []
+    for loop, name in (("aitrain", "aitrain's"), ("trl", "TRL's")):
+        table.append((f"start, {name} loop", start[loop]))
+        for trainer in ("aitrain", "trl"):
+            table.append((f"{trainer} final, {name} loop",
+                           [x for r in rows if r["trainer"] == trainer for x in r["scores"][loop]]))
+    table = [(label, scores) for label, scores in table if scores]
+    if not table:
+        return []
+    out = ["", "Where the held-back episodes end (share of episodes by score; final checkpoints pooled over seeds):",
+           "", "| checkpoints | episodes | " + " | ".join(OUTCOMES.values()) + " | other |",
+           "| --- " * (len(OUTCOMES) + 3) + "|"]
+    for label, scores in table:
+        counts = [sum(abs(x - level) < 1e-6 for x in scores) for level in OUTCOMES]
+        shares = [c / len(scores) for c in counts] + [1 - sum(counts) / len(scores)]
+        out.append(f"| {label} | {len(scores)} | " + " | ".join(f"{v:.2f}" for v in shares) + " |")
+    return out
+
+
 def figure(rows: list[dict], path: Path) -> bool:
     """Held-back success against minutes, every run; False when matplotlib is missing."""
     series = [(r["name"], r["trainer"], [(m, s) for m, _, s in r["curve"] if s is not None and m is not None])
@@ -195,6 +227,8 @@ def results_block(runs_dir: Path, figure_path: Path | None) -> str:
                     "is the process's CPU seconds over its training steps, what a step takes on a core of its own. "
                     f"Load average when the runs ended: {', '.join(f'{v:.1f}' for v in loads)} (2 cores)."]
     out += summary_lines(rows)
+    out += outcome_lines(rows, {loop: [r["score"] for r in read_jsonl(runs_dir / f"start-eval{suffix}.jsonl")]
+                                for loop, suffix in (("aitrain", ""), ("trl", "-trl"))})
     out += ["", "Held-back success at each checkpoint (step, minutes since the start of the process):", ""]
     for r in rows:
         points = ", ".join(f"step {s} ({cell(m, '.1f')} min): {cell(v)}" for m, s, v in r["curve"][1:])

@@ -310,6 +310,9 @@ def test_the_harness_runs_every_phase_on_the_tiny_model(tmp_path):
     assert "Episodes trained per hour, aitrain / TRL:" in block and "head_to_head_aitrain.py grpo" in block
     assert ("Code (the commit each run's last process started on): " in block) == bool(committed)
     assert "- TRL's loop (`GRPOTrainer.evaluate`): aitrain - TRL = " in block and "95% interval" in block
+    for label in ("start, aitrain's loop", "aitrain final, aitrain's loop", "trl final, TRL's loop"):
+        row = next(line for line in block.splitlines() if line.startswith(f"| {label} | 8 | "))
+        assert sum(float(v) for v in row.strip("|").split("|")[2:]) == pytest.approx(1.0, abs=0.02), row
     curves = [line for line in block.splitlines() if "(resumed at step " in line and ": step 0 (" in line]
     assert [line.split()[1] for line in curves] == ["aitrain-seed1", "trl-seed1"]  # the in-training curves
     assert (tmp_path / "head_to_head.png").stat().st_size > 1000

