@@ -139,13 +139,14 @@ def summary_lines(rows: list[dict]) -> list[str]:
         out.append(f"| {trainer} | {len(group)} | {cell(mean(r['final'] for r in group))} | "
                    f"{cell(mean(r['per_hour'] for r in group), '.0f')} | {cell(mean(r['steps'] for r in group), '.1f')} | "
                    f"{cell(mean(r['peak_mib'] for r in group) / 1024, '.2f')} GiB |")
-    ratio = (mean(r["per_hour"] for r in by["aitrain"]) or 0) / (mean(r["per_hour"] for r in by["trl"]) or float("nan"))
+    hourly = [mean(r["per_hour"] for r in by[t]) for t in ("aitrain", "trl")]
+    ratio = f"**{hourly[0] / hourly[1]:.2f}x**" if all(hourly) else "n/a (resumed runs have no wall minutes)"
     final = {(r["trainer"], r["seed"]): r["final"] for r in rows}
     seeds = sorted({r["seed"] for r in rows})
     both = [s for s in seeds if final.get(("aitrain", s)) is not None and final.get(("trl", s)) is not None]
     ahead = [s for s in both if final[("aitrain", s)] > final[("trl", s)]]
     behind = [s for s in both if final[("aitrain", s)] < final[("trl", s)]]
-    out += ["", f"Episodes trained per hour, aitrain / TRL: **{ratio:.2f}x** (goal: 1.5x). Held-back success at the "
+    out += ["", f"Episodes trained per hour, aitrain / TRL: {ratio} (goal: 1.5x). Held-back success at the "
                 f"budget: aitrain ahead on seed(s) {', '.join(map(str, ahead)) or 'none'}, TRL ahead on seed(s) "
                 f"{', '.join(map(str, behind)) or 'none'}, of {len(seeds)} (goal: aitrain ahead on every seed)."]
     per_cpu = {t: mean(RECIPE["batch_size"] * 3600 / r["step_cpu_s"] for r in group if r["step_cpu_s"])
