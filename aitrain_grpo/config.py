@@ -22,6 +22,7 @@ from typing import Any, Mapping
 from aitrain_grpo.env_spec import check_environment_named, env_specs, environment_of, spec_label
 from aitrain_grpo.errors import ConfigError, one_line
 from aitrain_grpo.option_effects import check_curriculum_reachable
+from aitrain_grpo.peer_options import peer_name_hint
 from aitrain_grpo.option_rules import (NON_NEGATIVE, POSITIVE, POSITIVE_SECONDS, Bound, at_least, check_bound,
                                         check_judge, check_save_best, check_seed, count, reward_func_specs,
                                         reward_weights, server_urls)
@@ -248,8 +249,9 @@ class RunConfig:
             hints = []
             for key in unknown:
                 close = difflib.get_close_matches(key, cls.field_names(), n=1)
-                hints.append(f"{key} (did you mean {close[0]}?)" if close else key)
-            raise ConfigError(f"config file {path} has unknown option(s): {', '.join(hints)}")
+                peer = peer_name_hint(key, as_flag=False)
+                hints.append(f"{key} ({peer})" if peer else f"{key} (did you mean {close[0]}?)" if close else key)
+            raise ConfigError(f"config file {path} has unknown option(s): {'; '.join(hints)}")
         return options
 
     def to_dict(self) -> dict[str, Any]:

@@ -76,7 +76,24 @@ def test_a_load_error_and_a_bad_option_are_one_line_from_the_command():
 def test_config_file_with_unknown_key(tmp_path):
     path = tmp_path / "run.yaml"
     path.write_text("rl-env-module: envs.hotel\nrl-env-class: HotelEnv\nlearning_rate: 0.1\n")
-    assert_one_line_error(run_cli("grpo", "--config", str(path)), "unknown option(s): learning_rate")
+    assert_one_line_error(run_cli("grpo", "--config", str(path)),
+                          "unknown option(s): learning_rate (TRL's and axolotl's name; aitrain's is lr)")
+
+
+@pytest.mark.parametrize("argv, said", [
+    (["grpo", "--learning-rate", "1e-4"], "No such option: --learning-rate (TRL's and axolotl's name; aitrain's is --lr)"),
+    (["grpo", "--per-device-train-batch-size", "2"],
+     "aitrain's is --micro-batch-size, counting episodes a forward/backward pass, where TRL counts completions"),
+    (["env", "check", "--max-tool-calling-iterations", "3"], "(TRL's name; aitrain's is --rl-max-turns, counting model turns)"),
+    (["eval", "--temperature", "0"], "(TRL's name; aitrain's is --rl-temperature)"),
+    # a peer's name for a flag this command does not have, and a name no peer uses: click's own message
+    (["eval", "--beta", "0.1"], "No such option: --beta\n"),
+    (["grpo", "--frobnicate", "1"], "No such option: --frobnicate\n"),
+])
+def test_another_trainers_flag_is_answered_with_ours(monkeypatch, tmp_path, argv, said):
+    result = in_process_cli(monkeypatch, tmp_path)(*argv)
+    assert result.exit_code == 2, result.output
+    assert said in result.stderr + "\n", result.stderr
 
 
 def test_debug_shows_the_traceback():
@@ -165,3 +182,12 @@ def test_help_shows_every_flag_whole_at_80_columns(command):
     if command == ["grpo"]:
         for name in RunConfig.field_names():
             assert "--" + name.replace("_", "-") in result.stdout, name
+
+
+def test_every_peer_name_points_at_an_option_of_ours():
+    from aitrain_grpo.config import RunConfig
+    from aitrain_grpo.peer_options import PEER_NAMES
+
+    ours = set(RunConfig.field_names())
+    assert {target for target, _, _ in PEER_NAMES.values()} <= ours
+    assert not set(PEER_NAMES) & ours  # a name of ours is never refused as a peer's

@@ -36,6 +36,7 @@ import typer
 from rich.console import Console
 
 import aitrain_grpo.commands.quiet  # noqa: F401 - silences warnings no user can act on
+from aitrain_grpo.commands.app_group import AitrainGroup
 from aitrain_grpo.commands.envcheck import CHECK_FLAGS, POLICIES, run_env_check
 from aitrain_grpo.commands.evaluation import RUN_FLAGS, run_eval
 from aitrain_grpo.commands.exits import exit_without_waiting_for_env_calls
@@ -65,6 +66,7 @@ from aitrain_grpo.training.run.lock import release_all
 # prints): `grpo` imports them once its options are checked, so `--help` and option errors stay fast.
 
 app = typer.Typer(
+    cls=AitrainGroup,  # another trainer's flag name answered with ours
     help="Train language-model agents with GRPO in environments you write.",
     no_args_is_help=True,
     add_completion=False,
