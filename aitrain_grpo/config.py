@@ -74,6 +74,8 @@ ROLLOUT_SCHEDULES = ("auto", "continuous", "lockstep")
 ZERO_STD_GROUPS = ("keep", "drop", "refill")
 ADVANTAGE_MODES = ("outcome", "turn")  # training/step/turn_credit.py
 SHARED_PREFIX_MODES = ("auto", "on", "off")  # training/step/shared_prefix.py
+# transformers' schedules that need no arguments beyond the warmup (lr_scheduler_type)
+LR_SCHEDULERS = ("linear", "cosine", "cosine_with_restarts", "polynomial", "constant", "constant_with_warmup", "inverse_sqrt")
 JUDGE_MODES = ("group", "episode")  # training/rewards/judge.py
 CURRICULA = ("off", "pools")  # training/rollout/curriculum.py
 TOOL_PARSERS = ("auto", "hermes", "json", "llama3_json", "mistral", "pythonic")  # engine/tool_parsers.py
@@ -135,6 +137,10 @@ class RunConfig:
     rl_entropy_coef: float = _opt(0.0, "Entropy bonus in the loss (TRL's entropy_coef): keeps exploring instead of collapsing onto one answer.", bound=NON_NEGATIVE)
     rl_loss_type: str | None = _opt(None, f"TRL loss type: {', '.join(LOSS_TYPES)} (default: TRL's).", choices=LOSS_TYPES)
     lr: float = _opt(1e-5, "Learning rate.", bound=POSITIVE)
+    lr_scheduler: str = _opt("linear", "How the learning rate moves over the run (transformers' lr_scheduler_type): linear (down to 0 at the last step), cosine, cosine_with_restarts, polynomial, constant, constant_with_warmup or inverse_sqrt.", choices=LR_SCHEDULERS)
+    warmup_steps: float = _opt(0.0, "Optimizer steps over which the learning rate climbs from 0 to --lr; below 1, a fraction of the run's steps (transformers' rule).", bound=NON_NEGATIVE)
+    weight_decay: float = _opt(0.0, "AdamW's weight decay.", bound=NON_NEGATIVE)
+    max_grad_norm: float = _opt(1.0, "The gradient's norm is clipped to this before each optimizer step (0: no clipping).", bound=NON_NEGATIVE)
     max_steps: int | None = _opt(None, "Optimizer steps to run (default: --epochs over the dataset).", minimum=1)
     epochs: float = _opt(1.0, "Passes over the dataset when --max-steps is not set.", bound=POSITIVE)
     batch_size: int = _opt(8, "Episodes per device in one generation batch (its GRPO groups); a multiple of --rl-num-generations. An optimizer step takes --gradient-accumulation-steps such batches.", bound=count(65536, "episodes per device in one generation batch"))

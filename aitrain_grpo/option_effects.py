@@ -5,7 +5,7 @@ for a curriculum threshold no group's reward can ever reach.
   `--rl-context-keep-last` only under drop-tool-results, `--rl-context-summary-tokens` only under
   summarize, and the `--rl-curriculum-*` thresholds only with `--rl-curriculum pools`. One given away
   from its default where it does nothing gets one `note:` line (a shared config file may carry it for
-  another run, so the run goes on). Which strategies are in force is the environment's to say when
+  another run, so the run goes on). `--warmup-steps` does nothing under `--lr-scheduler constant`. Which strategies are in force is the environment's to say when
   `--rl-context` is not given, so the caller hands them in (preflight/run_checks.py).
 - `check_curriculum_reachable`: under `pools`, a group is easy when its mean reward is at least
   `--rl-curriculum-easy` and hard when at most `--rl-curriculum-hard`. Where every reward is bounded (the
@@ -56,6 +56,9 @@ def unused_option_notes(config: Any, strategies: Iterable[str]) -> list[str]:
             notes.append(f"note: {', '.join(unused)} {'does' if len(unused) == 1 else 'do'} nothing without "
                          f"--rl-curriculum pools (this run draws prompts with --rl-curriculum {config.rl_curriculum}); "
                          f"leave {'it' if len(unused) == 1 else 'them'} out, or add --rl-curriculum pools")
+    if "warmup_steps" in given and config.lr_scheduler == "constant":
+        notes.append("note: --warmup-steps does nothing under --lr-scheduler constant (it holds --lr from the first "
+                     "step); leave it out, or choose --lr-scheduler constant_with_warmup")
     return notes
 
 

@@ -36,6 +36,8 @@ PEER_NAMES: dict[str, tuple[str, str, str]] = {
                                     "counting episodes a forward/backward pass, where TRL counts completions"),
     "generation_batch_size": ("batch_size", "TRL's", "counting the episodes a device plays for a step"),
     "num_train_epochs": ("epochs", "TRL's", ""),
+    "lr_scheduler_type": ("lr_scheduler", "TRL's", ""),
+    "warmup_ratio": ("warmup_steps", "TRL's and axolotl's", "a fraction of the run's steps when below 1"),
     "num_epochs": ("epochs", "axolotl's", ""),
     "eval_steps": ("eval_every", "TRL's", "held-back tasks every N steps"),
     "model_name_or_path": ("model", "TRL's", ""),

@@ -32,6 +32,10 @@ GRPO_OPTIONS = {
     "logging_steps": (3, "logging_steps"),
     "epochs": (2.0, "num_train_epochs"),
     "lr": (2e-4, "learning_rate"),
+    "lr_scheduler": ("cosine", "lr_scheduler_type"),
+    "warmup_steps": (2.0, "warmup_steps"),
+    "weight_decay": (0.01, "weight_decay"),
+    "max_grad_norm": (0.5, "max_grad_norm"),
     "seed": (5, "seed"),
 }
 LORA_OPTIONS = {"lora_r": (4, "r"), "lora_alpha": (8, "lora_alpha"), "lora_dropout": (0.1, "lora_dropout")}
@@ -61,6 +65,28 @@ def test_option_reaches_grpo_config(trained_one_step, name):
     value, trl_name = GRPO_OPTIONS[name]
     expected = pytest.approx(value) if isinstance(value, float) else value
     assert getattr(trained_one_step.args, trl_name) == expected
+
+
+def test_the_optimizer_decays_the_adapter_weights(trained_one_step):
+    groups = trained_one_step.optimizer.param_groups
+    assert max(group["weight_decay"] for group in groups) == pytest.approx(0.01)
+
+
+def test_the_learning_rate_follows_the_schedule_asked(tiny_model_dir, tmp_path):
+    """What a user reads in metrics.jsonl: 2 warmup steps up to --lr, then held (constant_with_warmup) or
+    decayed (linear, the default)."""
+    import json
+
+    from aitrain_grpo.training.trainer import train
+
+    rates = {}
+    for schedule in ("constant_with_warmup", "linear"):
+        out = tmp_path / schedule
+        train(RunConfig(**LETTERS, model=tiny_model_dir, max_steps=4, lr=1e-3, warmup_steps=2, lr_scheduler=schedule,
+                        output_dir=str(out)), env=LetterEnv(turns=1, num_tasks=8))
+        rates[schedule] = [json.loads(line)["learning_rate"] for line in (out / "metrics.jsonl").read_text().splitlines()]
+    assert rates["constant_with_warmup"] == pytest.approx([0.0, 5e-4, 1e-3, 1e-3])
+    assert rates["linear"] == pytest.approx([0.0, 5e-4, 1e-3, 5e-4])
 
 
 def test_lora_options_reach_the_adapter(trained_one_step):

@@ -163,3 +163,10 @@ def test_options_that_act_under_the_strategy_in_force_get_no_note():
     keep_last = RunConfig(rl_context_keep_last=5)
     assert unused_option_notes(keep_last, ["drop-tool-results", "keep"]) == []  # a mixture: one member uses it
     assert "under --rl-context summarize" in unused_option_notes(keep_last, ["summarize"])[0]
+
+
+def test_a_warmup_under_a_constant_schedule_gets_a_note():
+    assert unused_option_notes(RunConfig(warmup_steps=5, lr_scheduler="constant"), ["keep"]) == [
+        "note: --warmup-steps does nothing under --lr-scheduler constant (it holds --lr from the first step); "
+        "leave it out, or choose --lr-scheduler constant_with_warmup"]
+    assert unused_option_notes(RunConfig(warmup_steps=5, lr_scheduler="constant_with_warmup"), ["keep"]) == []

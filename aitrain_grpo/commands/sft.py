@@ -50,6 +50,7 @@ SFT_PARAMETERS = [
     field_option("epochs", SFT_EPOCHS, with_default("Passes over the demonstrations when --max-steps is not set.",
                                                     SFT_EPOCHS)),
     field_option("batch_size", 8, with_default("Demonstrations per device per optimizer step.", 8)),
+    *(as_in_grpo(name) for name in ("lr_scheduler", "warmup_steps", "weight_decay", "max_grad_norm")),
     as_in_grpo("gradient_accumulation_steps"),
     as_in_grpo("seed"),
     as_in_grpo("peft"),

@@ -46,6 +46,10 @@ def trainer_args(config: RunConfig, output_dir: Path, config_class: type, batch:
     args: dict[str, Any] = dict(
         output_dir=str(output_dir),
         learning_rate=config.lr,
+        lr_scheduler_type=config.lr_scheduler,
+        warmup_steps=config.warmup_steps,
+        weight_decay=config.weight_decay,
+        max_grad_norm=config.max_grad_norm,
         **batch.trl_arguments(),
         num_train_epochs=config.epochs,
         max_steps=config.max_steps or -1,
