@@ -85,6 +85,17 @@ def test_a_resume_with_steps_left_is_planned(project):
     assert plan.resume == run / "checkpoint-2"
 
 
+@pytest.mark.parametrize("schedule, noted", [("linear", True), ("cosine", True), ("constant_with_warmup", False)])
+def test_a_resume_that_moves_the_last_step_says_the_learning_rate_jumps(project, capsys, schedule, noted):
+    run = finished_run(project / "run", steps=2)  # planned for 2 steps
+    plan_run(RunConfig(rl_env_module="envs.letters", rl_env_class="LetterEnv", output_dir=str(run),
+                       resume_from_checkpoint="auto", max_steps=4, lr_scheduler=schedule))
+    notes = [line for line in capsys.readouterr().err.splitlines() if "jumps" in line]
+    assert notes == ([f"note: checkpoint-2 comes from a run planned for 2 steps and this one has 4: --lr-scheduler "
+                      f"{schedule} is laid out anew over 4 steps, so the learning rate jumps at step 2; --lr-scheduler "
+                      f"constant_with_warmup extends a run evenly"] if noted else [])
+
+
 def test_auto_with_no_checkpoint_starts_fresh_and_says_so(project, capsys):
     plan = plan_run(RunConfig(rl_env_module="envs.letters", rl_env_class="LetterEnv", output_dir="new",
                               resume_from_checkpoint="auto"))

@@ -10,6 +10,8 @@ its word, would destroy or rewrite work the user did not mean to touch:
 - `--resume-from-checkpoint auto` that finds no checkpoint starts fresh (HF Trainer raises instead, but only
   for its own `True`; `auto` here is the flag a restart script passes every time, so its first start must
   work), and says so in one note rather than silently;
+- a resume that moves the run's last step under a decaying learning-rate schedule says that the rate jumps
+  (HF Trainer lays the schedule out again over the new length);
 - `--overwrite` replaces only a run of the same environment: an export, a tiny model, or another
   environment's run is refused, naming what is there; an allowed overwrite says what it removes.
 
@@ -64,6 +66,21 @@ def resume_note(config: RunConfig, resume: Path | None) -> str | None:
         return None
     return (f"note: --resume-from-checkpoint auto found no checkpoint in {config.resolved_output_dir()}, so this "
             f"run starts fresh there")
+
+
+def schedule_note(config: RunConfig, resume: Path | None) -> str | None:
+    """A note for a resume that moves the run's last step (`--max-steps` other than its checkpoint's run
+    planned) under a schedule that decays: HF Trainer lays the schedule out anew over the new length and
+    keeps only its step count, so the learning rate jumps at the resume. None otherwise (a constant
+    schedule, the same length, or a length given by `--epochs`, which is known only once the data is)."""
+    if resume is None or config.lr_scheduler in ("constant", "constant_with_warmup") or not config.max_steps:
+        return None
+    planned = _read_json(resume / "trainer_state.json").get("max_steps")
+    if not isinstance(planned, int) or planned <= 0 or planned == config.max_steps:
+        return None
+    return (f"note: {resume.name} comes from a run planned for {planned} steps and this one has {config.max_steps}: "
+            f"--lr-scheduler {config.lr_scheduler} is laid out anew over {config.max_steps} steps, so the learning "
+            f"rate jumps at step {checkpoint_step(resume)}; --lr-scheduler constant_with_warmup extends a run evenly")
 
 
 def _read_json(path: Path) -> dict:

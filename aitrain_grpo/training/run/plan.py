@@ -25,10 +25,10 @@ from aitrain_grpo.models.loading import check_model_option
 from aitrain_grpo.runlog.files import check_tracker_installed
 from aitrain_grpo.training.rollout.async_steps import check_async_supported
 from aitrain_grpo.training.rollout.engine_choice import EngineChoice, choose_engine
-from aitrain_grpo.training.run.folder import check_output_dir_for_run, with_fresh_default_output_dir
+from aitrain_grpo.training.run.folder import (check_output_dir_for_run, check_overwrite_target, check_resume_has_steps_left,
+                                              resume_note, schedule_note, with_fresh_default_output_dir)
 from aitrain_grpo.training.rollout.generation import (GenerationPlan, colocate_rendezvous_port, plan_generation,
                                                       reserve_server_gpus)
-from aitrain_grpo.training.run.folder import check_overwrite_target, check_resume_has_steps_left, resume_note
 from aitrain_grpo.training.step.micro_batches import BatchShape
 from aitrain_grpo.training.run.lock import claim_output_dir
 
@@ -62,7 +62,7 @@ def plan_run(config: RunConfig) -> RunPlan:
     check_async_supported(config, generation.sync)
     resume = check_output_dir_for_run(config)
     check_resume_has_steps_left(config, resume)
-    notes = [note, resume_note(config, resume), check_overwrite_target(config, resume)]
+    notes = [note, resume_note(config, resume), schedule_note(config, resume), check_overwrite_target(config, resume)]
     config, moved = claim_output_dir(config, movable=movable)
     if os.environ.get("RANK", "0") == "0":
         for line in (*notes, moved):
