@@ -13,7 +13,6 @@ from __future__ import annotations
 import dataclasses
 import functools
 import json
-import math
 import os
 from dataclasses import dataclass, field, fields
 from pathlib import Path
@@ -25,6 +24,7 @@ from aitrain_grpo.option_effects import check_curriculum_reachable
 from aitrain_grpo.peer_options import peer_name_hint
 from aitrain_grpo.option_rules import (NON_NEGATIVE, POSITIVE, POSITIVE_SECONDS, Bound, at_least, check_bound,
                                         check_judge, check_save_best, check_seed, count, reward_func_specs,
+                                        typed_values,
                                         reward_weights, server_urls)
 
 
@@ -285,7 +285,7 @@ class RunConfig:
         options with each value read as its field's type (a new `RunConfig`: this one is left as it
         is), so checking twice gives the same result. `grpo=False` (aitrain sft) leaves out the rules
         of GRPO's sampling and loss, which that command does not use."""
-        typed = dataclasses.replace(self, **self._typed_values())
+        typed = dataclasses.replace(self, **typed_values(self))
         typed._check_rules()
         if grpo:
             typed._check_grpo_rules()
@@ -353,41 +353,3 @@ class RunConfig:
     def reward_weight_list(self) -> list[float] | None:
         """`--rl-reward-weights` as floats, the environment's score first; None when every weight is 1."""
         return reward_weights(self.rl_reward_weights, len(self.reward_specs), judge=bool(self.rl_judge_rubric))
-
-    def _typed_values(self) -> dict[str, Any]:
-        """Values from a config file arrive as YAML/JSON typed them; check each against its field, and
-        return those read anew: numbers written as strings in float fields (YAML 1.1 reads `1e-5` as a
-        string), and a repeated flag given once (`--rl-env A`) as the plain value."""
-        typed: dict[str, Any] = {}
-        for f in fields(self):
-            value = getattr(self, f.name)
-            kinds = {k.strip() for k in str(f.type).split("|")}
-            if "Any" in kinds or (value is None and "None" in kinds):
-                continue
-            flag, shown = "--" + f.name.replace("_", "-"), repr(value)[:60]
-            if "bool" in kinds:
-                ok = isinstance(value, bool)
-            elif "int" in kinds:
-                ok = isinstance(value, int) and not isinstance(value, bool)
-            elif "float" in kinds:
-                if isinstance(value, str):
-                    try:
-                        value = float(value)
-                    except ValueError:
-                        pass
-                ok = isinstance(value, (int, float)) and not isinstance(value, bool)
-                if ok and not math.isfinite(value):
-                    raise ConfigError(f"{flag} must be a finite number, got {shown}")
-                if ok:
-                    typed[f.name] = float(value)
-            elif "list[str]" in kinds and isinstance(value, (list, tuple)):  # --rl-env repeated
-                ok = all(isinstance(v, str) for v in value)
-                if ok:  # one spec is the plain form; none is not given
-                    typed[f.name] = value[0] if len(value) == 1 else list(value) or None
-            else:
-                ok = isinstance(value, str)
-            if not ok:
-                wanted = next(k for k in ("bool", "int", "float", "str") if k in kinds)
-                names = {"bool": "true or false", "int": "an integer", "float": "a number", "str": "a string"}
-                raise ConfigError(f"{flag} must be {names[wanted]}, got {shown} ({type(value).__name__})")
-        return typed

@@ -3,7 +3,8 @@ declared in a field's metadata and checked by `config.check_options` with one me
 options written as text that are parsed into lists (`server_urls`, `reward_func_specs`, `reward_weights`;
 `RunConfig` parses each once, and every user reads its parsed form), the judge's options
 (`check_judge`, which reads no file beyond checking the rubric's exists), and the metrics a held-back
-evaluation logs, which `--save-best` may name (`eval_metrics`, `check_save_best`).
+evaluation logs, which `--save-best` may name (`eval_metrics`, `check_save_best`), and each value's type
+against its field's annotation (`typed_values`).
 
 Left out: rules that relate options to each other (`RunConfig.validate`).
 """
@@ -12,7 +13,7 @@ from __future__ import annotations
 
 import math
 import re
-from dataclasses import dataclass
+from dataclasses import dataclass, fields
 from pathlib import Path
 from typing import Any
 
@@ -215,3 +216,43 @@ def check_save_best(metric: str | None, eval_every: int, samples: int) -> None:
                           f"evaluation every N steps); with it, --save-best takes one of {allowed}")
     if metric not in eval_metrics(samples):
         raise ConfigError(f"--save-best {metric} is not a metric the held-back evaluation logs; use one of {allowed}")
+
+
+def typed_values(config: Any) -> dict[str, Any]:
+    """Values from a config file (or a Python caller) arrive as YAML/JSON typed them; check each field of
+    the dataclass `config` against its annotation, and return those read anew: numbers written as strings
+    in float fields (YAML 1.1 reads `1e-5` as a string), and a repeated flag given once (`--rl-env A`) as
+    the plain value."""
+    typed: dict[str, Any] = {}
+    for f in fields(config):
+        value = getattr(config, f.name)
+        kinds = {k.strip() for k in str(f.type).split("|")}
+        if "Any" in kinds or (value is None and "None" in kinds):
+            continue
+        flag, shown = "--" + f.name.replace("_", "-"), repr(value)[:60]
+        if "bool" in kinds:
+            ok = isinstance(value, bool)
+        elif "int" in kinds:
+            ok = isinstance(value, int) and not isinstance(value, bool)
+        elif "float" in kinds:
+            if isinstance(value, str):
+                try:
+                    value = float(value)
+                except ValueError:
+                    pass
+            ok = isinstance(value, (int, float)) and not isinstance(value, bool)
+            if ok and not math.isfinite(value):
+                raise ConfigError(f"{flag} must be a finite number, got {shown}")
+            if ok:
+                typed[f.name] = float(value)
+        elif "list[str]" in kinds and isinstance(value, (list, tuple)):  # --rl-env repeated
+            ok = all(isinstance(v, str) for v in value)
+            if ok:  # one spec is the plain form; none is not given
+                typed[f.name] = value[0] if len(value) == 1 else list(value) or None
+        else:
+            ok = isinstance(value, str)
+        if not ok:
+            wanted = next(k for k in ("bool", "int", "float", "str") if k in kinds)
+            names = {"bool": "true or false", "int": "an integer", "float": "a number", "str": "a string"}
+            raise ConfigError(f"{flag} must be {names[wanted]}, got {shown} ({type(value).__name__})")
+    return typed
