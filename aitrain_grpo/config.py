@@ -65,7 +65,9 @@ def check_options(values: Mapping[str, Any]) -> None:
 VLLM_MODES = ("colocate", "server")
 VLLM_SYNC = ("auto", "nccl", "lora", "disk")
 REPORT_TO = ("none", "tensorboard", "wandb", "trackio")
-LOSS_TYPES = ("grpo", "dr_grpo", "dapo", "bnpo", "cispo", "sapo")
+LOSS_TYPES = ("grpo", "dr_grpo", "dapo", "bnpo", "cispo", "sapo", "luspo", "vespo")
+SCALE_REWARDS = ("group", "batch", "none")  # TRL's scale_rewards, training/step/advantages.py
+IMPORTANCE_LEVELS = ("token", "sequence")  # TRL's importance_sampling_level
 CUT_TURN = ("end", "continue")
 # "continue" serves multi-turn learning better (benchmarks/LEARNING.md): a cut turn still reaches the
 # environment, so the later turns, which a multi-turn environment trains, are played instead of lost.
@@ -134,6 +136,10 @@ class RunConfig:
     rl_advantage: str = _opt("outcome", "Credit: outcome (every token of an episode gets its score's group advantage) or turn (plus each turn's group-normalised reward-to-go, from the environment's episode.reward_turn).", choices=ADVANTAGE_MODES)
     rl_kl_coef: float = _opt(0.1, "KL penalty against the reference model (TRL's beta).", bound=NON_NEGATIVE)
     rl_clip_range: float = _opt(0.2, "PPO-style clip range (TRL's epsilon).", bound=POSITIVE)
+    rl_num_iterations: int = _opt(1, "Optimizer updates on each generation batch (TRL's num_iterations, PPO's epochs). At 1 the policy that trains is the one that played, so the clip ranges and --rl-importance-sampling change nothing; above 1 they bound how far the later updates move. Metrics are then logged once a batch, averaged over its updates.", bound=count(1024, "updates on each generation batch"))
+    rl_clip_range_high: float | None = _opt(None, "Upper clip range, apart from the lower (TRL's epsilon_high; DAPO's clip-higher takes 0.28; default: --rl-clip-range).", bound=POSITIVE)
+    rl_importance_sampling: str = _opt("token", "Policy ratio per token or per episode sequence (TRL's importance_sampling_level; sequence with --rl-loss-type grpo is GSPO).", choices=IMPORTANCE_LEVELS)
+    rl_scale_rewards: str = _opt("group", "Advantages divided by the reward's standard deviation within each group, over the batch, or not at all (TRL's scale_rewards; Dr. GRPO takes none).", choices=SCALE_REWARDS)
     rl_entropy_coef: float = _opt(0.0, "Entropy bonus in the loss (TRL's entropy_coef): keeps exploring instead of collapsing onto one answer.", bound=NON_NEGATIVE)
     rl_loss_type: str | None = _opt(None, f"TRL loss type: {', '.join(LOSS_TYPES)} (default: TRL's).", choices=LOSS_TYPES)
     lr: float = _opt(1e-5, "Learning rate.", bound=POSITIVE)
@@ -326,6 +332,13 @@ class RunConfig:
         if self.rl_curriculum != "off" and self.rl_curriculum_easy <= self.rl_curriculum_hard:
             raise ConfigError(f"--rl-curriculum-easy {self.rl_curriculum_easy} must be above --rl-curriculum-hard "
                               f"{self.rl_curriculum_hard}, or every prompt would be both; e.g. 1 and 0 for a 0-1 score")
+        if self.rl_num_iterations > 1 and (self.rl_async_steps or self.rl_curriculum != "off"):
+            taken = "--rl-async-steps" if self.rl_async_steps else "--rl-curriculum pools"
+            raise ConfigError(f"--rl-num-iterations {self.rl_num_iterations} trains each batch several times, which "
+                              f"{taken} does not follow (it counts one batch a step); use one of them")
+        if self.rl_advantage == "turn" and self.rl_scale_rewards != "group":
+            raise ConfigError(f"--rl-advantage turn divides each turn's reward-to-go by its group's spread, so it "
+                              f"takes --rl-scale-rewards group, got {self.rl_scale_rewards}; use group, or --rl-advantage outcome")
         if self.rl_curriculum != "off" and self.rl_zero_std_groups == "refill":
             raise ConfigError("--rl-curriculum pools with --rl-zero-std-groups refill: refill replaces the flat groups "
                               "the pools learn from; use --rl-zero-std-groups drop (or keep) with the curriculum")

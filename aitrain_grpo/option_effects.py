@@ -5,7 +5,9 @@ for a curriculum threshold no group's reward can ever reach.
   `--rl-context-keep-last` only under drop-tool-results, `--rl-context-summary-tokens` only under
   summarize, and the `--rl-curriculum-*` thresholds only with `--rl-curriculum pools`. One given away
   from its default where it does nothing gets one `note:` line (a shared config file may carry it for
-  another run, so the run goes on). `--warmup-steps` does nothing under `--lr-scheduler constant`. Which strategies are in force is the environment's to say when
+  another run, so the run goes on). `--warmup-steps` does nothing under `--lr-scheduler constant`.
+  A loss type away from its paper's importance-sampling level gets a note too (`loss_setup_notes`), as
+  TRL logs it. Which strategies are in force is the environment's to say when
   `--rl-context` is not given, so the caller hands them in (preflight/run_checks.py).
 - `check_curriculum_reachable`: under `pools`, a group is easy when its mean reward is at least
   `--rl-curriculum-easy` and hard when at most `--rl-curriculum-hard`. Where every reward is bounded (the
@@ -56,6 +58,7 @@ def unused_option_notes(config: Any, strategies: Iterable[str]) -> list[str]:
             notes.append(f"note: {', '.join(unused)} {'does' if len(unused) == 1 else 'do'} nothing without "
                          f"--rl-curriculum pools (this run draws prompts with --rl-curriculum {config.rl_curriculum}); "
                          f"leave {'it' if len(unused) == 1 else 'them'} out, or add --rl-curriculum pools")
+    notes.extend(loss_setup_notes(config))
     if "warmup_steps" in given and config.lr_scheduler == "constant":
         notes.append("note: --warmup-steps does nothing under --lr-scheduler constant (it holds --lr from the first "
                      "step); leave it out, or choose --lr-scheduler constant_with_warmup")
@@ -86,3 +89,24 @@ def check_curriculum_reachable(config: Any) -> None:
     if config.rl_curriculum_hard < low:
         raise ConfigError(f"--rl-curriculum-hard {config.rl_curriculum_hard:g} can never be reached, so no prompt "
                           f"would ever be hard: {what}; give a value from {low:g}, e.g. {low:g}")
+
+
+# TRL 1.16 warns of these in its log (grpo_trainer.py); a run says them before its model loads instead.
+_TOKEN_SUM_LOSSES = ("bnpo", "dr_grpo", "dapo", "cispo")
+TRL_DEFAULT_LOSS = "dapo"  # GRPOConfig.loss_type when --rl-loss-type is not given (trl 1.16; tests/test_refused_early.py)
+
+
+def loss_setup_notes(config: Any) -> list[str]:
+    """Notes for a loss type and importance-sampling level that work together but not as their papers set them."""
+    loss, level = config.rl_loss_type or TRL_DEFAULT_LOSS, config.rl_importance_sampling
+    if loss == "luspo" and level != "sequence":
+        return ["note: --rl-loss-type luspo is a sequence-level loss (its paper's setup); add --rl-importance-sampling "
+                "sequence"]
+    if loss == "vespo" and level != "token":
+        return ["note: --rl-loss-type vespo computes its own sequence-level weights; leave --rl-importance-sampling "
+                "at token"]
+    if level == "sequence" and loss in _TOKEN_SUM_LOSSES:
+        named = f"--rl-loss-type {loss}" if config.rl_loss_type else f"the default loss type (TRL's {loss})"
+        return [f"note: {named} sums per-token terms, so under --rl-importance-sampling sequence each episode weighs "
+                f"as its length; GSPO's setup is --rl-loss-type grpo"]
+    return []

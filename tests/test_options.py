@@ -32,6 +32,10 @@ GRPO_OPTIONS = {
     "logging_steps": (3, "logging_steps"),
     "epochs": (2.0, "num_train_epochs"),
     "lr": (2e-4, "learning_rate"),
+    "rl_num_iterations": (3, "num_iterations"),  # 3: --logging-steps 3 stays a multiple of the updates a batch
+    "rl_clip_range_high": (0.28, "epsilon_high"),
+    "rl_importance_sampling": ("sequence", "importance_sampling_level"),
+    "rl_scale_rewards": ("batch", "scale_rewards"),
     "lr_scheduler": ("cosine", "lr_scheduler_type"),
     "warmup_steps": (2.0, "warmup_steps"),
     "weight_decay": (0.01, "weight_decay"),

@@ -170,3 +170,38 @@ def test_a_warmup_under_a_constant_schedule_gets_a_note():
         "note: --warmup-steps does nothing under --lr-scheduler constant (it holds --lr from the first step); "
         "leave it out, or choose --lr-scheduler constant_with_warmup"]
     assert unused_option_notes(RunConfig(warmup_steps=5, lr_scheduler="constant_with_warmup"), ["keep"]) == []
+
+
+@pytest.mark.parametrize("flags, fragment", [
+    (["--rl-num-iterations", "2", "--rl-curriculum", "pools"],
+     "--rl-num-iterations 2 trains each batch several times, which --rl-curriculum pools does not follow"),
+    (["--rl-num-iterations", "2", "--rl-async-steps", "1", "--vllm-server-url", "http://127.0.0.1:9"],
+     "which --rl-async-steps does not follow"),
+    (["--rl-advantage", "turn", "--rl-scale-rewards", "none"],
+     "--rl-advantage turn divides each turn's reward-to-go by its group's spread, so it takes --rl-scale-rewards group"),
+])
+def test_update_and_advantage_options_that_cannot_work_together_are_refused(tmp_path, monkeypatch, flags, fragment):
+    monkeypatch.chdir(tmp_path)
+    refused(["grpo", *LETTERS, "--output-dir", "run", *flags], tmp_path, fragment)
+    assert list(tmp_path.iterdir()) == []
+
+
+@pytest.mark.parametrize("options, said", [
+    (dict(rl_loss_type="luspo"), "add --rl-importance-sampling sequence"),
+    (dict(rl_loss_type="vespo", rl_importance_sampling="sequence"), "leave --rl-importance-sampling at token"),
+    (dict(rl_loss_type="dapo", rl_importance_sampling="sequence"), "GSPO's setup is --rl-loss-type grpo"),
+    (dict(rl_importance_sampling="sequence"), "the default loss type (TRL's dapo) sums per-token terms"),
+    (dict(rl_loss_type="luspo", rl_importance_sampling="sequence"), None),
+    (dict(rl_loss_type="grpo", rl_importance_sampling="sequence"), None),
+])
+def test_a_loss_away_from_its_papers_importance_level_gets_a_note(options, said):
+    notes = unused_option_notes(RunConfig(**options), ["keep"])
+    assert (said in notes[0] if said else notes == []), notes
+
+
+def test_the_default_loss_type_the_notes_name_is_trls():
+    from trl import GRPOConfig
+
+    from aitrain_grpo.option_effects import TRL_DEFAULT_LOSS
+
+    assert GRPOConfig.__dataclass_fields__["loss_type"].default == TRL_DEFAULT_LOSS

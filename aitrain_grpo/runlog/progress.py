@@ -41,6 +41,9 @@ def metrics_line(step: int, max_steps: int, logs: dict[str, Any], elapsed: float
         value = logs.get(key)
         if isinstance(value, (int, float)):
             parts.append(f"{label} {value:{fmt}}")
+    clipped = logs.get("clip_ratio/region_mean")  # TRL's share of tokens clipped: above 0 only from a batch's 2nd update
+    if isinstance(clipped, (int, float)) and clipped > 0:
+        parts.append(f"clipped {clipped:.2f}")
     parts.extend(_time_parts(logs))
     memory = logs.get("memory/peak_rss_gb")
     if isinstance(memory, (int, float)):

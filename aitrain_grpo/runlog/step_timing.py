@@ -14,6 +14,9 @@ this callback only knows the events transformers gives every trainer:
   and `memory/*` (runlog/memory.py) go into the sink.
 The rollout, which runs inside `score`, times itself with `phase("rollout")` and marks its own peak
 (`mark("rollout")`); the trainer's forward hooks and `compute_loss` advance `clock` directly.
+A step that plays no rollout (the later updates on one batch under `--rl-num-iterations`) counts 0
+generation and environment seconds, so that a log averaging several steps shows them per step as it shows
+`time/rollout_s`.
 
 Why the evaluation is registered here rather than timed by its own callback's `on_step_end`: transformers
 calls each callback's `on_step_end` in turn, and this one, first so that the step's edges are measured
@@ -85,5 +88,8 @@ class StepTiming(TrainerCallback):
         self.peaks.mark("optimizer")
         for work in self.closing:
             work(args, state, control, **kwargs)
-        self.sink.update({**self.clock.stop(), **self.peaks.metrics()})
+        phases = self.clock.stop()
+        if phases.get("time/rollout_s") == 0.0:  # no rollout: a later update on a batch (--rl-num-iterations)
+            phases.update({"time/generate_s": 0.0, "time/env_s": 0.0})  # averaged per step as rollout_s is
+        self.sink.update({**phases, **self.peaks.metrics()})
         return control

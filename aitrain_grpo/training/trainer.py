@@ -32,6 +32,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import math
 import os
 import re
 import sys
@@ -154,6 +155,10 @@ def grpo_config(config: RunConfig, plan: RunPlan) -> GRPOConfig:
         top_p=config.rl_top_p,
         beta=config.rl_kl_coef,
         epsilon=config.rl_clip_range,
+        num_iterations=config.rl_num_iterations,
+        epsilon_high=config.rl_clip_range_high,
+        importance_sampling_level=config.rl_importance_sampling,
+        scale_rewards=config.rl_scale_rewards,
         entropy_coef=config.rl_entropy_coef,
         save_strategy="steps" if config.save_steps else "no",
         save_steps=config.save_steps or 500,
@@ -162,6 +167,9 @@ def grpo_config(config: RunConfig, plan: RunPlan) -> GRPOConfig:
         log_completions=False,
     )
     kwargs.update(generation_grpo_kwargs(config, plan.generation))
+    # One log a generation batch: its rollout's metrics with its updates' averaged (runlog/ writes a step's
+    # record when it holds the rollout's reward), so --logging-steps rounds up to a multiple of the updates.
+    kwargs["logging_steps"] = math.ceil(config.logging_steps / config.rl_num_iterations) * config.rl_num_iterations
     if config.rl_loss_type:
         kwargs["loss_type"] = config.rl_loss_type
     weights = config.reward_weight_list
