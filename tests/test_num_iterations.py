@@ -50,3 +50,18 @@ def test_sequence_level_ratios_and_a_higher_clip_change_the_loss_of_later_update
     assert runs["twice_sequence"][0]["loss"] != pytest.approx(first["loss"], rel=1e-3)
     assert runs["twice_high"][0]["loss"] != pytest.approx(first["loss"], rel=1e-3)
     assert runs["twice_high"][0]["reward"] == first["reward"]  # the same episodes: only the update differs
+
+
+def test_a_resume_between_a_batchs_updates_keeps_the_later_batches_where_they_were(tmp_path):
+    """Resumed after the first of a batch's two updates, the run plays that batch's prompts again for the
+    second, and the next batch starts at step 3, as it did in the run that was not stopped."""
+    out = tmp_path / "run"
+
+    def rollout_steps():
+        return [json.loads(line)["step"] for line in (out / "scores.jsonl").read_text().splitlines()]
+
+    options = dict(**FAST, output_dir=str(out), rl_num_iterations=2, save_steps=1)
+    train(RunConfig(**options), env=LetterEnv(turns=1, num_tasks=16))
+    assert rollout_steps() == [1, 3]
+    train(RunConfig(**options, resume_from_checkpoint=str(out / "checkpoint-1")), env=LetterEnv(turns=1, num_tasks=16))
+    assert rollout_steps() == [1, 2, 3]

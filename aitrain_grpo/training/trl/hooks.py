@@ -88,7 +88,7 @@ class TRLHooks:
     run: RunContext
     drop_masked_rows = False
     _micro_batches: list | None = None  # this step's micro-batches, handed out in turn
-    _micro_step = 0  # micro-batches handed out since the run (or the resume) started
+    _micro_step = 0  # micro-batches handed out, counted from step 0 (a resume counts on from its step)
     _awaiting_weights: dict | None = None  # the micro-batch whose importance weights the loss pass gives
 
     def use_importance_sampling(self) -> None:
@@ -100,6 +100,10 @@ class TRLHooks:
         if not self.model.training:  # an evaluation batch: scored whole, no buffering
             return without_group_ids(generation_batch(self, self.run, list(generation_batch_rows)))
         steps = self.args.steps_per_generation
+        if self._micro_batches is None:  # the run's first micro-batch: count on from the step it starts at (a
+            # resume between a batch's --rl-num-iterations updates plays that batch's prompts again, and the
+            # batches after it start where they would have)
+            self._micro_step = self.state.global_step * self.args.gradient_accumulation_steps
         if self._micro_step % (steps * self.num_iterations) == 0 or self._micro_batches is None:
             batch = generation_batch(self, self.run, list(generation_batch_rows))
             self._micro_batches = split_micro_batches(batch, steps, together=shares_micro_batches(
