@@ -170,3 +170,15 @@ def test_a_constant_score_run_warns_no_learning_signal_once_and_the_report_shows
 
     dom = rendered_dom(out / "report.html", tmp_path)
     assert "no learning signal: every episode of a group scored the same" in dom and "(from step 5)" in dom
+
+
+def test_a_run_whose_truncated_episodes_all_leave_the_loss_is_told():
+    from aitrain_grpo.runlog.health import truncated_out_of_the_loss
+
+    masked = with_changes(healthy_run(10), 8, **{"groups/masked_truncated_frac": 0.95})
+    warning = truncated_out_of_the_loss(masked)
+    assert warning is not None and "--rl-mask-truncated took 95% or more" in warning.message
+    assert "raise --rl-max-new-tokens" in warning.advice
+    assert truncated_out_of_the_loss(masked[:-1]) is None  # two steps are not yet a pattern
+    assert truncated_out_of_the_loss(with_changes(masked, 9, **{"groups/masked_truncated_frac": 0.5})) is None
+    assert truncated_out_of_the_loss(healthy_run(10)) is None  # the option off: nothing logged

@@ -154,6 +154,24 @@ def unstable_gradients(records: Sequence[Record], threshold: float = HIGH_GRAD_N
     )
 
 
+MASKED_ALL = 0.9  # --rl-mask-truncated took this share of a step's episodes out of the loss
+
+
+def truncated_out_of_the_loss(records: Sequence[Record], window: int = 3) -> HealthWarning | None:
+    """`--rl-mask-truncated` took (nearly) every episode out of the loss on each recent step: the budgets cut
+    the episodes, and the run trains on almost nothing."""
+    shares = _values(records[-window:], "groups/masked_truncated_frac")
+    if len(shares) < window or min(shares) < MASKED_ALL:
+        return None
+    return HealthWarning(
+        "truncated_out_of_the_loss", _step(records),
+        f"--rl-mask-truncated took {min(shares):.0%} or more of the episodes out of the loss on each of the last "
+        f"{window} steps (a budget or the turn cap cut them)",
+        "little trains; raise --rl-max-new-tokens, --rl-max-completion-length or --rl-max-turns, or leave out "
+        "--rl-mask-truncated",
+    )
+
+
 def _error_rates(records: Sequence[Record]) -> list[float]:
     rates = []
     for record in records:
@@ -246,6 +264,7 @@ def kept_history(records: list[Record]) -> list[Record]:
 
 HEALTH_CHECKS: tuple[Callable[[Sequence[Record]], HealthWarning | None], ...] = (
     no_learning_signal, low_score, entropy_collapse, unstable_gradients, rising_errors, shortcut,
+    truncated_out_of_the_loss,
 )
 
 

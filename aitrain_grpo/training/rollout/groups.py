@@ -22,7 +22,7 @@ Metrics: `groups/zero_std_frac` (share of the groups TRL handed over that were f
 `groups/refill_rollouts` (extra episodes played this step), `groups/dropped_frac` (share of the
 returned groups that are out of the loss).
 
-Left out: filtering on anything but score equality (e.g. DAPO's overlong filter), refilling in eval,
+Left out: filtering on anything but score equality (DAPO's overlong filter is `--rl-mask-truncated`, step/flow.py), refilling in eval,
 and multimodal inputs in `without_masked_rows` (rows are sliced by their leading dimension).
 """
 

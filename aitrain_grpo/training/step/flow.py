@@ -19,10 +19,12 @@ events). Stages 2 to 5 are the `score` phase.
 
 Metrics (the run's sink): `reward`, `reward_std`, `rewards/<name>/mean|std`, `frac_reward_zero_std`,
 `completions/mean_length|min_length|max_length` (model tokens an episode), `num_tokens`,
-`sequences/per_episode|extra_rows|blank_rows`, and vLLM's `sampling/*` (step/scoring.py).
+`sequences/per_episode|extra_rows|blank_rows`, `groups/masked_truncated_frac` (`--rl-mask-truncated`: the
+share of the step's episodes it took out of the loss), and vLLM's `sampling/*` (step/scoring.py).
 
-Left out: multimodal rows (refused), TRL's `mask_truncated_completions` and `pad_to_multiple_of` (no run
-sets them), and TRL's completion table (`log_completions`: the run writes episodes.jsonl instead).
+Left out: multimodal rows (refused), TRL's `mask_truncated_completions` (`--rl-mask-truncated` takes the
+truncated episodes out at step 4 instead: an episode's truncation is its stop reason, not a missing EOS) and
+`pad_to_multiple_of` (no run sets it), and TRL's completion table (`log_completions`: the run writes episodes.jsonl instead).
 """
 
 from __future__ import annotations
@@ -69,7 +71,11 @@ def generation_batch(trainer, run, rows: list[dict[str, Any]]) -> dict[str, Any]
         run.metrics.update(run.curriculum.record(scored.rewards.tolist(), group_size))
 
     # 4. records
-    records = sequence_records(batch, scored.advantages[mine].tolist(), group_size, dropped=grouped.dropped,
+    masked: set[int] = set()
+    if training and run.config.rl_mask_truncated:  # DAPO's overlong filter: truncated episodes leave the loss
+        masked = {i for i, episode in enumerate(batch.episodes) if episode.truncated}
+        run.metrics.update({"groups/masked_truncated_frac": len(masked) / max(len(batch.episodes), 1)})
+    records = sequence_records(batch, scored.advantages[mine].tolist(), group_size, dropped=grouped.dropped | masked,
                                turn_credit=run.config.rl_advantage == "turn",
                                weight_versions=grouped.weight_versions)
 
