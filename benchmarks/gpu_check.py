@@ -136,14 +136,17 @@ def summarize(name: str, code: int, tail: str, started: float, run_dir: Path, wa
 
 
 def grpo_part(model_of: Callable[[Context], str], env: list[str], *extra: str, batch: int = 8,
-              launcher: list[str] | None = None) -> Callable[[Context, str], Result]:
+              launcher: list[str] | None = None, updates: int = 1) -> Callable[[Context, str], Result]:
+    """A grpo run as a part; `updates` > 1 trains each batch that many times (--rl-num-iterations), and the
+    run then logs once a batch."""
     def run(ctx: Context, name: str) -> Result:
         started = time.perf_counter()
         start = launcher + ["--mixed_precision", "no"] if launcher and ctx.cpu else launcher  # bf16 needs a GPU
+        iterations = ("--rl-num-iterations", str(updates)) if updates > 1 else ()
         command = (start or [sys.executable]) + ["-m", "aitrain_grpo"] + grpo_args(ctx, name, model_of(ctx), env,
-                                                                                      *extra, batch=batch)
+                                                                                      *extra, *iterations, batch=batch)
         code, tail = run_logged(ctx, name, command)
-        return summarize(name, code, tail, started, ctx.work / name, ctx.steps)
+        return summarize(name, code, tail, started, ctx.work / name, ctx.steps // updates)
     return run
 
 
@@ -218,6 +221,8 @@ PARTS = [
          grpo_part(lambda c: c.tiny, LETTERS)),
     Part("hf-smollm2", "bf16 grpo, SmolLM2, envs.stations (tools), batch 16, Hugging Face generate", (),
          grpo_part(lambda c: c.real, STATIONS, batch=16), real=True),
+    Part("hf-tiny-iterations", "bf16 grpo, tiny model, each batch trained twice (old-policy forward, clipped ratios)",
+         (), grpo_part(lambda c: c.tiny, LETTERS, updates=2)),
     Part("loss-pass-weights", "importance weights from the loss pass equal TRL's second forward (tiny model)", (),
          loss_pass_weights),
     Part("prefix-tree", "shared-prefix tree against the plain passes on SmolLM2's real episodes: exact, timed", (),

@@ -91,12 +91,13 @@ def test_a_rehearsal_of_the_loss_pass_weights_part_passes_on_the_cpu(tmp_path, t
 
 
 @pytest.mark.integration
-def test_a_rehearsal_on_the_cpu_trains_a_part_and_writes_its_json(tmp_path, tiny_model_dir):
+@pytest.mark.parametrize("part, records", [("hf-tiny", 2), ("hf-tiny-iterations", 1)])  # 2 steps, 1 batch trained twice
+def test_a_rehearsal_on_the_cpu_trains_a_part_and_writes_its_json(tmp_path, tiny_model_dir, part, records):
     out = tmp_path / "check.json"
-    done = run_check("--rehearse-on-cpu", "--parts", "hf-tiny", "--steps", "2", "--work", str(tmp_path / "work"),
+    done = run_check("--rehearse-on-cpu", "--parts", part, "--steps", "2", "--work", str(tmp_path / "work"),
                      "--json", str(out), env={"OMP_NUM_THREADS": "1"})
     assert done.returncode == 0, done.stdout + done.stderr
     result = json.loads(out.read_text())["results"][0]
-    assert result["part"] == "hf-tiny" and result["status"] == "ok" and result["steps"] == 2
+    assert result["part"] == part and result["status"] == "ok" and result["steps"] == records
     assert result["step_s"] > 0
-    assert "hf-tiny" in done.stdout and "gpu_check: no part failed" in done.stdout
+    assert part in done.stdout and "gpu_check: no part failed" in done.stdout
