@@ -183,3 +183,15 @@ def test_a_run_checks_its_options_once(tmp_path, tiny_model_dir, monkeypatch):
     config = build_run_config(None, dict(LETTERS, model=tiny_model_dir, output_dir=str(tmp_path / "out")))
     plan_run(config)
     assert len(calls) == 1
+
+
+def test_sft_takes_the_same_schedule_and_regularisation(tmp_path):
+    from trl import SFTConfig
+
+    from aitrain_grpo.training.step.micro_batches import BatchShape
+    from aitrain_grpo.training.trl.hf_args import trainer_args
+
+    config = RunConfig(lr_scheduler="cosine", warmup_steps=0.1, weight_decay=0.01, max_grad_norm=0.5)
+    args = SFTConfig(**trainer_args(config, tmp_path, SFTConfig, BatchShape.of(config, whole_step=False)))
+    assert (args.lr_scheduler_type, args.warmup_steps, args.weight_decay, args.max_grad_norm) == \
+        ("cosine", 0.1, 0.01, 0.5)
