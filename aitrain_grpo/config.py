@@ -117,6 +117,8 @@ class RunConfig:
     rl_temperature: float = _opt(1.0, "Sampling temperature.", bound=Bound(low=0, high=10, note='0 samples greedily; above 10 a sample is noise'))
     rl_top_k: int = _opt(0, "Top-k sampling (0 = off; with vLLM, filtering biases the importance-sampling ratio).", bound=Bound(low=0, integer=True, note='0 turns it off'))
     rl_top_p: float = _opt(1.0, "Nucleus sampling (1.0 = off).", bound=Bound(low=0, high=1, low_open=True))
+    rl_min_p: float = _opt(0.0, "Min-p sampling: tokens below this share of the likeliest token's probability are not drawn (0 = off; with vLLM, filtering biases the importance-sampling ratio).", bound=Bound(low=0, high=1, high_open=True))
+    rl_repetition_penalty: float = _opt(1.0, "Repetition penalty on tokens already in the sequence (1.0 = off; above 1 discourages repeats; the log-probabilities trained on stay the policy's own).", bound=Bound(low=0, high=10, low_open=True))
     rl_env_timeout: float = _opt(60.0, "Seconds one environment call (reset/step/score_episode) may take.", bound=POSITIVE_SECONDS)
     rl_tool_parser: str = _opt(DEFAULT_TOOL_PARSER, f"How tool calls are read from the model's text: {', '.join(TOOL_PARSERS)} (auto: Hermes <tool_call> blocks, else one unambiguous call in another form).", choices=TOOL_PARSERS)
     rl_cut_turn: str = _opt(DEFAULT_CUT_TURN, "A model turn cut off by --rl-max-new-tokens: continue (the environment sees the cut turn as it stands, and the episode goes on) or end the episode there.", choices=CUT_TURN)

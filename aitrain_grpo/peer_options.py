@@ -26,6 +26,8 @@ PEER_NAMES: dict[str, tuple[str, str, str]] = {
     "temperature": ("rl_temperature", "TRL's", ""),
     "top_k": ("rl_top_k", "TRL's", ""),
     "top_p": ("rl_top_p", "TRL's", ""),
+    "min_p": ("rl_min_p", "TRL's", ""),
+    "repetition_penalty": ("rl_repetition_penalty", "TRL's", ""),
     "beta": ("rl_kl_coef", "TRL's", ""),
     "kl_coef": ("rl_kl_coef", "the usual", ""),
     "epsilon": ("rl_clip_range", "TRL's", ""),

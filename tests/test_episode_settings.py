@@ -16,9 +16,10 @@ from aitrain_grpo.engine.settings import EpisodeSettings
 
 # Every option from_options reads, set away from its default, and the settings it must give.
 OPTIONS = dict(model="some/model", rl_max_new_tokens=7, rl_max_turns=3, rl_max_completion_length=99,
-               rl_temperature=0.5, rl_top_k=4, rl_top_p=0.9, rl_env_timeout=5.0, rl_rollout_schedule="lockstep",
+               rl_temperature=0.5, rl_top_k=4, rl_top_p=0.9, rl_min_p=0.05, rl_repetition_penalty=1.2,
+               rl_env_timeout=5.0, rl_rollout_schedule="lockstep",
                rl_cut_turn="end", rl_tool_parser="hermes", agent_host="0.0.0.0", agent_port=8123)
-EXPECTED = EpisodeSettings(max_new_tokens=7, max_turns=3, max_completion_length=99, sampling=SamplingParams(0.5, 4, 0.9),
+EXPECTED = EpisodeSettings(max_new_tokens=7, max_turns=3, max_completion_length=99, sampling=SamplingParams(0.5, 4, 0.9, 0.05, 1.2),
                            env_timeout=5.0, schedule="lockstep", cut_turn="end", tool_parser="hermes",
                            model_name="some/model", agent_address=("0.0.0.0", 8123))
 

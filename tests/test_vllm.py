@@ -90,6 +90,24 @@ def server_backend(url: str, model: str, tokenizer) -> VLLMServerBackend:
     return VLLMServerBackend(VLLMServerClient(url, retries=1, backoff=0.1), model, [tokenizer.eos_token_id, the])
 
 
+def test_min_p_and_the_repetition_penalty_reach_the_server(vllm_server, tiny_model_dir, tiny_model_and_tokenizer):  # noqa: F811
+    """Before any test here trains the server's weights: the tiny model's greedy reply repeats one word; the
+    server leaves no token twice under a repetition penalty of 5, and samples the greedy reply at min-p 0.999."""
+    from aitrain_grpo.engine.backends.base import SamplingParams
+
+    _, tokenizer = tiny_model_and_tokenizer
+    client, prompt = VLLMServerClient(vllm_server["url"]), fixed_prompt(tokenizer)
+
+    def reply(**sampling) -> list[int]:
+        return client.complete(tiny_model_dir, [prompt], 24, SamplingParams(top_k=0, **sampling), stop_ids=[])[0].token_ids
+
+    greedy = reply(temperature=0)
+    assert len(set(greedy)) <= 3  # the premise: one word over and over
+    penalised = reply(temperature=0, repetition_penalty=5.0)
+    assert len(set(penalised)) == len(penalised)
+    assert reply(temperature=1.0, min_p=0.999) == greedy
+
+
 def test_continuous_and_lockstep_rollouts_are_the_same_on_the_vllm_server(vllm_server, tiny_model_dir, tiny_model_and_tokenizer):  # noqa: F811
     model, tokenizer = tiny_model_and_tokenizer
     backend = server_backend(vllm_server["url"], tiny_model_dir, tokenizer)

@@ -36,7 +36,7 @@ from aitrain_grpo.runlog.shortcuts import eval_warning
 
 # Sampling and budget flags of `aitrain eval`: not given, a training run's own value is used.
 RUN_FLAGS = ("rl_max_new_tokens", "rl_max_turns", "rl_max_completion_length", "rl_temperature", "rl_top_k",
-             "rl_top_p", "rl_env_timeout", "rl_rollout_schedule", "rl_tool_parser", *CONTEXT_OPTIONS)
+             "rl_top_p", "rl_min_p", "rl_repetition_penalty", "rl_env_timeout", "rl_rollout_schedule", "rl_tool_parser", *CONTEXT_OPTIONS)
 
 
 def format_value(name: str, value: float) -> str:

@@ -153,6 +153,8 @@ def grpo_config(config: RunConfig, plan: RunPlan) -> GRPOConfig:
         temperature=config.rl_temperature if config.rl_temperature > 0 else 1.0,
         top_k=config.rl_top_k,
         top_p=config.rl_top_p,
+        min_p=config.rl_min_p or None,
+        repetition_penalty=config.rl_repetition_penalty,
         beta=config.rl_kl_coef,
         epsilon=config.rl_clip_range,
         num_iterations=config.rl_num_iterations,

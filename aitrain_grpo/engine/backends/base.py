@@ -18,11 +18,14 @@ FinishReason = Literal["stop", "length"]
 
 @dataclass(frozen=True)
 class SamplingParams:
-    """How to sample one model turn. `top_k=0` and `top_p=1.0` mean no truncation."""
+    """How to sample one model turn. `top_k=0`, `top_p=1.0` and `min_p=0.0` mean no truncation,
+    `repetition_penalty=1.0` no penalty (it applies to greedy decoding too)."""
 
     temperature: float = 1.0
     top_k: int = 50
     top_p: float = 1.0
+    min_p: float = 0.0
+    repetition_penalty: float = 1.0
 
 
 @dataclass

@@ -68,6 +68,8 @@ class HFBackend(GenerationBackend):
             # 0 and 1.0 switch the filters off; None would fall back to transformers' defaults (top-k 50).
             top_k=None if greedy else int(sampling.top_k),
             top_p=None if greedy else float(sampling.top_p),
+            min_p=None if greedy or not sampling.min_p else float(sampling.min_p),
+            repetition_penalty=None if sampling.repetition_penalty == 1.0 else float(sampling.repetition_penalty),
             eos_token_id=self.stop_ids,
             pad_token_id=self.pad_id,
             return_dict_in_generate=True,

@@ -58,6 +58,8 @@ class VLLMColocateBackend(GenerationBackend):
             temperature=0.0 if greedy else sampling.temperature,
             top_k=0 if greedy or not sampling.top_k else sampling.top_k,
             top_p=1.0 if greedy else sampling.top_p,
+            min_p=0.0 if greedy else sampling.min_p,
+            repetition_penalty=sampling.repetition_penalty,
             logprobs=0,  # the sampled token's own log-probability
             stop_token_ids=self.stop_ids,
             skip_special_tokens=False,

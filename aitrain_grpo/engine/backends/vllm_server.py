@@ -212,6 +212,8 @@ class VLLMServerClient:
             "temperature": 0.0 if greedy else sampling.temperature,
             "top_k": 0 if greedy or not sampling.top_k else sampling.top_k,
             "top_p": 1.0 if greedy else sampling.top_p,
+            "min_p": 0.0 if greedy else sampling.min_p,
+            "repetition_penalty": sampling.repetition_penalty,
             "logprobs": 0,
             "return_tokens_as_token_ids": True,
             "skip_special_tokens": False,

@@ -99,10 +99,12 @@ def sampling_warning(config: RunConfig, plan: GenerationPlan) -> str | None:
     """vLLM reports log-probabilities of the filtered, renormalised distribution, while TRL scores the
     trainer's tokens without top-k/top-p; the importance-sampling ratio is then biased below 1
     (measured on the tiny model: mean 0.015 with top-k 50, 0.99 with top-k 0)."""
-    if plan.backend != "hf" and (config.rl_top_k or config.rl_top_p < 1.0):  # the correction runs in every vLLM mode
+    altered = config.rl_top_k or config.rl_top_p < 1.0 or config.rl_min_p or config.rl_repetition_penalty != 1.0
+    if plan.backend != "hf" and altered:  # the correction runs in every vLLM mode
         return (
-            "warning: --rl-top-k/--rl-top-p filtering with vLLM biases TRL's importance-sampling correction; "
-            "use --rl-top-k 0 --rl-top-p 1.0 unless you need the filter"
+            "warning: --rl-top-k/--rl-top-p/--rl-min-p filtering or --rl-repetition-penalty with vLLM biases TRL's "
+            "importance-sampling correction; use --rl-top-k 0 --rl-top-p 1.0 --rl-min-p 0 --rl-repetition-penalty 1 "
+            "unless you need them"
         )
     return None
 
