@@ -17,6 +17,7 @@ from typing import Any
 
 from typer.core import TyperGroup
 
+from aitrain_grpo.commands.options import flag_name
 from aitrain_grpo.peer_options import ours_for, peer_name_hint
 
 _CLICK = TyperGroup.__mro__[1].__module__.rsplit(".", 1)[0]  # "click" or "typer._click"
@@ -30,7 +31,7 @@ class AitrainGroup(TyperGroup):
         except NoSuchOption as exc:
             ours = ours_for(exc.option_name)
             flags = {flag for param in getattr(exc.ctx.command, "params", []) for flag in param.opts}
-            if ours is None or "--" + ours.replace("_", "-") not in flags:  # not a flag of this command either
+            if ours is None or flag_name(ours) not in flags:  # not a flag of this command either
                 raise
             hint = peer_name_hint(exc.option_name, as_flag=True)
             raise NoSuchOption(exc.option_name, message=f"No such option: {exc.option_name} ({hint})",
