@@ -20,7 +20,7 @@ from typing import Any, Mapping
 
 from aitrain_grpo.env_spec import check_environment_named, env_specs, environment_of, spec_label
 from aitrain_grpo.errors import ConfigError, one_line
-from aitrain_grpo.option_effects import check_curriculum_reachable
+from aitrain_grpo.option_effects import check_curriculum_reachable, check_loss_options
 from aitrain_grpo.peer_options import peer_name_hint
 from aitrain_grpo.option_rules import (NON_NEGATIVE, POSITIVE, POSITIVE_SECONDS, Bound, at_least, check_bound,
                                         check_judge, check_save_best, check_seed, count, reward_func_specs,
@@ -143,7 +143,11 @@ class RunConfig:
     rl_clip_range_high: float | None = _opt(None, "Upper clip range, apart from the lower (TRL's epsilon_high; DAPO's clip-higher takes 0.28; default: --rl-clip-range).", bound=POSITIVE)
     rl_importance_sampling: str = _opt("token", "Policy ratio per token or per episode sequence (TRL's importance_sampling_level; sequence with --rl-loss-type grpo is GSPO).", choices=IMPORTANCE_LEVELS)
     rl_scale_rewards: str = _opt("group", "Advantages divided by the reward's standard deviation within each group, over the batch, or not at all (TRL's scale_rewards; Dr. GRPO takes none).", choices=SCALE_REWARDS)
+    rl_delta: float | None = _opt(None, "Two-sided clipping (TRL's delta, INTELLECT-2's): a policy ratio above this is capped where the advantage is negative too, which the clip range leaves unbounded; above 1 + the upper clip range, e.g. 4. Acts from --rl-num-iterations 2 on, with the clip ranges.", bound=Bound(low=1, low_open=True))
+    rl_off_policy_mask: float | None = _opt(None, "Leave out of the loss each sequence with a negative advantage whose mean KL from the policy that sampled it to the one training exceeds this (TRL's off_policy_mask_threshold, DeepSeek-V3.2's off-policy sequence masking), e.g. 0.5. Acts where the two differ: vLLM sampling, --rl-async-steps, later updates of --rl-num-iterations.", bound=NON_NEGATIVE)
     rl_entropy_coef: float = _opt(0.0, "Entropy bonus in the loss (TRL's entropy_coef): keeps exploring instead of collapsing onto one answer.", bound=NON_NEGATIVE)
+    rl_entropy_target: float | None = _opt(None, "Adapt the entropy bonus toward this mean token entropy in nats (TRL's use_adaptive_entropy and entropy_target): from --rl-entropy-coef, the coefficient rises by 0.005 after each step whose entropy was at or below the target and falls by 0.005 otherwise, within 0 and 1 (TRL's), and applies only while the entropy is at or below it; logged as entropy_coef, kept in checkpoints.", bound=NON_NEGATIVE)
+    rl_top_entropy_quantile: float = _opt(1.0, "Train only on this share of model tokens, those of highest entropy (TRL's top_entropy_quantile; 'Beyond the 80/20 rule' takes 0.2), the threshold taken over each loss pass's tokens on every process; 1.0 trains every token.", bound=Bound(low=0, high=1, low_open=True))
     rl_loss_type: str | None = _opt(None, f"TRL loss type: {', '.join(LOSS_TYPES)} (default: TRL's).", choices=LOSS_TYPES)
     lr: float = _opt(1e-5, "Learning rate.", bound=POSITIVE)
     lr_scheduler: str = _opt("linear", "How the learning rate moves over the run (transformers' lr_scheduler_type): linear (down to 0 at the last step), cosine, cosine_with_restarts, polynomial, constant, constant_with_warmup or inverse_sqrt.", choices=LR_SCHEDULERS)
@@ -348,6 +352,7 @@ class RunConfig:
         check_judge(vars(self), [name for _, name in self.reward_specs], dict(os.environ))
         _ = self.vllm_servers, self.reward_weight_list  # parsed, and so checked, once: here
         check_curriculum_reachable(self)  # option_effects.py: a threshold no group's reward can reach
+        check_loss_options(self)  # option_effects.py: a loss option the loss type or clip range leaves inert
         if bool(self.eval_env_module) != bool(self.eval_env_class):
             raise ConfigError("--eval-env-module and --eval-env-class name the held-back environment together; give both")
         check_save_best(self.save_best, self.eval_every, self.eval_num_generations)  # before a model loads

@@ -1,5 +1,5 @@
 """Options that cannot act in the combination given: a note for one that does nothing there, a refusal
-for a curriculum threshold no group's reward can ever reach.
+for a curriculum threshold no group's reward can ever reach or a ratio cap the loss would ignore.
 
 - `unused_option_notes`: `--rl-context-threshold` acts only under drop-tool-results and summarize,
   `--rl-context-keep-last` only under drop-tool-results, `--rl-context-summary-tokens` only under
@@ -7,8 +7,13 @@ for a curriculum threshold no group's reward can ever reach.
   from its default where it does nothing gets one `note:` line (a shared config file may carry it for
   another run, so the run goes on). `--warmup-steps` does nothing under `--lr-scheduler constant`.
   A loss type away from its paper's importance-sampling level gets a note too (`loss_setup_notes`), as
-  TRL logs it. Which strategies are in force is the environment's to say when
-  `--rl-context` is not given, so the caller hands them in (preflight/run_checks.py).
+  TRL logs it, and so do the options that act on the policy ratio (the clip ranges, `--rl-delta`,
+  `--rl-importance-sampling`) under one update a batch, where every ratio is 1, and `--rl-off-policy-mask`
+  where Hugging Face generation plays with the weights that train and a batch trains once. Which strategies are in
+  force is the environment's to say when `--rl-context` is not given, so the caller hands them in
+  (preflight/run_checks.py).
+- `check_loss_options`: `--rl-delta` is refused with a loss type TRL does not clip (cispo, sapo, vespo),
+  or at or below 1 + the upper clip range, where it would cap ratios the clip already holds.
 - `check_curriculum_reachable`: under `pools`, a group is easy when its mean reward is at least
   `--rl-curriculum-easy` and hard when at most `--rl-curriculum-hard`. Where every reward is bounded (the
   environment's score and the judge's are 0 to 1, times their `--rl-reward-weights`), `--rl-curriculum-easy
@@ -59,6 +64,16 @@ def unused_option_notes(config: Any, strategies: Iterable[str]) -> list[str]:
                          f"--rl-curriculum pools (this run draws prompts with --rl-curriculum {config.rl_curriculum}); "
                          f"leave {'it' if len(unused) == 1 else 'them'} out, or add --rl-curriculum pools")
     notes.extend(loss_setup_notes(config))
+    ratio_options = [_flag(name) for name in _RATIO_OPTIONS if name in given]
+    if ratio_options and config.rl_num_iterations == 1:
+        notes.append(f"note: {', '.join(ratio_options)} {'does' if len(ratio_options) == 1 else 'do'} nothing with one "
+                     f"update a batch (--rl-num-iterations 1): the policy that trains is the one the batch was scored "
+                     f"with, so every policy ratio is 1; add --rl-num-iterations 2, or leave "
+                     f"{'it' if len(ratio_options) == 1 else 'them'} out")
+    if "rl_off_policy_mask" in given and config.rl_num_iterations == 1 and config.use_vllm is False:
+        notes.append("note: --rl-off-policy-mask does nothing here: Hugging Face generate samples with the weights that "
+                     "train, and one update a batch leaves them unchanged, so no sequence is off policy; it acts with "
+                     "vLLM, --rl-async-steps or --rl-num-iterations 2")
     if "warmup_steps" in given and config.lr_scheduler == "constant":
         notes.append("note: --warmup-steps does nothing under --lr-scheduler constant (it holds --lr from the first "
                      "step); leave it out, or choose --lr-scheduler constant_with_warmup")
@@ -89,6 +104,27 @@ def check_curriculum_reachable(config: Any) -> None:
     if config.rl_curriculum_hard < low:
         raise ConfigError(f"--rl-curriculum-hard {config.rl_curriculum_hard:g} can never be reached, so no prompt "
                           f"would ever be hard: {what}; give a value from {low:g}, e.g. {low:g}")
+
+
+# Options that act on the policy ratio (TRL's coef_1), which is exactly 1 on a batch's first update.
+_RATIO_OPTIONS = ("rl_clip_range", "rl_clip_range_high", "rl_delta", "rl_importance_sampling")
+# Loss types whose ratio TRL clips with --rl-clip-range and caps with delta (grpo_trainer.py `_compute_loss`).
+_CLIPPED_LOSSES = ("grpo", "bnpo", "dr_grpo", "dapo", "luspo")
+
+
+def check_loss_options(config: Any) -> None:
+    """Refuse `--rl-delta` where TRL's loss would ignore it (a loss type it does not clip) or where it
+    would cap the ratio inside the clip range (the two-sided clip's cap belongs above 1 + the upper range)."""
+    if config.rl_delta is None:
+        return
+    loss = config.rl_loss_type or TRL_DEFAULT_LOSS
+    if loss not in _CLIPPED_LOSSES:
+        raise ConfigError(f"--rl-delta caps the clipped ratio of {', '.join(_CLIPPED_LOSSES)}; --rl-loss-type {loss} "
+                          f"has no such clip, so it would do nothing: leave it out, or choose one of those loss types")
+    upper = 1 + (config.rl_clip_range_high if config.rl_clip_range_high is not None else config.rl_clip_range)
+    if config.rl_delta <= upper:
+        raise ConfigError(f"--rl-delta {config.rl_delta:g} is not above 1 + the upper clip range ({upper:g}), so it "
+                          f"would cap ratios the clip already holds; give a larger value, e.g. {max(4.0, upper + 1):g}")
 
 
 # TRL 1.16 warns of these in its log (grpo_trainer.py); a run says them before its model loads instead.

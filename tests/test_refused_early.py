@@ -179,6 +179,9 @@ def test_a_warmup_under_a_constant_schedule_gets_a_note():
      "which --rl-async-steps does not follow"),
     (["--rl-advantage", "turn", "--rl-scale-rewards", "none"],
      "--rl-advantage turn divides each turn's reward-to-go by its group's spread, so it takes --rl-scale-rewards group"),
+    (["--rl-delta", "1.1"], "--rl-delta 1.1 is not above 1 + the upper clip range (1.2)"),
+    (["--rl-delta", "1.25", "--rl-clip-range-high", "0.28"], "--rl-delta 1.25 is not above 1 + the upper clip range (1.28)"),
+    (["--rl-delta", "4", "--rl-loss-type", "sapo"], "--rl-loss-type sapo has no such clip, so it would do nothing"),
 ])
 def test_update_and_advantage_options_that_cannot_work_together_are_refused(tmp_path, monkeypatch, flags, fragment):
     monkeypatch.chdir(tmp_path)
@@ -195,7 +198,7 @@ def test_update_and_advantage_options_that_cannot_work_together_are_refused(tmp_
     (dict(rl_loss_type="grpo", rl_importance_sampling="sequence"), None),
 ])
 def test_a_loss_away_from_its_papers_importance_level_gets_a_note(options, said):
-    notes = unused_option_notes(RunConfig(**options), ["keep"])
+    notes = unused_option_notes(RunConfig(**options, rl_num_iterations=2), ["keep"])
     assert (said in notes[0] if said else notes == []), notes
 
 
@@ -205,3 +208,16 @@ def test_the_default_loss_type_the_notes_name_is_trls():
     from aitrain_grpo.option_effects import TRL_DEFAULT_LOSS
 
     assert GRPOConfig.__dataclass_fields__["loss_type"].default == TRL_DEFAULT_LOSS
+
+
+def test_ratio_options_under_one_update_a_batch_get_a_note():
+    """Every policy ratio is 1 on a batch's first update, so the clip ranges, --rl-delta and the
+    importance-sampling level change nothing without --rl-num-iterations 2 (tests/test_num_iterations.py)."""
+    once = unused_option_notes(RunConfig(rl_clip_range_high=0.28, rl_delta=4.0, rl_loss_type="grpo"), ["keep"])
+    assert once == ["note: --rl-clip-range-high, --rl-delta do nothing with one update a batch (--rl-num-iterations 1): "
+                    "the policy that trains is the one the batch was scored with, so every policy ratio is 1; add "
+                    "--rl-num-iterations 2, or leave them out"]
+    assert unused_option_notes(RunConfig(rl_clip_range_high=0.28, rl_delta=4.0, rl_num_iterations=2), ["keep"]) == []
+    masked = dict(rl_off_policy_mask=0.5, use_vllm=False)
+    assert "--rl-off-policy-mask does nothing here" in unused_option_notes(RunConfig(**masked), ["keep"])[0]
+    assert unused_option_notes(RunConfig(**masked, rl_num_iterations=2), ["keep"]) == []

@@ -161,7 +161,12 @@ def grpo_config(config: RunConfig, plan: RunPlan) -> GRPOConfig:
         epsilon_high=config.rl_clip_range_high,
         importance_sampling_level=config.rl_importance_sampling,
         scale_rewards=config.rl_scale_rewards,
+        delta=config.rl_delta,
+        off_policy_mask_threshold=config.rl_off_policy_mask,
         entropy_coef=config.rl_entropy_coef,
+        use_adaptive_entropy=config.rl_entropy_target is not None,
+        entropy_target=config.rl_entropy_target if config.rl_entropy_target is not None else 0.2,  # TRL's default
+        top_entropy_quantile=config.rl_top_entropy_quantile,
         save_strategy="steps" if config.save_steps else "no",
         save_steps=config.save_steps or 500,
         save_total_limit=config.save_total_limit,
