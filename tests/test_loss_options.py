@@ -43,6 +43,8 @@ def test_the_entropy_quantile_trains_on_fewer_tokens_of_the_same_episodes(runs):
     full, top = runs["once"][0], runs["top_entropy"][0]
     assert top["reward"] == full["reward"]  # the same episodes at step 1
     assert abs(top["loss"]) < abs(full["loss"]) / 2  # a fifth of the tokens carry the policy term
+    assert all(0.15 <= r["entropy/trained_frac"] <= 0.35 for r in runs["top_entropy"])  # logged: TRL does not
+    assert "entropy/trained_frac" not in full and "off_policy/masked_frac" not in full
     # the highest-entropy tokens are the same whether the loss pass shares prompts or not (step/shared_prefix.py)
     assert runs["top_entropy_unshared"][0]["loss"] == pytest.approx(top["loss"], rel=1e-4, abs=1e-6)
 
@@ -52,12 +54,14 @@ def test_delta_and_the_off_policy_mask_act_once_the_policy_has_moved(runs):
     for name in ("twice_delta", "twice_mask"):
         assert runs[name][0]["reward"] == twice["reward"]
         assert runs[name][0]["loss"] != pytest.approx(twice["loss"], rel=1e-3), name
+    assert runs["twice_mask"][0]["off_policy/masked_frac"] > 0  # negative-advantage sequences the update moved
 
 
 def test_the_off_policy_mask_leaves_a_batch_played_by_the_policy_that_trains_alone(runs):
     """Hugging Face generation samples with the weights that train: one update a batch, nothing is off
     policy, and no sequence leaves the loss."""
     assert [r["loss"] for r in runs["mask_once"]] == pytest.approx([r["loss"] for r in runs["once"]], rel=1e-5)
+    assert [r["off_policy/masked_frac"] for r in runs["mask_once"]] == [0, 0, 0, 0]
 
 
 def test_the_adaptive_entropy_coefficient_is_logged_and_survives_a_resume(tmp_path):

@@ -10,7 +10,9 @@ TRL's `_compute_loss` (its loss types, clipping, KL, entropy bonus) stays TRL's.
 - `importance_from_logps`: with vLLM's importance-sampling correction on a batch trained once
   (step/flow.py `importance_from_loss_pass`), the weights come from the loss pass's own
   log-probabilities, detached, as soon as the pass has them and before TRL's loss reads them: TRL would
-  otherwise run a second forward over the whole batch for the same numbers (step/scoring.py).
+  otherwise run a second forward over the whole batch for the same numbers (step/scoring.py);
+- `token_mask_shares`: the shares of a pass's model tokens TRL's entropy and off-policy masks keep or take
+  out, logged (TRL computes both masks inside its loss and logs neither).
 
 Left out: anything that changes TRL's loss itself.
 """
@@ -61,4 +63,29 @@ def importance_from_logps(inputs: dict[str, Any], logps: torch.Tensor, *, mode: 
     return sampling_metrics(ratio, old, inputs["sampling_per_token_logps"], mask, gather)
 
 
-__all__ = ["importance_from_logps", "loss_inputs", "split_micro_batches", "without_group_ids"]
+def token_mask_shares(trainer, inputs: dict[str, Any], logps: torch.Tensor,
+                      entropies: torch.Tensor | None) -> dict[str, float]:
+    """What TRL's token masks leave in a loss pass, as shares of its model tokens on every process:
+    `entropy/trained_frac` under `--rl-top-entropy-quantile` (the tokens at or above the pass's entropy
+    quantile) and `off_policy/masked_frac` under `--rl-off-policy-mask` (tokens of sequences with a negative
+    advantage and a mean KL from the sampling policy above the threshold), each computed by TRL's own
+    function on the pass's log-probabilities and entropies, so they are the masks its loss applies. TRL
+    logs neither."""
+    mask = loss_mask(inputs)
+    counts: dict[str, torch.Tensor] = {}
+    if trainer.top_entropy_quantile < 1.0 and entropies is not None:  # a collective: every process calls it
+        kept = trainer.get_high_entropy_mask(entropies, mask, 1 - trainer.top_entropy_quantile)
+        counts["entropy/trained_frac"] = kept.float().sum()
+    if trainer.off_policy_mask_threshold is not None:
+        advantages = inputs["advantages"]
+        keep = trainer.get_off_policy_mask(advantages if advantages.dim() > 1 else advantages.unsqueeze(1), logps,
+                                           inputs["sampling_per_token_logps"], mask, trainer.off_policy_mask_threshold)
+        counts["off_policy/masked_frac"] = ((1 - keep) * mask).sum()
+    if not counts:
+        return {}
+    local = torch.stack([*counts.values(), mask.sum()]).float().reshape(1, -1)
+    totals = trainer.accelerator.gather(local).sum(dim=0)
+    return {name: (totals[i] / totals[-1].clamp(min=1.0)).item() for i, name in enumerate(counts)}
+
+
+__all__ = ["importance_from_logps", "loss_inputs", "split_micro_batches", "token_mask_shares", "without_group_ids"]

@@ -24,7 +24,8 @@ The touches, by who needs them:
 
 Left out: public API (`accelerator`, `args`, `state`, `processing_class`, `num_generations`,
 `reward_funcs`, `reward_weights`, `beta`, `ref_model`, the `vllm_importance_sampling_*` settings,
-callbacks), the batch keys TRL's loss reads (the step makes them: step/batch.py), and the private methods
+`top_entropy_quantile`, `off_policy_mask_threshold` and TRL's own masks for them, `get_high_entropy_mask` and
+`get_off_policy_mask`, callbacks), the batch keys TRL's loss reads (the step makes them: step/batch.py), and the private methods
 overridden (trl/hooks.py, pinned by signature in tests/test_trl_hooks.py).
 """
 

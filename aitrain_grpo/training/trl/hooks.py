@@ -10,7 +10,8 @@ The step is ours (step/flow.py); the hooks are where TRL's loop hands over to it
   turn. This replaces TRL's `_generate_and_score_completions`, `_generate` and its micro-batch buffer:
   none of them runs.
 - `_compute_loss`: per micro-batch, padding no row uses cut and dropped groups' rows taken out
-  (step/loss.py); importance weights from the loss pass where they come from there; then TRL's loss.
+  (step/loss.py); importance weights from the loss pass where they come from there, and the shares of
+  tokens TRL's entropy and off-policy masks keep (step/loss.py `token_mask_shares`); then TRL's loss.
 - `_get_per_token_logps_and_entropies` (the loss pass and the reference/old passes): each distinct
   prompt of a chunk forwarded once and its episodes' continuations on it, where the model allows and it
   pays (step/shared_prefix.py, `--shared-prefix-loss`); the loss pass's log-probabilities feed the
@@ -45,7 +46,8 @@ from aitrain_grpo.training.run.context import RunContext
 from aitrain_grpo.training.step.shared_prefix import shares_micro_batches, shared_logps
 from aitrain_grpo.training.run.signals import uninterrupted
 from aitrain_grpo.training.step.flow import generation_batch, importance_from_loss_pass
-from aitrain_grpo.training.step.loss import importance_from_logps, loss_inputs, split_micro_batches, without_group_ids
+from aitrain_grpo.training.step.loss import (importance_from_logps, loss_inputs, split_micro_batches,
+                                              token_mask_shares, without_group_ids)
 from aitrain_grpo.training.trl.access import wrapped_model
 
 # Method -> the parameter names it was read with (trl 1.16.0; transformers 5.17 and 5.23 for Trainer's).
@@ -90,6 +92,7 @@ class TRLHooks:
     _micro_batches: list | None = None  # this step's micro-batches, handed out in turn
     _micro_step = 0  # micro-batches handed out, counted from step 0 (a resume counts on from its step)
     _awaiting_weights: dict | None = None  # the micro-batch whose importance weights the loss pass gives
+    _loss_pass_inputs: dict | None = None  # the micro-batch in TRL's loss now, for its masks' shares
 
     def use_importance_sampling(self) -> None:
         """TRL's loss applies the importance-sampling weights only with `use_vllm` set: set after TRL's
@@ -117,10 +120,11 @@ class TRLHooks:
         if "importance_sampling_ratio" not in inputs and importance_from_loss_pass(self):
             inputs = dict(inputs)  # the weights go into this pass's own copy, not the step's buffered micro-batch
             self._awaiting_weights = inputs
+        self._loss_pass_inputs = inputs
         try:
             return super()._compute_loss(model, inputs)
         finally:
-            self._awaiting_weights = None
+            self._awaiting_weights = self._loss_pass_inputs = None
 
     def _get_per_token_logps_and_entropies(self, model, input_ids, attention_mask, logits_to_keep, batch_size=None,
                                            compute_entropy=False, compute_aux_loss=False, **extras):
@@ -136,6 +140,9 @@ class TRLHooks:
             self.run.metrics.update(importance_from_logps(
                 inputs, out[0], mode=self.vllm_importance_sampling_mode, low=self.vllm_importance_sampling_clip_min,
                 high=self.vllm_importance_sampling_clip_max, gather=self.accelerator.gather))
+        if compute_entropy and self._loss_pass_inputs is not None and self.model.training:
+            inputs, self._loss_pass_inputs = self._loss_pass_inputs, None
+            self.run.metrics.update(token_mask_shares(self, inputs, out[0], out[1]))
         return out
 
     def _get_train_sampler(self, dataset=None):
