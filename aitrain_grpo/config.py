@@ -136,6 +136,7 @@ class RunConfig:
     _section("GRPO")
     rl_reward_funcs: str | None = _opt(None, "Rewards added to the environment's score: module:func[,module:func...], each called with TRL's reward arguments plus `episodes` and logged as rewards/<func>/mean (--rl-zero-std-groups still looks at the environment's score alone).")
     rl_reward_weights: str | None = _opt(None, "Weights of the rewards, the environment's score first: w_env,w1,... (default: 1 each).")
+    rl_reward_model: str | None = _opt(None, "Add a reward model's score (training/rewards/reward_model.py): a sequence-classification model of one label (a folder or model id) scores each episode's whole conversation, rendered with its own chat template; logged as rewards/reward_model/mean and weighted last in --rl-reward-weights.")
     rl_advantage: str = _opt("outcome", "Credit: outcome (every token of an episode gets its score's group advantage) or turn (plus each turn's group-normalised reward-to-go, from the environment's episode.reward_turn).", choices=ADVANTAGE_MODES)
     rl_kl_coef: float = _opt(0.1, "KL penalty against the reference model (TRL's beta).", bound=NON_NEGATIVE)
     rl_clip_range: float = _opt(0.2, "PPO-style clip range (TRL's epsilon).", bound=POSITIVE)
@@ -350,6 +351,9 @@ class RunConfig:
             raise ConfigError("--rl-curriculum pools with --rl-zero-std-groups refill: refill replaces the flat groups "
                               "the pools learn from; use --rl-zero-std-groups drop (or keep) with the curriculum")
         check_judge(vars(self), [name for _, name in self.reward_specs], dict(os.environ))
+        if self.rl_reward_model and "reward_model" in [name for _, name in self.reward_specs]:
+            raise ConfigError("--rl-reward-funcs has a reward named 'reward_model', the name --rl-reward-model is "
+                              "logged under; bind it to another name in your module")
         _ = self.vllm_servers, self.reward_weight_list  # parsed, and so checked, once: here
         check_curriculum_reachable(self)  # option_effects.py: a threshold no group's reward can reach
         check_loss_options(self)  # option_effects.py: a loss option the loss type or clip range leaves inert
@@ -373,4 +377,5 @@ class RunConfig:
     @functools.cached_property
     def reward_weight_list(self) -> list[float] | None:
         """`--rl-reward-weights` as floats, the environment's score first; None when every weight is 1."""
-        return reward_weights(self.rl_reward_weights, len(self.reward_specs), judge=bool(self.rl_judge_rubric))
+        return reward_weights(self.rl_reward_weights, len(self.reward_specs), judge=bool(self.rl_judge_rubric),
+                              reward_model=bool(self.rl_reward_model))

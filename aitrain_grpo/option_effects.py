@@ -19,7 +19,8 @@ for a curriculum threshold no group's reward can ever reach or a ratio cap the l
   environment's score and the judge's are 0 to 1, times their `--rl-reward-weights`), `--rl-curriculum-easy
   2` or `--rl-curriculum-hard -1` can never trigger and is refused (RunConfig.validate calls it).
 
-Left out: rewards from `--rl-reward-funcs`, whose range nobody declares (with one, nothing is refused).
+Left out: rewards from `--rl-reward-funcs` and `--rl-reward-model`, whose range nobody declares (with one,
+nothing is refused).
 """
 
 from __future__ import annotations
@@ -82,8 +83,9 @@ def unused_option_notes(config: Any, strategies: Iterable[str]) -> list[str]:
 
 def reward_range(config: Any) -> tuple[float, float] | None:
     """The lowest and highest mean reward a group can have (the environment's score and the judge's, 0 to
-    1 each, times their weights); None when an `--rl-reward-funcs` reward, of unknown range, is part of it."""
-    if config.reward_specs:
+    1 each, times their weights); None when an `--rl-reward-funcs` reward or the reward model's, of unknown
+    range, is part of it."""
+    if config.reward_specs or config.rl_reward_model:
         return None
     weights = config.reward_weight_list or [1.0] * (1 + bool(config.rl_judge_rubric))
     return sum(min(0.0, w) for w in weights), sum(max(0.0, w) for w in weights)

@@ -118,9 +118,11 @@ def reward_func_specs(text: str | None) -> list[tuple[str, str]]:
     return specs
 
 
-def reward_weights(text: str | None, num_funcs: int, judge: bool = False) -> list[float] | None:
-    """`--rl-reward-weights w_env,w1,...` as floats, one per reward (the environment's score first, the
-    judge's last when `judge`); None when not given (every weight 1)."""
+def reward_weights(text: str | None, num_funcs: int, judge: bool = False,
+                   reward_model: bool = False) -> list[float] | None:
+    """`--rl-reward-weights w_env,w1,...` as floats, one per reward (the environment's score first, then
+    `num_funcs` functions', the judge's when `judge`, the reward model's last when `reward_model`); None
+    when not given (every weight 1)."""
     if text is None or not str(text).strip():
         return None
     weights = []
@@ -133,10 +135,11 @@ def reward_weights(text: str | None, num_funcs: int, judge: bool = False) -> lis
             raise ConfigError(f"--rl-reward-weights entry {entry.strip()!r} is not a number; write numbers separated "
                               f"by commas, the environment's score first, e.g. 1,0.5")
         weights.append(weight)
-    if len(weights) != num_funcs + 1 + judge:
-        then_judge = ", then the judge's" if judge else ""
-        raise ConfigError(f"--rl-reward-weights has {len(weights)} weight(s) for {num_funcs + 1 + judge} reward(s) "
-                          f"(the environment's score, then {num_funcs} from --rl-reward-funcs{then_judge}); give one "
+    expected = num_funcs + 1 + judge + reward_model
+    if len(weights) != expected:
+        then = (", then the judge's" if judge else "") + (", then the reward model's" if reward_model else "")
+        raise ConfigError(f"--rl-reward-weights has {len(weights)} weight(s) for {expected} reward(s) "
+                          f"(the environment's score, then {num_funcs} from --rl-reward-funcs{then}); give one "
                           f"per reward, the environment's score first")
     return weights
 

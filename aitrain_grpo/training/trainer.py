@@ -15,8 +15,9 @@ This module wires the run together:
 - what the rollout plays with (engine, weight sync, async rollout: rollout/parts.py) is built in the
   trainer's `__init__`, once TRL's has made the model it needs, and attached to it;
 - `episode_score` (the first reward function) hands the step the scores the rollout computed; the rewards
-  of `--rl-reward-funcs` follow it, then the judge's (`--rl-judge-rubric`, rewards/judge.py), weighted by
-  `--rl-reward-weights` (rewards/functions.py).
+  of `--rl-reward-funcs` follow it, then the judge's (`--rl-judge-rubric`, rewards/judge.py) and the
+  reward model's (`--rl-reward-model`, rewards/reward_model.py), weighted by `--rl-reward-weights`
+  (rewards/functions.py).
 
 `EpisodeGRPOTrainer` is TRL's trainer plus what only a subclass can do: the private overrides where TRL's
 loop hands over to the step (trl/hooks.py), the metrics sink merged into each log record (`log`), the
@@ -63,6 +64,7 @@ from aitrain_grpo.training.run.collectives import bound_collectives, collective_
 from aitrain_grpo.training.trl.hf_args import check_target_modules, lora_config, save_run, trainer_args
 from aitrain_grpo.training.rewards.judge import judge_rewards
 from aitrain_grpo.training.rewards.judge_setup import build_judge
+from aitrain_grpo.training.rewards.reward_model import RewardModel, reward_model_rewards
 from aitrain_grpo.training.rollout.generation import check_server as check_vllm_server
 from aitrain_grpo.training.rollout.generation import grpo_kwargs as generation_grpo_kwargs
 from aitrain_grpo.training.rollout.generation import sampling_warning
@@ -252,6 +254,7 @@ def build_trainer(config: RunConfig, env: Environment | None = None, *, callback
     os.environ.setdefault("TRL_EXPERIMENTAL_SILENCE", "1")
     extra_rewards = load_reward_funcs(config.reward_specs)  # before the model: a bad one fails fast
     judge = build_judge(config)  # --rl-judge-rubric: checked, one more reward, weighted last (rewards/judge_setup.py)
+    reward_model = RewardModel(config.rl_reward_model) if config.rl_reward_model else None  # checked, then loaded
 
     model, tokenizer = load_model_and_tokenizer(config.model)
     check_target_modules(model, config)
@@ -284,7 +287,8 @@ def build_trainer(config: RunConfig, env: Environment | None = None, *, callback
         args=grpo_config(config, plan),
         train_dataset=dataset,
         processing_class=tokenizer,
-        reward_funcs=[episode_score, *episode_rewards(extra_rewards, rollout), *judge_rewards(judge, rollout)],
+        reward_funcs=[episode_score, *episode_rewards(extra_rewards, rollout), *judge_rewards(judge, rollout),
+                      *reward_model_rewards(reward_model, rollout)],
         peft_config=lora_config(config),
         callbacks=[step_timing, *training_callbacks(config, plan.output_dir, rollout), SignalStop(finish_step=config.rl_async_steps > 0), error_stop,
                    *held_back_callbacks(run), *(callbacks or [])],

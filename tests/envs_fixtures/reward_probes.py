@@ -61,3 +61,11 @@ def e_share(episodes, **kwargs):
         texts = turns(ep)
         shares.append(sum(t.count("e") / len(t) if t else 0.0 for t in texts) / max(len(texts), 1))
     return shares
+
+
+def conversations(episodes, **kwargs):
+    """Writes each call's conversations (role and content, as a reward model reads them); rewards nothing."""
+    with open(os.environ["AITRAIN_REWARD_PROBE"], "a", encoding="utf-8") as log:
+        log.write(json.dumps([[{"role": m["role"], "content": m["content"] or ""} for m in ep.messages]
+                              for ep in episodes]) + "\n")
+    return [0.0 for _ in episodes]

@@ -18,8 +18,9 @@ for the whole batch) rather than stopping the run: the first failure prints a on
 it, and `rewards/<name>/error_frac` (share of batches it failed on) shows in the metrics. The
 environment's score always counts, so no episode is left without a reward.
 
-Left out: reward models (TRL's `reward_funcs` as model ids), and `--rl-zero-std-groups` on the weighted
-total: a group counts as flat by the environment's score alone.
+Left out: reward models (TRL's `reward_funcs` as model ids: `--rl-reward-model`, rewards/reward_model.py,
+wraps its model with `episode_reward`), and `--rl-zero-std-groups` on the weighted total: a group counts as
+flat by the environment's score alone.
 """
 
 from __future__ import annotations
