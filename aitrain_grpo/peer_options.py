@@ -46,6 +46,7 @@ PEER_NAMES: dict[str, tuple[str, str, str]] = {
     "use_adaptive_entropy": ("rl_entropy_target", "TRL's", "the adaptive bonus is on when a target is given"),
     "reward_funcs": ("rl_reward_funcs", "TRL's", "module:function names added to the environment's score"),
     "reward_weights": ("rl_reward_weights", "TRL's", "the environment's score first"),
+    "reward_model_path": ("rl_reward_model", "TRL's (PPO, RLOO)", "a one-label sequence classifier, weighted last"),
     "per_device_train_batch_size": ("micro_batch_size", "TRL's",
                                     "counting episodes a forward/backward pass, where TRL counts completions"),
     "generation_batch_size": ("batch_size", "TRL's", "counting the episodes a device plays for a step"),
