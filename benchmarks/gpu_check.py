@@ -223,6 +223,10 @@ PARTS = [
          grpo_part(lambda c: c.real, STATIONS, batch=16), real=True),
     Part("hf-tiny-iterations", "bf16 grpo, tiny model, each batch trained twice (old-policy forward, clipped ratios)",
          (), grpo_part(lambda c: c.tiny, LETTERS, updates=2)),
+    Part("hf-tiny-loss-options", "bf16 grpo, tiny model, TRL's entropy and off-policy masks, two-sided clip, adaptive "
+         "entropy bonus", (), grpo_part(lambda c: c.tiny, LETTERS, "--rl-top-entropy-quantile", "0.2",
+                                        "--rl-off-policy-mask", "0.5", "--rl-delta", "4", "--rl-entropy-target", "2",
+                                        updates=2)),
     Part("loss-pass-weights", "importance weights from the loss pass equal TRL's second forward (tiny model)", (),
          loss_pass_weights),
     Part("prefix-tree", "shared-prefix tree against the plain passes on SmolLM2's real episodes: exact, timed", (),
