@@ -23,7 +23,7 @@ from aitrain_grpo.errors import ConfigError, one_line
 from aitrain_grpo.option_effects import check_curriculum_reachable, check_loss_options
 from aitrain_grpo.peer_options import peer_name_hint
 from aitrain_grpo.option_rules import (NON_NEGATIVE, POSITIVE, POSITIVE_SECONDS, Bound, at_least, check_bound,
-                                        check_judge, check_save_best, check_seed, count, reward_func_specs,
+                                        check_judge, check_save_best, check_seed, count, reward_func_specs, template_kwargs,
                                         typed_values,
                                         reward_weights, server_urls)
 
@@ -120,6 +120,7 @@ class RunConfig:
     rl_min_p: float = _opt(0.0, "Min-p sampling: tokens below this share of the likeliest token's probability are not drawn (0 = off; with vLLM, filtering biases the importance-sampling ratio).", bound=Bound(low=0, high=1, high_open=True))
     rl_repetition_penalty: float = _opt(1.0, "Repetition penalty on tokens already in the sequence (1.0 = off; above 1 discourages repeats; the log-probabilities trained on stay the policy's own).", bound=Bound(low=0, high=10, low_open=True))
     rl_env_timeout: float = _opt(60.0, "Seconds one environment call (reset/step/score_episode) may take.", bound=POSITIVE_SECONDS)
+    chat_template_kwargs: Any = _opt(None, "Variables of the model's chat template as a JSON object (TRL's chat_template_kwargs), e.g. '{\"enable_thinking\": false}' for Qwen3: training, eval, env check, sft and held-back prompts and replies are all rendered with them; a run notes variables the template does not read.")
     rl_tool_parser: str = _opt(DEFAULT_TOOL_PARSER, f"How tool calls are read from the model's text: {', '.join(TOOL_PARSERS)} (auto: Hermes <tool_call> blocks, else one unambiguous call in another form).", choices=TOOL_PARSERS)
     rl_cut_turn: str = _opt(DEFAULT_CUT_TURN, "A model turn cut off by --rl-max-new-tokens: continue (the environment sees the cut turn as it stands, and the episode goes on) or end the episode there.", choices=CUT_TURN)
     rl_rollout_schedule: str = _opt("auto", "continuous: each episode's next turn goes out as soon as its environment replied; lockstep: one batched turn for all episodes; auto: continuous with vLLM, lockstep with hf.", choices=ROLLOUT_SCHEDULES)
@@ -309,6 +310,7 @@ class RunConfig:
         check_environment_named(self.rl_env, self.rl_env_module, self.rl_env_class, self.rl_env_weights)
         check_options(vars(self))
         check_seed(self.seed)  # the seed rule of every command (option_rules.py)
+        template_kwargs(self.chat_template_kwargs)  # a JSON object, for every command that renders prompts
         if self.resume_from_checkpoint is not None and not self.resume_from_checkpoint.strip():
             raise ConfigError("--resume-from-checkpoint needs a value: auto, or a checkpoint-N folder")
         if self.output_dir is not None and not self.output_dir.strip():  # '' used to mean "not given"

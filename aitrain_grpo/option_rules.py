@@ -1,6 +1,7 @@
 """What an option's value may be, apart from which options exist (config.py): numeric ranges (`Bound`,
 declared in a field's metadata and checked by `config.check_options` with one message shape) and the
-options written as text that are parsed into lists (`server_urls`, `reward_func_specs`, `reward_weights`;
+options written as text that are parsed (`server_urls`, `reward_func_specs`, `reward_weights`,
+`template_kwargs`;
 `RunConfig` parses each once, and every user reads its parsed form), the judge's options
 (`check_judge`, which reads no file beyond checking the rubric's exists), and the metrics a held-back
 evaluation logs, which `--save-best` may name (`eval_metrics`, `check_save_best`), and each value's type
@@ -11,6 +12,7 @@ Left out: rules that relate options to each other (`RunConfig.validate`).
 
 from __future__ import annotations
 
+import json
 import math
 import re
 from dataclasses import dataclass, fields
@@ -142,6 +144,26 @@ def reward_weights(text: str | None, num_funcs: int, judge: bool = False,
                           f"(the environment's score, then {num_funcs} from --rl-reward-funcs{then}); give one "
                           f"per reward, the environment's score first")
     return weights
+
+
+TEMPLATE_KWARGS_EXAMPLE = '\'{"enable_thinking": false}\''
+
+
+def template_kwargs(value: Any) -> dict[str, Any]:
+    """`--chat-template-kwargs` as the keyword arguments of the chat template: a JSON object (or a dict from a
+    config file or a run_config.json); {} when not given."""
+    if value is None or isinstance(value, str) and not value.strip():
+        return {}
+    if isinstance(value, str):
+        try:
+            value = json.loads(value)
+        except json.JSONDecodeError as exc:
+            raise ConfigError(f"--chat-template-kwargs is not JSON ({exc.msg} at character {exc.pos}); write a JSON "
+                              f"object, e.g. {TEMPLATE_KWARGS_EXAMPLE}") from None
+    if not isinstance(value, dict) or not all(isinstance(key, str) for key in value):
+        raise ConfigError(f"--chat-template-kwargs must be a JSON object of the template's variables, got "
+                          f"{type(value).__name__}; write e.g. {TEMPLATE_KWARGS_EXAMPLE}")
+    return dict(value)
 
 
 def server_urls(text: str | None) -> list[str]:

@@ -49,7 +49,7 @@ from aitrain_grpo.commands.scaffold import print_next_steps, write_scaffold
 from aitrain_grpo.commands.vllm_serve import (
     SERVER_STOP_GRACE, ServeOptions, signal_server, start_server, stop_server, trainer_flags, wait_until_ready,
 )
-from aitrain_grpo.config import CONTEXT_OPTIONS, RunConfig
+from aitrain_grpo.config import RunConfig
 from aitrain_grpo.env_spec import environment_of
 from aitrain_grpo.engine.backends.choice import require_vllm
 from aitrain_grpo.env.loading import describe_interface, load_environment
@@ -271,12 +271,7 @@ env_check.__signature__ = inspect.Signature([
     as_in_grpo("model", help_text="Model whose chat template renders the prompts and that plays the 'model' policy."),
     command_option("episodes", 16, "Episodes per policy.", int),
     command_option("policies", ",".join(POLICIES), f"Which of {', '.join(POLICIES)} to play.", str),
-    as_in_grpo("rl_max_new_tokens"),
-    as_in_grpo("rl_max_turns"),
-    as_in_grpo("rl_temperature"),
-    as_in_grpo("rl_env_timeout"),
-    as_in_grpo("rl_tool_parser"),
-    *[as_in_grpo(name) for name in CONTEXT_OPTIONS],
+    *[as_in_grpo(name) for name in CHECK_FLAGS],  # the episode flags, as grpo has them
     field_option("seed", 0, with_default("Seed for picking rows and sampling.", 0)),
     as_in_grpo("debug"),
 ])

@@ -23,7 +23,8 @@ from aitrain_grpo.evaluation.envcheck import COMPLETION_BUDGET, POLICIES, EnvChe
 from aitrain_grpo.option_rules import check_seed
 
 # The episode flags of `aitrain env check` (RunConfig's names), handed to `run_env_check` as `options`.
-CHECK_FLAGS = ("rl_max_new_tokens", "rl_max_turns", "rl_temperature", "rl_env_timeout", "rl_tool_parser", *CONTEXT_OPTIONS)
+CHECK_FLAGS = ("rl_max_new_tokens", "rl_max_turns", "rl_temperature", "rl_env_timeout", "rl_tool_parser",
+               "chat_template_kwargs", *CONTEXT_OPTIONS)
 
 # ------------------------------------------------------------------------------------------- display
 

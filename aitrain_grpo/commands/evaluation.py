@@ -22,6 +22,7 @@ from aitrain_grpo.commands.options import check_positive
 from aitrain_grpo.config import CONTEXT_OPTIONS, RunConfig, check_options
 from aitrain_grpo.env_spec import env_specs, environment_of
 from aitrain_grpo.engine.backends.base import SamplingParams
+from aitrain_grpo.engine.chat import template_kwargs_note
 from aitrain_grpo.engine.context import resolve_strategies
 from aitrain_grpo.engine.settings import EpisodeSettings
 from aitrain_grpo.env.base import needs_policy
@@ -36,7 +37,8 @@ from aitrain_grpo.runlog.shortcuts import eval_warning
 
 # Sampling and budget flags of `aitrain eval`: not given, a training run's own value is used.
 RUN_FLAGS = ("rl_max_new_tokens", "rl_max_turns", "rl_max_completion_length", "rl_temperature", "rl_top_k",
-             "rl_top_p", "rl_min_p", "rl_repetition_penalty", "rl_env_timeout", "rl_rollout_schedule", "rl_tool_parser", *CONTEXT_OPTIONS)
+             "rl_top_p", "rl_min_p", "rl_repetition_penalty", "rl_env_timeout", "rl_rollout_schedule", "rl_tool_parser",
+             "chat_template_kwargs", *CONTEXT_OPTIONS)
 
 
 def format_value(name: str, value: float) -> str:
@@ -86,11 +88,15 @@ def run_eval(*, model: str, baseline: str | None, spec: str | list[str] | None =
     resolve_strategies(env, played.context)  # a strategy the environment cannot play, refused before a model loads
     labels = ["model", "baseline"]
     results: list[EvalResult] = []
-    rows = None
+    rows, said = None, set()
     for label, source in zip(labels, sources):
         backend, tokenizer, model_ = open_backend(source, use_vllm=use_vllm)
         if needs_policy(env):  # its score_episode takes the model (vLLM: load it in HF too)
             env.use_policy(model_ if model_ is not None else load_for_generation(source)[0], tokenizer)
+        note = template_kwargs_note(tokenizer, dict(played.template_kwargs or {}))
+        if note and note not in said:  # once, where both models share a template
+            said.add(note)
+            console.print(note, markup=False)
         if rows is None:  # both models play the same tasks, built once
             rows = build_rows(env, tokenizer)
             if episodes > len(rows):  # said, so that a table of fewer episodes than asked is not a surprise

@@ -60,6 +60,7 @@ SFT_PARAMETERS = [
     as_in_grpo("target_modules"),
     as_in_grpo("rl_max_turns", help_text="Cap on oracle turns per episode (default: the environment's max_turns)."),
     as_in_grpo("rl_env_timeout"),
+    as_in_grpo("chat_template_kwargs"),
     # The oracle plays under grpo's budgets and context strategy where one rewrites the history (sft/oracle.py):
     # give sft the options the grpo run will have, so the demonstrations show the contexts it will see.
     *(as_in_grpo(name) for name in PLAYED_OPTIONS),

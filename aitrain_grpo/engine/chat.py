@@ -17,6 +17,9 @@ results as user messages wrapped in `<tool_response>`. Every rendering goes thro
 rewrite, so prompts, reply suffixes and the append-only check agree token for token.
 `ChatRenderer.tools_route` says which way the tools reach the model.
 
+Template variables (`--chat-template-kwargs`, e.g. Qwen3's `enable_thinking`) go to every rendering;
+`template_kwargs_note` names those the template does not read, for the commands to print.
+
 Left out: templates without a chat format (raw-text prompts get wrapped as one user message),
 multimodal content, and tool formats other than Hermes for templates that drop the tools.
 """
@@ -67,6 +70,36 @@ def _renders(render: Callable[[list[Message]], str], messages: list[Message], ma
         return mark in render(messages)
     except Exception:  # a template that rejects a role raises whatever its author chose
         return False
+
+
+_PROBE_CONVERSATION = [{"role": "system", "content": _SYSTEM_MARK}, {"role": "user", "content": _USER_MARK},
+                       {"role": "assistant", "content": _ASSISTANT_MARK}, {"role": "user", "content": _USER_MARK}]
+
+
+def template_kwargs_note(tokenizer, template_kwargs: dict | None) -> str | None:
+    """A `note:` naming the `--chat-template-kwargs` variables that change nothing in the tokenizer's chat
+    template (a misspelt `enable_thinking`, a Qwen3 flag given to another model): a short conversation
+    rendered, with the generation prompt, with every variable and with each one left out."""
+    if not template_kwargs or not getattr(tokenizer, "chat_template", None):
+        return None
+
+    def render(variables: dict) -> str | None:
+        try:
+            return tokenizer.apply_chat_template(_PROBE_CONVERSATION, tokenize=False, add_generation_prompt=True,
+                                                 **variables)
+        except Exception:  # a template that rejects the conversation: the renderer says so in its own words
+            return None
+
+    whole = render(template_kwargs)
+    unread = [key for key in template_kwargs
+              if whole is not None and render({k: v for k, v in template_kwargs.items() if k != key}) == whole]
+    if not unread:
+        return None
+    names = ", ".join(unread)
+    return (f"note: --chat-template-kwargs {names} change{'s' if len(unread) == 1 else ''} nothing in "
+            f"{getattr(tokenizer, 'name_or_path', None) or 'the model'}'s chat template (it does not read "
+            f"{'it' if len(unread) == 1 else 'them'}); check the name against the template, or leave "
+            f"{'it' if len(unread) == 1 else 'them'} out")
 
 
 class ChatRenderer:

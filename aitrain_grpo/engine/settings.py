@@ -25,6 +25,7 @@ from typing import Any
 
 from aitrain_grpo.config import DEFAULT_CONTEXT_KEEP_LAST, DEFAULT_CUT_TURN, DEFAULT_TOOL_PARSER, ROLLOUT_SCHEDULES
 from aitrain_grpo.engine.agent_endpoint import LOCAL_HOST
+from aitrain_grpo.option_rules import template_kwargs
 from aitrain_grpo.engine.backends.base import SamplingParams
 
 
@@ -91,6 +92,7 @@ class EpisodeSettings:
             schedule=get("rl_rollout_schedule", default.schedule),
             cut_turn=get("rl_cut_turn", default.cut_turn),
             tool_parser=get("rl_tool_parser", default.tool_parser),
+            template_kwargs=template_kwargs(get("chat_template_kwargs", None)) or None,
             model_name=get("model", default.model_name),
             agent_address=(get("agent_host", default.agent_address[0]), get("agent_port", default.agent_address[1])),
             context=get("rl_context", default.context),

@@ -34,7 +34,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from aitrain_grpo.config import DEFAULT_TOOL_PARSER
-from aitrain_grpo.engine.chat import ChatRenderer
+from aitrain_grpo.engine.chat import ChatRenderer, template_kwargs_note
 from aitrain_grpo.engine.backends.scripted import ScriptedBackend
 from aitrain_grpo.engine.context import cuts_history, resolve_strategies
 from aitrain_grpo.engine.rollout import RolloutEngine
@@ -198,8 +198,10 @@ def read_rows(env: Environment, tokenizer, report: EnvCheckReport) -> list[dict[
     return rows
 
 
-def inspect_dataset(env: Environment, tokenizer, report: EnvCheckReport) -> list[dict[str, Any]] | None:
-    """Rows, columns, prompt token counts and tools into `report`; the rows, or None on a problem."""
+def inspect_dataset(env: Environment, tokenizer, report: EnvCheckReport,
+                    template_kwargs: Any = None) -> list[dict[str, Any]] | None:
+    """Rows, columns, prompt token counts and tools into `report`; the rows, or None on a problem.
+    `template_kwargs`: the chat template's variables the run renders with (`--chat-template-kwargs`)."""
     rows = read_rows(env, tokenizer, report)
     if rows is None:
         return None
@@ -209,7 +211,8 @@ def inspect_dataset(env: Environment, tokenizer, report: EnvCheckReport) -> list
         report.problems.append(f"{report.env_name}.tools raised {type(exc).__name__}: {exc}")
         return None
     try:
-        renderer = ChatRenderer(tokenizer, tools=tools_for_row(env, rows[0]))  # a mixture's first row's own
+        renderer = ChatRenderer(tokenizer, tools=tools_for_row(env, rows[0]),  # a mixture's first row's own
+                                template_kwargs=template_kwargs)
         report.sample_prompt = renderer.render(prompt_messages(rows[0]["prompt"]), add_generation_prompt=True)
         report.sample_tokens = len(renderer.encode(report.sample_prompt))
         report.rows_measured = min(len(rows), PROMPTS_MEASURED)
@@ -218,6 +221,8 @@ def inspect_dataset(env: Environment, tokenizer, report: EnvCheckReport) -> list
         report.longest_row = lengths.index(report.longest_tokens)
         rewrite = renderer.check_append_only(prompt_messages(rows[0]["prompt"]))
         report.notes += [renderer.tools_route] if renderer.tools_route else []
+        unread = template_kwargs_note(tokenizer, template_kwargs)
+        report.notes += [unread.removeprefix("note: ")] if unread else []
     except TemplateError as exc:
         report.problems.append(f"the model's chat template cannot be used: {exc}")
         return None
@@ -304,7 +309,7 @@ def check_environment(
     if agent:
         report.scorer = f"the score {report.env_name}.rollout returns"
     # An agent's prompt and tools come from its requests: envcheck_agent reads them after playing.
-    rows = (read_rows if agent else inspect_dataset)(env, tokenizer, report)
+    rows = read_rows(env, tokenizer, report) if agent else inspect_dataset(env, tokenizer, report, settings.template_kwargs)
     if rows is None:
         return report
     rows = pick_rows(rows, episodes, seed)

@@ -31,16 +31,17 @@ from transformers.trainer_callback import PrinterCallback, ProgressCallback
 from trl import SFTConfig, SFTTrainer
 
 from aitrain_grpo.config import RunConfig
-from aitrain_grpo.engine.chat import ChatRenderer
+from aitrain_grpo.engine.chat import ChatRenderer, template_kwargs_note
 from aitrain_grpo.engine.demos import Demonstration
 from aitrain_grpo.models.loading import load_model_and_tokenizer
+from aitrain_grpo.option_rules import template_kwargs
 from aitrain_grpo.runlog.redaction import redact
 from aitrain_grpo.training.run.folder import prepare_output_dir
 from aitrain_grpo.training.run.collectives import start_process_group
 from aitrain_grpo.training.trl.hf_args import check_target_modules, lora_config, save_run, trainer_args
 from aitrain_grpo.training.step.micro_batches import BatchShape
 
-def demo_dataset(tokenizer, demos: list[Demonstration]) -> Dataset:
+def demo_dataset(tokenizer, demos: list[Demonstration], template_kwargs: dict | None = None) -> Dataset:
     """The pre-tokenized dataset SFTTrainer trains on (labels come from `assistant_masks`): a row per
     sequence of each demonstration (one, unless a context strategy cut it), rendered with the tools its
     episode offered (they differ by row in a mixture, and by request in an agent environment)."""
@@ -49,7 +50,7 @@ def demo_dataset(tokenizer, demos: list[Demonstration]) -> Dataset:
     for demo in demos:
         key = json.dumps(demo.tools, sort_keys=True, default=str)
         if key not in renderers:
-            renderers[key] = ChatRenderer(tokenizer, tools=demo.tools)
+            renderers[key] = ChatRenderer(tokenizer, tools=demo.tools, template_kwargs=template_kwargs)
         tokens.extend(demo.tokens(renderers[key]))  # a strategy's episode: one row per sequence
     return Dataset.from_dict({"input_ids": [t.input_ids for t in tokens],
                               "assistant_masks": [t.assistant_masks for t in tokens]})
@@ -86,7 +87,10 @@ def train_sft(config: RunConfig, demos: list[Demonstration], output_dir: Path,
     datasets.disable_progress_bars()  # a bar per dataset pass over a few dozen rows is noise
     model, tokenizer = load_model_and_tokenizer(config.model)
     check_target_modules(model, config)
-    dataset = demo_dataset(tokenizer, demos)
+    note = template_kwargs_note(tokenizer, template_kwargs(config.chat_template_kwargs))
+    if note:
+        show(note)
+    dataset = demo_dataset(tokenizer, demos, template_kwargs(config.chat_template_kwargs))
     prepare_output_dir(output_dir, None)
     (output_dir / "run_config.json").write_text(json.dumps(redact(config.to_dict()), indent=2, default=str) + "\n")
     losses = LossLines(show)

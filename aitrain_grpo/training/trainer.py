@@ -47,12 +47,14 @@ from transformers.trainer_callback import PrinterCallback, ProgressCallback
 from trl import GRPOConfig, GRPOTrainer
 
 from aitrain_grpo.config import RunConfig
+from aitrain_grpo.engine.chat import template_kwargs_note
 from aitrain_grpo.env.base import Environment
 from aitrain_grpo.errors import ConfigError, UserError
 from aitrain_grpo.evaluation.held_back import held_back_callbacks
 from aitrain_grpo.env.dataset import build_rows
 from aitrain_grpo.env.loading import as_environment, load_environment
 from aitrain_grpo.models.loading import load_model_and_tokenizer
+from aitrain_grpo.option_rules import template_kwargs
 from aitrain_grpo.runlog.files import ReportCallback, training_callbacks
 from aitrain_grpo.runlog.redaction import redact
 from aitrain_grpo.runlog.step_metrics import StepMetrics
@@ -257,6 +259,9 @@ def build_trainer(config: RunConfig, env: Environment | None = None, *, callback
     reward_model = RewardModel(config.rl_reward_model) if config.rl_reward_model else None  # checked, then loaded
 
     model, tokenizer = load_model_and_tokenizer(config.model)
+    note = template_kwargs_note(tokenizer, template_kwargs(config.chat_template_kwargs))
+    if note and os.environ.get("RANK", "0") == "0":
+        print(note, file=sys.stderr)
     check_target_modules(model, config)
     check_context_length(model, config)
     warn_if_a_step_may_not_fit(model, config, plan.batch)
