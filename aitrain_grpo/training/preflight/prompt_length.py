@@ -9,8 +9,8 @@ to drop is the environment's to say (in `build_dataset`).
 
 The context is the smaller of the model's `max_position_embeddings` and the tokenizer's
 `model_max_length` (the latter is a huge sentinel when a tokenizer sets none). Rows are measured with the
-chat template, without the tools' text (a lower bound: a prompt refused here is too long whatever the
-tools add). Only rows whose UTF-8 length could exceed the limit are tokenized (a token covers at least one
+chat template, without the tools' text and `--chat-template-kwargs` (a lower bound: a prompt refused here is
+too long whatever the tools or the template's variables add). Only rows whose UTF-8 length could exceed the limit are tokenized (a token covers at least one
 byte), so a large dataset of short prompts costs nothing.
 
 `--rl-context-window` is held to the same two limits (`check_context_window`): past the model's context it
