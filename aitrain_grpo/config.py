@@ -66,7 +66,8 @@ VLLM_MODES = ("colocate", "server")
 VLLM_SYNC = ("auto", "nccl", "lora", "disk")
 REPORT_TO = ("none", "tensorboard", "wandb", "trackio")
 LOSS_TYPES = ("grpo", "dr_grpo", "dapo", "bnpo", "cispo", "sapo", "luspo", "vespo")
-SCALE_REWARDS = ("group", "batch", "none")  # TRL's scale_rewards, training/step/advantages.py
+SCALE_REWARDS = ("group", "batch", "none")
+REWARD_AGGREGATIONS = ("sum_then_normalize", "normalize_then_sum")  # TRL's multi_objective_aggregation  # TRL's scale_rewards, training/step/advantages.py
 IMPORTANCE_LEVELS = ("token", "sequence")  # TRL's importance_sampling_level
 CUT_TURN = ("end", "continue")
 # "continue" serves multi-turn learning better (benchmarks/LEARNING.md): a cut turn still reaches the
@@ -138,6 +139,7 @@ class RunConfig:
     rl_reward_funcs: str | None = _opt(None, "Rewards added to the environment's score: module:func[,module:func...], each called with TRL's reward arguments plus `episodes` and logged as rewards/<func>/mean (--rl-zero-std-groups still looks at the environment's score alone).")
     rl_reward_weights: str | None = _opt(None, "Weights of the rewards, the environment's score first: w_env,w1,... (default: 1 each).")
     rl_reward_model: str | None = _opt(None, "Add a reward model's score (training/rewards/reward_model.py): a sequence-classification model of one label (a folder or model id) scores each episode's whole conversation, rendered with its own chat template; logged as rewards/reward_model/mean and weighted last in --rl-reward-weights.")
+    rl_reward_aggregation: str = _opt("sum_then_normalize", "How several rewards make an advantage (TRL's multi_objective_aggregation): sum_then_normalize (the weighted sum, normalised within each group) or normalize_then_sum (each reward normalised within its group first, so a reward's scale does not decide its say: GDPO; then the weighted sum, normalised over the batch).", choices=REWARD_AGGREGATIONS)
     rl_advantage: str = _opt("outcome", "Credit: outcome (every token of an episode gets its score's group advantage) or turn (plus each turn's group-normalised reward-to-go, from the environment's episode.reward_turn).", choices=ADVANTAGE_MODES)
     rl_kl_coef: float = _opt(0.1, "KL penalty against the reference model (TRL's beta).", bound=NON_NEGATIVE)
     rl_clip_range: float = _opt(0.2, "PPO-style clip range (TRL's epsilon).", bound=POSITIVE)

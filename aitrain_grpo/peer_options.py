@@ -36,6 +36,7 @@ PEER_NAMES: dict[str, tuple[str, str, str]] = {
     "num_iterations": ("rl_num_iterations", "TRL's", ""),
     "importance_sampling_level": ("rl_importance_sampling", "TRL's", ""),
     "scale_rewards": ("rl_scale_rewards", "TRL's", ""),
+    "multi_objective_aggregation": ("rl_reward_aggregation", "TRL's", ""),
     "mask_truncated_completions": ("rl_mask_truncated", "TRL's",
                                    "masking episodes a budget, the context window or the turn cap cut"),
     "entropy_coef": ("rl_entropy_coef", "TRL's", ""),

@@ -165,6 +165,7 @@ def grpo_config(config: RunConfig, plan: RunPlan) -> GRPOConfig:
         epsilon_high=config.rl_clip_range_high,
         importance_sampling_level=config.rl_importance_sampling,
         scale_rewards=config.rl_scale_rewards,
+        multi_objective_aggregation=config.rl_reward_aggregation,
         delta=config.rl_delta,
         off_policy_mask_threshold=config.rl_off_policy_mask,
         entropy_coef=config.rl_entropy_coef,

@@ -69,3 +69,8 @@ def conversations(episodes, **kwargs):
         log.write(json.dumps([[{"role": m["role"], "content": m["content"] or ""} for m in ep.messages]
                               for ep in episodes]) + "\n")
     return [0.0 for _ in episodes]
+
+
+def e_share_hundredfold(episodes, **kwargs):
+    """`e_share` on a scale a hundred times larger (a reward model's logits against a 0-1 score)."""
+    return [100 * share for share in e_share(episodes)]

@@ -1,9 +1,9 @@
 """Group-normalised advantages from the step's rewards: GRPO's rule, as TRL 1.16 computes it.
 
 Each episode has one reward per reward function (the environment's score first, then
-`--rl-reward-funcs`, then the judge; NaN where a function abstained). With TRL's default
-`multi_objective_aggregation="sum_then_normalize"` the weighted sum is the episode's reward, and its
-advantage is
+`--rl-reward-funcs`, the judge and the reward model; NaN where a function abstained). With TRL's default
+`multi_objective_aggregation="sum_then_normalize"` (`--rl-reward-aggregation`) the weighted sum is the
+episode's reward, and its advantage is
 
     A = (r - mean_group(r)) / (std_group(r) + 1e-4)
 
@@ -18,7 +18,7 @@ tests/test_step_records.py pins the rule on small cases.
 The rewards are gathered from every process first (a group may span processes), and each process keeps
 its own slice.
 
-Left out: reward models (TRL's `reward_funcs` as model ids; this package passes functions only).
+Left out: nothing of TRL's rule; a reward model reaches it as one more function (training/rewards/reward_model.py).
 """
 
 from __future__ import annotations
