@@ -19,9 +19,9 @@ from pathlib import Path
 from typing import Any, Mapping
 
 from aitrain_grpo.env_spec import check_environment_named, env_specs, environment_of, spec_label
-from aitrain_grpo.errors import ConfigError, one_line
+from aitrain_grpo.errors import ConfigError
 from aitrain_grpo.option_effects import check_curriculum_reachable, check_loss_options
-from aitrain_grpo.peer_options import peer_name_hint
+from aitrain_grpo.config_file import read_options_file
 from aitrain_grpo.option_rules import (NON_NEGATIVE, POSITIVE, POSITIVE_SECONDS, Bound, at_least, check_bound,
                                         check_judge, check_save_best, check_seed, count, reward_func_specs, template_kwargs,
                                         typed_values,
@@ -229,53 +229,9 @@ class RunConfig:
 
     @classmethod
     def from_file(cls, path: str | Path) -> dict[str, Any]:
-        """Read a YAML or JSON file of options (flag names with - or _ both accepted) into a dict."""
-        path = Path(path)
-        if not path.is_file():
-            raise ConfigError(f"config file {path} does not exist; pass an existing YAML or JSON file to --config")
-        if path.suffix.lower() not in (".yaml", ".yml", ".json"):
-            raise ConfigError(f"config file {path} has the extension {path.suffix or '(none)'!r}, which is not read; "
-                              f"write the options as YAML (.yaml, .yml) or JSON (.json)")
-        try:
-            text = path.read_text(encoding="utf-8")
-        except UnicodeDecodeError:
-            raise ConfigError(f"config file {path} is not UTF-8 text; pass a YAML or JSON file") from None
-        try:
-            if path.suffix in (".yaml", ".yml"):
-                import yaml
-
-                data = yaml.safe_load(text)
-            else:
-                data = json.loads(text)
-        except json.JSONDecodeError as exc:
-            raise ConfigError(f"config file {path} is not valid JSON: {exc.msg} at line {exc.lineno} column {exc.colno}") from None
-        except RecursionError:
-            raise ConfigError(f"config file {path} is nested too deeply; options are a flat mapping") from None
-        except Exception as exc:  # yaml.YAMLError and friends
-            detail = one_line(exc)
-            raise ConfigError(f"config file {path} is not valid YAML: {detail}") from None
-        if data is None:
-            data = {}
-        if not isinstance(data, dict):
-            raise ConfigError(f"config file {path} must hold a mapping of option names to values, not {type(data).__name__}")
-        options = {str(k).replace("-", "_"): v for k, v in data.items()}
-        if "vllm_server_urls" in options:  # the plural spelling, for a list of servers
-            if "vllm_server_url" in options:
-                raise ConfigError(f"config file {path} gives both vllm_server_url and vllm_server_urls; keep one")
-            options["vllm_server_url"] = options.pop("vllm_server_urls")
-        if isinstance(options.get("vllm_server_url"), list):  # several servers as a list: the flag's form
-            options["vllm_server_url"] = ",".join(str(url) for url in options["vllm_server_url"])
-        unknown = sorted(set(options) - set(cls.field_names()))
-        if unknown:
-            import difflib
-
-            hints = []
-            for key in unknown:
-                close = difflib.get_close_matches(key, cls.field_names(), n=1)
-                peer = peer_name_hint(key, as_flag=False)
-                hints.append(f"{key} ({peer})" if peer else f"{key} (did you mean {close[0]}?)" if close else key)
-            raise ConfigError(f"config file {path} has unknown option(s): {'; '.join(hints)}")
-        return options
+        """Read a YAML or JSON file of options (flag names with - or _ both accepted) into a dict
+        (config_file.py: the file's checks, and another trainer's names answered with ours)."""
+        return read_options_file(path, cls.field_names())
 
     def to_dict(self) -> dict[str, Any]:
         return dataclasses.asdict(self)

@@ -285,7 +285,7 @@ class Judge:
 
     def submit_early(self, episodes: Sequence[Any]) -> None:
         """Start the call for one group (or episode) now; `score` collects it."""
-        unit = transcripts(episodes)
+        unit = episode_transcripts(episodes)
         key = self._key(unit)
         with self._lock:
             if key in self.cache or key in self.pending:
@@ -296,7 +296,7 @@ class Judge:
 
     def score(self, episodes: Sequence[Any], log_metric: Callable[[str, float], None] | None = None) -> list[float]:
         """One score per episode, in order: groups are consecutive runs of `group_size` (TRL's layout)."""
-        transcripts = transcripts(episodes)
+        transcripts = episode_transcripts(episodes)
         step = self.unit_size
         units = [transcripts[i:i + step] for i in range(0, len(transcripts), step)]
         keys = [self._key(unit) for unit in units]
@@ -358,7 +358,8 @@ def failure_text(reply: str | Exception, count: int) -> str:
     return f"answered no {count} score(s) in [0, 1] as JSON: {reply.strip()[:160]!r}"
 
 
-def transcripts(episodes: Sequence[Any]) -> list[list[dict[str, Any]]]:
+def episode_transcripts(episodes: Sequence[Any]) -> list[list[dict[str, Any]]]:
+    """Each episode's messages as role and content: what the judge and a reward model (reward_model.py) read."""
     return [[{"role": m.get("role"), "content": m.get("content")} for m in ep.messages] for ep in episodes]
 
 

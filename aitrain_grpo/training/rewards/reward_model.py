@@ -30,7 +30,7 @@ from typing import Any, Callable, Sequence
 
 from aitrain_grpo.errors import ConfigError, one_line
 from aitrain_grpo.training.rewards.functions import RewardFunc, episode_reward
-from aitrain_grpo.training.rewards.judge import render, transcripts
+from aitrain_grpo.training.rewards.judge import episode_transcripts, render
 
 NAME = "reward_model"  # what TRL logs the reward under: rewards/reward_model/mean
 FLAG = "--rl-reward-model"
@@ -116,7 +116,7 @@ def reward_model_rewards(model: RewardModel | None, rollout) -> list[Callable[..
         return []
 
     def reward_model(episodes, log_metric=None, **kwargs):
-        scores, truncated = model.score(transcripts(episodes))
+        scores, truncated = model.score(episode_transcripts(episodes))
         if log_metric is not None:
             log_metric(f"rewards/{NAME}/truncated_frac", truncated)
         return scores
