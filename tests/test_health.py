@@ -182,3 +182,17 @@ def test_a_run_whose_truncated_episodes_all_leave_the_loss_is_told():
     assert truncated_out_of_the_loss(masked[:-1]) is None  # two steps are not yet a pattern
     assert truncated_out_of_the_loss(with_changes(masked, 9, **{"groups/masked_truncated_frac": 0.5})) is None
     assert truncated_out_of_the_loss(healthy_run(10)) is None  # the option off: nothing logged
+
+
+def test_an_off_policy_mask_that_takes_most_tokens_is_told():
+    """Measured with colocated vLLM-CPU: `--rl-off-policy-mask 0` dropped sequences for bfloat16 noise alone."""
+    from aitrain_grpo.runlog.health import check_health, off_policy_mask_takes_most
+
+    masked = with_changes(healthy_run(10), 8, **{"off_policy/masked_frac": 0.6})
+    warning = off_policy_mask_takes_most(masked)
+    assert warning is not None and "--rl-off-policy-mask took 60% or more of the model tokens" in warning.message
+    assert "raise --rl-off-policy-mask above the sampler's noise" in warning.advice
+    assert any(w.key == "off_policy_mask_takes_most" for w in check_health(masked))
+    assert off_policy_mask_takes_most(masked[:-1]) is None  # two steps are not yet a pattern
+    assert off_policy_mask_takes_most(with_changes(masked, 9, **{"off_policy/masked_frac": 0.1})) is None
+    assert off_policy_mask_takes_most(healthy_run(10)) is None  # the option off: nothing logged

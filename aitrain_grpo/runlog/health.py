@@ -172,6 +172,25 @@ def truncated_out_of_the_loss(records: Sequence[Record], window: int = 3) -> Hea
     )
 
 
+OFF_POLICY_MOST = 0.5  # --rl-off-policy-mask took this share of a step's model tokens out of the loss
+
+
+def off_policy_mask_takes_most(records: Sequence[Record], window: int = 3) -> HealthWarning | None:
+    """`--rl-off-policy-mask` took half or more of the model tokens out of the loss on each recent step: a
+    threshold within the sampler's own noise (vLLM's bfloat16 against the trainer's float32 moves every
+    sequence's KL off 0) drops the negative-advantage sequences whatever their staleness."""
+    shares = _values(records[-window:], "off_policy/masked_frac")
+    if len(shares) < window or min(shares) < OFF_POLICY_MOST:
+        return None
+    return HealthWarning(
+        "off_policy_mask_takes_most", _step(records),
+        f"--rl-off-policy-mask took {min(shares):.0%} or more of the model tokens out of the loss on each of the "
+        f"last {window} steps (sequences with a negative advantage, judged too far from the policy that sampled them)",
+        "what trains is mostly reinforcement of good episodes; raise --rl-off-policy-mask above the sampler's noise, "
+        "or leave it out",
+    )
+
+
 def _error_rates(records: Sequence[Record]) -> list[float]:
     rates = []
     for record in records:
@@ -264,7 +283,7 @@ def kept_history(records: list[Record]) -> list[Record]:
 
 HEALTH_CHECKS: tuple[Callable[[Sequence[Record]], HealthWarning | None], ...] = (
     no_learning_signal, low_score, entropy_collapse, unstable_gradients, rising_errors, shortcut,
-    truncated_out_of_the_loss,
+    truncated_out_of_the_loss, off_policy_mask_takes_most,
 )
 
 
