@@ -8,6 +8,7 @@ training run and `sft` see an ordinary environment, and the adapter's own class 
     reasoning_gym:basic_arithmetic   -> aitrain_grpo.env.adapters.reasoning_gym.ReasoningGymEnv(task=..., ...)
     trl:my_module:MyEnv              -> aitrain_grpo.env.adapters.trl_factory.TRLFactoryEnv(env_class="my_module:MyEnv", ...)
     skyrl:my_module:MyEnv            -> aitrain_grpo.env.adapters.skyrl.SkyRLEnv(env_class="my_module:MyEnv", ...)
+    dataset:data/tasks.jsonl         -> aitrain_grpo.env.adapters.dataset.DatasetEnv(rows="data/tasks.jsonl", ...)
     openenv:http://127.0.0.1:8000    -> aitrain_grpo.env.adapters.openenv.OpenEnvEnv(url="http://127.0.0.1:8000", ...)
     verifiers:my_module:make_env     -> aitrain_grpo.env.adapters.verifiers.VerifiersEnv(env="my_module:make_env", ...)
                                         (or verifiers:ENV_ID, an installed verifiers environment)
@@ -50,6 +51,7 @@ KINDS = {
                              "reasoning_gym:basic_arithmetic"),
     "trl": EnvKind("aitrain_grpo.env.adapters.trl_factory", "TRLFactoryEnv", "env_class", "trl:my_envs:SearchEnv", True),
     "skyrl": EnvKind("aitrain_grpo.env.adapters.skyrl", "SkyRLEnv", "env_class", "skyrl:my_envs:MathEnv", True),
+    "dataset": EnvKind("aitrain_grpo.env.adapters.dataset", "DatasetEnv", "rows", "dataset:data/tasks.jsonl"),
     "openenv": EnvKind("aitrain_grpo.env.adapters.openenv", "OpenEnvEnv", "url", "openenv:http://127.0.0.1:8000"),
     "verifiers": EnvKind("aitrain_grpo.env.adapters.verifiers", "VerifiersEnv", "env", "verifiers:my_envs:make_env"),
 }
