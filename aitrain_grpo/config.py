@@ -69,6 +69,7 @@ LOSS_TYPES = ("grpo", "dr_grpo", "dapo", "bnpo", "cispo", "sapo", "luspo", "vesp
 SCALE_REWARDS = ("group", "batch", "none")
 REWARD_AGGREGATIONS = ("sum_then_normalize", "normalize_then_sum")  # TRL's multi_objective_aggregation  # TRL's scale_rewards, training/step/advantages.py
 IMPORTANCE_LEVELS = ("token", "sequence")  # TRL's importance_sampling_level
+IMPORTANCE_CORRECTIONS = ("token_truncate", "token_mask", "sequence_truncate", "sequence_mask")  # TRL's vLLM modes
 CUT_TURN = ("end", "continue")
 # "continue" serves multi-turn learning better (benchmarks/LEARNING.md): a cut turn still reaches the
 # environment, so the later turns, which a multi-turn environment trains, are played instead of lost.
@@ -149,6 +150,9 @@ class RunConfig:
     rl_scale_rewards: str = _opt("group", "Advantages divided by the reward's standard deviation within each group, over the batch, or not at all (TRL's scale_rewards; Dr. GRPO takes none).", choices=SCALE_REWARDS)
     rl_delta: float | None = _opt(None, "Two-sided clipping (TRL's delta, INTELLECT-2's): a policy ratio above this is capped where the advantage is negative too, which the clip range leaves unbounded; above 1 + the upper clip range, e.g. 4. Acts from --rl-num-iterations 2 on, with the clip ranges.", bound=Bound(low=1, low_open=True))
     rl_off_policy_mask: float | None = _opt(None, "Leave out of the loss each sequence with a negative advantage whose mean KL from the policy that sampled it to the one training exceeds this (TRL's off_policy_mask_threshold, DeepSeek-V3.2's off-policy sequence masking), e.g. 0.5. Acts where the two differ: vLLM sampling, --rl-async-steps, later updates of --rl-num-iterations.", bound=NON_NEGATIVE)
+    rl_importance_correction: str = _opt("sequence_mask", "How tokens vLLM sampled are weighted where its probabilities differ from the trainer's (TRL's vllm_importance_sampling_mode): token_truncate (each token's ratio, capped: TIS), token_mask (a token past the bounds weighs 0), sequence_truncate or sequence_mask (one ratio a sequence, the product of its tokens'). Acts only with vLLM.", choices=IMPORTANCE_CORRECTIONS)
+    rl_importance_cap: float = _opt(3.0, "Upper bound of that ratio (TRL's vllm_importance_sampling_clip_max): truncated to it, or masked above it.", bound=POSITIVE)
+    rl_importance_floor: float | None = _opt(None, "Lower bound of that ratio (TRL's vllm_importance_sampling_clip_min; default none).", bound=NON_NEGATIVE)
     rl_entropy_coef: float = _opt(0.0, "Entropy bonus in the loss (TRL's entropy_coef): keeps exploring instead of collapsing onto one answer.", bound=NON_NEGATIVE)
     rl_entropy_target: float | None = _opt(None, "Adapt the entropy bonus toward this mean token entropy in nats (TRL's use_adaptive_entropy and entropy_target): from --rl-entropy-coef, the coefficient rises by 0.005 after each step whose entropy was at or below the target and falls by 0.005 otherwise, within 0 and 1 (TRL's), and applies only while the entropy is at or below it; logged as entropy_coef, kept in checkpoints.", bound=NON_NEGATIVE)
     rl_top_entropy_quantile: float = _opt(1.0, "Train only on this share of model tokens, those of highest entropy (TRL's top_entropy_quantile; 'Beyond the 80/20 rule' takes 0.2), the threshold taken over each loss pass's tokens on every process; 1.0 trains every token.", bound=Bound(low=0, high=1, low_open=True))

@@ -9,7 +9,8 @@ for a curriculum threshold no group's reward can ever reach or a ratio cap the l
   A loss type away from its paper's importance-sampling level gets a note too (`loss_setup_notes`), as
   TRL logs it, and so do the options that act on the policy ratio (the clip ranges, `--rl-delta`,
   `--rl-importance-sampling`) under one update a batch, where every ratio is 1, and `--rl-off-policy-mask`
-  where Hugging Face generation plays with the weights that train and a batch trains once. Which strategies are in
+  where Hugging Face generation plays with the weights that train and a batch trains once, and the
+  vLLM correction's options (`--rl-importance-*`) under Hugging Face generation. Which strategies are in
   force is the environment's to say when `--rl-context` is not given, so the caller hands them in
   (preflight/run_checks.py).
 - `check_loss_options`: `--rl-delta` is refused with a loss type TRL does not clip (cispo, sapo, vespo),
@@ -71,6 +72,11 @@ def unused_option_notes(config: Any, strategies: Iterable[str]) -> list[str]:
                      f"update a batch (--rl-num-iterations 1): the policy that trains is the one the batch was scored "
                      f"with, so every policy ratio is 1; add --rl-num-iterations 2, or leave "
                      f"{'it' if len(ratio_options) == 1 else 'them'} out")
+    sampler = [_flag(name) for name in _SAMPLER_OPTIONS if name in given]
+    if sampler and config.use_vllm is False:
+        notes.append(f"note: {', '.join(sampler)} {'does' if len(sampler) == 1 else 'do'} nothing with Hugging Face "
+                     f"generation: the trainer samples its own tokens, so there is no other sampler to correct for; "
+                     f"{'it acts' if len(sampler) == 1 else 'they act'} with vLLM (--use-vllm)")
     if "rl_off_policy_mask" in given and config.rl_num_iterations == 1 and config.use_vllm is False:
         notes.append("note: --rl-off-policy-mask does nothing here: Hugging Face generate samples with the weights that "
                      "train, and one update a batch leaves them unchanged, so no sequence is off policy; it acts with "
@@ -110,6 +116,8 @@ def check_curriculum_reachable(config: Any) -> None:
 
 # Options that act on the policy ratio (TRL's coef_1), which is exactly 1 on a batch's first update.
 _RATIO_OPTIONS = ("rl_clip_range", "rl_clip_range_high", "rl_delta", "rl_importance_sampling")
+# Options of the correction for vLLM's sampling (TRL's vllm_importance_sampling_*), which only vLLM needs.
+_SAMPLER_OPTIONS = ("rl_importance_correction", "rl_importance_cap", "rl_importance_floor")
 # Loss types whose ratio TRL clips with --rl-clip-range and caps with delta (grpo_trainer.py `_compute_loss`).
 _CLIPPED_LOSSES = ("grpo", "bnpo", "dr_grpo", "dapo", "luspo")
 

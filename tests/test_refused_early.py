@@ -221,3 +221,7 @@ def test_ratio_options_under_one_update_a_batch_get_a_note():
     masked = dict(rl_off_policy_mask=0.5, use_vllm=False)
     assert "--rl-off-policy-mask does nothing here" in unused_option_notes(RunConfig(**masked), ["keep"])[0]
     assert unused_option_notes(RunConfig(**masked, rl_num_iterations=2), ["keep"]) == []
+    sampler = dict(rl_importance_correction="token_truncate", rl_importance_cap=2.0)
+    assert "do nothing with Hugging Face generation" in unused_option_notes(RunConfig(**sampler, use_vllm=False),
+                                                                            ["keep"])[0]
+    assert unused_option_notes(RunConfig(**sampler, use_vllm=True), ["keep"]) == []

@@ -119,3 +119,24 @@ def test_a_run_that_names_no_engine_takes_the_one_measured_faster_on_this_cpu(ti
                f"AVX-512 CPUs only and this one is {cpu}" in result.stderr, result.stderr[-2000:]
         assert recorded["use_vllm"] is False
         assert not any("sampling/importance_sampling_ratio/mean" in r for r in records)
+
+
+def test_the_correction_and_the_off_policy_mask_act_on_vllms_sampling(tiny_model_dir, tmp_path):
+    """Colocated vLLM samples in bfloat16, so its log-probabilities differ from the trainer's even with the
+    same weights: `--rl-importance-correction token_truncate --rl-importance-cap 1` holds every token's
+    weight at or below 1 with none masked, and `--rl-off-policy-mask 0` takes negative-advantage sequences
+    out on that difference alone, with one update a batch (docs/algorithms.md)."""
+    out = tmp_path / "run"
+    result = subprocess.run(
+        [sys.executable, "-m", "aitrain_grpo", "grpo", "--model", tiny_model_dir, "--rl-env-module", "envs.letters",
+         "--rl-env-class", "LetterEnv", "--output-dir", str(out), "--max-steps", "2", "--rl-max-new-tokens", "16",
+         "--use-vllm", "--vllm-mode", "colocate", "--rl-importance-correction", "token_truncate",
+         "--rl-importance-cap", "1", "--rl-off-policy-mask", "0"],
+        cwd=str(REPO), capture_output=True, text=True, timeout=900,
+    )
+    assert result.returncode == 0, result.stderr[-3000:]
+    records = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
+    assert all(r["sampling/importance_sampling_ratio/max"] <= 1.0 + 1e-6 for r in records), records
+    assert all(r["sampling/is_masked_frac"] == 0 for r in records)
+    assert any(r["sampling/importance_sampling_ratio/min"] < 1.0 for r in records)  # the weights did differ
+    assert any(r["off_policy/masked_frac"] > 0 for r in records)

@@ -168,6 +168,9 @@ def grpo_config(config: RunConfig, plan: RunPlan) -> GRPOConfig:
         multi_objective_aggregation=config.rl_reward_aggregation,
         delta=config.rl_delta,
         off_policy_mask_threshold=config.rl_off_policy_mask,
+        vllm_importance_sampling_mode=config.rl_importance_correction,
+        vllm_importance_sampling_clip_max=config.rl_importance_cap,
+        vllm_importance_sampling_clip_min=config.rl_importance_floor,
         entropy_coef=config.rl_entropy_coef,
         use_adaptive_entropy=config.rl_entropy_target is not None,
         entropy_target=config.rl_entropy_target if config.rl_entropy_target is not None else 0.2,  # TRL's default
