@@ -68,6 +68,9 @@ REPORT_TO = ("none", "tensorboard", "wandb", "trackio")
 LOSS_TYPES = ("grpo", "dr_grpo", "dapo", "bnpo", "cispo", "sapo", "luspo", "vespo")
 SCALE_REWARDS = ("group", "batch", "none")
 REWARD_AGGREGATIONS = ("sum_then_normalize", "normalize_then_sum")  # TRL's multi_objective_aggregation  # TRL's scale_rewards, training/step/advantages.py
+# Text options an empty value would switch off unseen (`--output-dir` and `--resume-from-checkpoint` have their own).
+VALUE_NEEDED = ("rl_reward_model", "rl_reward_funcs", "rl_reward_weights", "rl_judge_rubric", "rl_judge_model",
+                "rl_judge_url", "vllm_server_url", "eval_env_module", "eval_env_class", "save_best")
 IMPORTANCE_LEVELS = ("token", "sequence")  # TRL's importance_sampling_level
 IMPORTANCE_CORRECTIONS = ("token_truncate", "token_mask", "sequence_truncate", "sequence_mask")  # TRL's vLLM modes
 CUT_TURN = ("end", "continue")
@@ -278,6 +281,10 @@ class RunConfig:
         if self.output_dir is not None and not self.output_dir.strip():  # '' used to mean "not given"
             raise ConfigError("--output-dir needs a value: a folder path, or leave the option out for "
                               "outputs/<environment>")
+        for name in VALUE_NEEDED:  # '' would read as "not given" further on, and the option would do nothing
+            value = getattr(self, name)
+            if isinstance(value, str) and not value.strip():
+                raise ConfigError(f"--{name.replace('_', '-')} needs a value; give one, or leave the option out")
 
     def _check_grpo_rules(self) -> None:
         """GRPO's rules that relate options to each other, or hold for training but not for eval."""

@@ -93,3 +93,15 @@ def test_env_check_and_a_training_run_take_the_file(tasks, tmp_path, monkeypatch
     record = json.loads((tmp_path / "run" / "metrics.jsonl").read_text().splitlines()[0])
     assert record["env/episodes"] == 8 and "env/correct" in record
     assert json.loads((tmp_path / "run" / "run_config.json").read_text())["rl_env"] == f"dataset:{tasks}"
+
+
+def test_a_csv_file_serves_and_a_file_of_another_kind_is_named(tmp_path, monkeypatch):
+    monkeypatch.chdir(REPO)
+    (tmp_path / "tasks.csv").write_text("prompt,answer\nWhat is 1+1?,2\nWhat is 2+2?,4\n")
+    env = DatasetEnv(str(tmp_path / "tasks.csv"))
+    assert [e.score for e in play(env, build_rows(env, None), env.solve)] == [1.0, 1.0]
+    (tmp_path / "tasks.txt").write_text("What is 1+1?\n")
+    for name, kind in (("tasks.txt", "a file of another kind"), ("", "a folder")):
+        result = CliRunner().invoke(app, ["env", "check", "--rl-env", f"dataset:{tmp_path / name}", "--episodes", "1"])
+        assert result.exit_code == 2
+        assert f"error: rows '{tmp_path / name}' is {kind}; name a .parquet, .json, .jsonl, .csv file" in result.output

@@ -225,3 +225,10 @@ def test_ratio_options_under_one_update_a_batch_get_a_note():
     assert "do nothing with Hugging Face generation" in unused_option_notes(RunConfig(**sampler, use_vllm=False),
                                                                             ["keep"])[0]
     assert unused_option_notes(RunConfig(**sampler, use_vllm=True), ["keep"]) == []
+
+
+@pytest.mark.parametrize("flag", ["--rl-reward-model", "--rl-judge-rubric", "--rl-reward-funcs", "--save-best"])
+def test_an_empty_value_is_refused_rather_than_read_as_not_given(tmp_path, monkeypatch, flag):
+    """`--rl-reward-model ''` trained without the reward model, silently."""
+    monkeypatch.chdir(tmp_path)
+    refused(["grpo", *LETTERS, "--output-dir", "run", flag, ""], tmp_path, f"{flag} needs a value")

@@ -314,6 +314,8 @@ def load_environment(module: str, class_name: str, config: str | Mapping | None 
     check_config_types(cls, kwargs)
     try:
         env = cls(**kwargs)
+    except EnvLoadError:  # an adapter's own one-line refusal names the problem and the fix already
+        raise
     except Exception as exc:
         raise EnvLoadError(f"{raised_message(f'{cls.__name__}(**config)', exc)}; fix the config values or the "
                            f"constructor") from exc

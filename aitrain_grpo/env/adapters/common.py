@@ -5,7 +5,8 @@ build the adapter again.
 Neither TRL's `environment_factory` classes nor skyrl-gym's `BaseTextEnv` classes build a dataset (TRL
 takes `train_dataset`, SkyRL parquet files), so both adapters take `rows`: a list of dicts, a
 `datasets.Dataset`, a `module:function` (called with no arguments; a `module:NAME` that is a list or a
-Dataset is used as it is), or the path of a `.parquet`, `.json` or `.jsonl` file (read with `datasets`).
+Dataset is used as it is), or the path of a `.parquet`, `.json`, `.jsonl` or `.csv` file (read with
+`datasets`).
 Every problem is a one-line `EnvLoadError` naming the option.
 
 Left out: hub dataset names (load them in a `module:function`), and dataset splits other than the file's.
@@ -22,7 +23,7 @@ from typing import Any
 
 from aitrain_grpo.errors import EnvLoadError, describe_exception, one_line, raised_message
 
-ROW_FILES = (".parquet", ".json", ".jsonl")
+ROW_FILES = (".parquet", ".json", ".jsonl", ".csv")
 
 
 def import_object(spec: str, option: str) -> Any:
@@ -61,18 +62,22 @@ def load_rows(rows: Any, owner: str, example: str) -> list[dict[str, Any]]:
                            f"...}}, ...], rows='module:function' or rows='data/train.parquet'")
     if isinstance(rows, str):
         path = os.path.expanduser(rows)
-        if rows.endswith(ROW_FILES) or os.path.sep in rows and ":" not in rows:
+        if rows.endswith(ROW_FILES) or os.path.sep in rows and ":" not in rows or os.path.exists(path):
+            if os.path.isdir(path) or os.path.isfile(path) and not rows.endswith(ROW_FILES):
+                raise EnvLoadError(f"rows {rows!r} is a {'folder' if os.path.isdir(path) else 'file of another kind'}; "
+                                   f"name a {', '.join(ROW_FILES)} file of rows with a 'prompt' column")
             if not os.path.isfile(path):
                 raise EnvLoadError(f"rows file {rows!r} not found (relative paths start at {os.getcwd()}); "
                                    f"check the path")
             import datasets
 
-            reader = datasets.Dataset.from_parquet if rows.endswith(".parquet") else datasets.Dataset.from_json
+            readers = {".parquet": datasets.Dataset.from_parquet, ".csv": datasets.Dataset.from_csv}
+            reader = readers.get(os.path.splitext(rows)[1], datasets.Dataset.from_json)
             try:
                 rows = reader(path)
             except Exception as exc:
                 raise EnvLoadError(f"rows file {rows!r} could not be read: {describe_exception(exc)}; give a "
-                                   f".parquet, .json or .jsonl file of rows with a 'prompt' column") from exc
+                                   f"{', '.join(ROW_FILES)} file of rows with a 'prompt' column") from exc
         else:
             source = f"rows={rows!r}"
             rows = import_object(rows, "rows")
