@@ -31,7 +31,7 @@ import json
 from dataclasses import dataclass
 from typing import Any
 
-from aitrain_grpo.errors import ConfigError, EnvLoadError
+from aitrain_grpo.errors import ConfigError, EnvLoadError, parsed_json
 
 MIXTURE = ("aitrain_grpo.env.adapters.mixture", "MixtureEnv")
 
@@ -62,10 +62,8 @@ def _config_object(env_config: Any) -> dict[str, Any]:
         return {}
     if isinstance(env_config, dict):
         return dict(env_config)
-    try:
-        value = json.loads(env_config)
-    except (TypeError, json.JSONDecodeError) as exc:
-        raise EnvLoadError(f"--rl-env-config is not valid JSON ({exc}); give a JSON object, e.g. '{{\"size\": 200}}'") from None
+    value = parsed_json(env_config, "--rl-env-config", "give a JSON object, e.g. '{\"size\": 200}'",
+                        EnvLoadError) if isinstance(env_config, str) else env_config
     if not isinstance(value, dict):
         raise EnvLoadError(f"--rl-env-config must be a JSON object of keyword arguments, got {type(value).__name__}")
     return value
@@ -134,11 +132,8 @@ def _mixture_configs(env_config: Any, count: int) -> list[Any]:
         return [None] * count
     value = env_config
     if isinstance(env_config, str):
-        try:
-            value = json.loads(env_config)
-        except json.JSONDecodeError as exc:
-            raise EnvLoadError(f"--rl-env-config is not valid JSON ({exc}); with --rl-env repeated give a JSON array, "
-                               f"one object (or null) per environment") from None
+        value = parsed_json(env_config, "--rl-env-config", "with --rl-env repeated give a JSON array, one object (or "
+                            "null) per environment", EnvLoadError)
     if not isinstance(value, list) or len(value) != count or not all(v is None or isinstance(v, dict) for v in value):
         raise EnvLoadError(f"with --rl-env given {count} times, --rl-env-config must be a JSON array of {count} objects "
                            f"(or nulls), one per environment in order, e.g. '[{{\"size\": 100}}, null]'")

@@ -75,3 +75,13 @@ class EnvLoadError(UserError):
 
 class TemplateError(UserError):
     """The chat template cannot be used for token-in/token-out episodes."""
+
+
+def parsed_json(text: str, what: str, fix: str, error: type[UserError] = ConfigError) -> Any:
+    """`text` read as JSON, or `error` saying "WHAT is not valid JSON: <why> at line L, column C; FIX"."""
+    import json
+
+    try:
+        return json.loads(text)
+    except json.JSONDecodeError as exc:
+        raise error(f"{what} is not valid JSON: {exc.msg} at line {exc.lineno}, column {exc.colno}; {fix}") from None

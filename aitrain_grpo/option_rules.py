@@ -12,14 +12,13 @@ Left out: rules that relate options to each other (`RunConfig.validate`).
 
 from __future__ import annotations
 
-import json
 import math
 import re
 from dataclasses import dataclass, fields
 from pathlib import Path
 from typing import Any
 
-from aitrain_grpo.errors import ConfigError
+from aitrain_grpo.errors import ConfigError, parsed_json
 
 REWARD_FUNC_EXAMPLE = "aitrain_grpo.rewards:length_penalty"
 
@@ -155,11 +154,7 @@ def template_kwargs(value: Any) -> dict[str, Any]:
     if value is None or isinstance(value, str) and not value.strip():
         return {}
     if isinstance(value, str):
-        try:
-            value = json.loads(value)
-        except json.JSONDecodeError as exc:
-            raise ConfigError(f"--chat-template-kwargs is not JSON ({exc.msg} at character {exc.pos}); write a JSON "
-                              f"object, e.g. {TEMPLATE_KWARGS_EXAMPLE}") from None
+        value = parsed_json(value, "--chat-template-kwargs", f"write a JSON object, e.g. {TEMPLATE_KWARGS_EXAMPLE}")
     if not isinstance(value, dict) or not all(isinstance(key, str) for key in value):
         raise ConfigError(f"--chat-template-kwargs must be a JSON object of the template's variables, got "
                           f"{type(value).__name__}; write e.g. {TEMPLATE_KWARGS_EXAMPLE}")

@@ -82,7 +82,7 @@ def test_env_check_shows_the_prompt_with_the_variables_and_notes_those_no_templa
 
 
 @pytest.mark.parametrize("value, said", [
-    ("not json", "--chat-template-kwargs is not JSON"),
+    ("not json", "--chat-template-kwargs is not valid JSON: Expecting value at line 1, column 1"),
     ("[1, 2]", "--chat-template-kwargs must be a JSON object of the template's variables, got list"),
 ])
 def test_a_value_that_is_not_a_json_object_is_refused(tmp_path, monkeypatch, value, said):
