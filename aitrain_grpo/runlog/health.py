@@ -157,15 +157,22 @@ def unstable_gradients(records: Sequence[Record], threshold: float = HIGH_GRAD_N
 MASKED_ALL = 0.9  # --rl-mask-truncated took this share of a step's episodes out of the loss
 
 
+def _least_share(records: Sequence[Record], key: str, at_least: float, window: int) -> float | None:
+    """The smallest `key` of the last `window` records where every one of them logged it at `at_least` or
+    more (a share a mask took out of the loss, step after step), else None."""
+    shares = _values(records[-window:], key)
+    return min(shares) if len(shares) == window and min(shares) >= at_least else None
+
+
 def truncated_out_of_the_loss(records: Sequence[Record], window: int = 3) -> HealthWarning | None:
     """`--rl-mask-truncated` took (nearly) every episode out of the loss on each recent step: the budgets cut
     the episodes, and the run trains on almost nothing."""
-    shares = _values(records[-window:], "groups/masked_truncated_frac")
-    if len(shares) < window or min(shares) < MASKED_ALL:
+    share = _least_share(records, "groups/masked_truncated_frac", MASKED_ALL, window)
+    if share is None:
         return None
     return HealthWarning(
         "truncated_out_of_the_loss", _step(records),
-        f"--rl-mask-truncated took {min(shares):.0%} or more of the episodes out of the loss on each of the last "
+        f"--rl-mask-truncated took {share:.0%} or more of the episodes out of the loss on each of the last "
         f"{window} steps (a budget or the turn cap cut them)",
         "little trains; raise --rl-max-new-tokens, --rl-max-completion-length or --rl-max-turns, or leave out "
         "--rl-mask-truncated",
@@ -179,12 +186,12 @@ def off_policy_mask_takes_most(records: Sequence[Record], window: int = 3) -> He
     """`--rl-off-policy-mask` took half or more of the model tokens out of the loss on each recent step: a
     threshold within the sampler's own noise (vLLM's bfloat16 against the trainer's float32 moves every
     sequence's KL off 0) drops the negative-advantage sequences whatever their staleness."""
-    shares = _values(records[-window:], "off_policy/masked_frac")
-    if len(shares) < window or min(shares) < OFF_POLICY_MOST:
+    share = _least_share(records, "off_policy/masked_frac", OFF_POLICY_MOST, window)
+    if share is None:
         return None
     return HealthWarning(
         "off_policy_mask_takes_most", _step(records),
-        f"--rl-off-policy-mask took {min(shares):.0%} or more of the model tokens out of the loss on each of the "
+        f"--rl-off-policy-mask took {share:.0%} or more of the model tokens out of the loss on each of the "
         f"last {window} steps (sequences with a negative advantage, judged too far from the policy that sampled them)",
         "what trains is mostly reinforcement of good episodes; raise --rl-off-policy-mask above the sampler's noise, "
         "or leave it out",
