@@ -1,5 +1,6 @@
 """docs/options.md, written from `RunConfig` itself: every option of `aitrain grpo` with its flag, default
-and help, in the sections its fields declare (`_section("episodes")`, ... in config.py).
+and help, in the sections its fields declare (`_section("episodes")`, ... in config.py), then the other
+trainers' names for them (peer_options.py).
 
     python -m aitrain_grpo.commands.options_doc > docs/options.md
 
@@ -13,6 +14,7 @@ from dataclasses import fields
 
 from aitrain_grpo.commands.options import flag_name
 from aitrain_grpo.config import RunConfig
+from aitrain_grpo.peer_options import PEER_NAMES
 
 HEADER = """# Options of `aitrain grpo`
 
@@ -30,6 +32,23 @@ def _default(value) -> str:
     return f"`{value}`"
 
 
+PEERS_HEADER = """
+## Other trainers' names
+
+Coming from TRL, axolotl or verifiers: each name on the left is refused with the option on the right
+(aitrain_grpo/peer_options.py), which does the same job here; the note says where the units differ.
+
+| their name | whose | aitrain's | what differs |
+| --- | --- | --- | --- |"""
+
+
+def peers_markdown() -> str:
+    rows = [PEERS_HEADER]
+    for name, (ours, whose, differs) in sorted(PEER_NAMES.items(), key=lambda item: (item[1][0], item[0])):
+        rows.append(f"| `{name}` | {whose.removesuffix(' name')} | `{flag_name(ours)}` | {differs or '-'} |")
+    return "\n".join(rows) + "\n"
+
+
 def options_markdown() -> str:
     out, last = [HEADER], None
     for f in fields(RunConfig):
@@ -39,7 +58,7 @@ def options_markdown() -> str:
             last = section
         text = " ".join(str(f.metadata.get("help", "")).split()).replace("|", "\\|")
         out.append(f"| `{flag_name(f.name)}` | {_default(f.default)} | {text} |")
-    return "\n".join(out) + "\n"
+    return "\n".join(out) + "\n" + peers_markdown()
 
 
 if __name__ == "__main__":
