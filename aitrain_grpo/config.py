@@ -21,6 +21,7 @@ from typing import Any, Mapping
 from aitrain_grpo.env_spec import check_environment_named, env_specs, environment_of, spec_label
 from aitrain_grpo.errors import ConfigError
 from aitrain_grpo.option_effects import check_curriculum_reachable, check_loss_options
+from aitrain_grpo.optimizers import check_optimizer
 from aitrain_grpo.config_file import read_options_file
 from aitrain_grpo.option_rules import (NON_NEGATIVE, POSITIVE, POSITIVE_SECONDS, Bound, at_least, check_bound,
                                         check_judge, check_save_best, check_seed, count, reward_func_specs, template_kwargs,
@@ -69,7 +70,7 @@ LOSS_TYPES = ("grpo", "dr_grpo", "dapo", "bnpo", "cispo", "sapo", "luspo", "vesp
 SCALE_REWARDS = ("group", "batch", "none")
 REWARD_AGGREGATIONS = ("sum_then_normalize", "normalize_then_sum")  # TRL's multi_objective_aggregation  # TRL's scale_rewards, training/step/advantages.py
 # Text options an empty value would switch off unseen (`--output-dir` and `--resume-from-checkpoint` have their own).
-VALUE_NEEDED = ("rl_reward_model", "rl_reward_funcs", "rl_reward_weights", "rl_judge_rubric", "rl_judge_model",
+VALUE_NEEDED = ("optim", "lora_modules_to_save", "rl_reward_model", "rl_reward_funcs", "rl_reward_weights", "rl_judge_rubric", "rl_judge_model",
                 "rl_judge_url", "vllm_server_url", "eval_env_module", "eval_env_class", "save_best")
 IMPORTANCE_LEVELS = ("token", "sequence")  # TRL's importance_sampling_level
 IMPORTANCE_CORRECTIONS = ("token_truncate", "token_mask", "sequence_truncate", "sequence_mask")  # TRL's vLLM modes
@@ -163,8 +164,13 @@ class RunConfig:
     lr: float = _opt(1e-5, "Learning rate.", bound=POSITIVE)
     lr_scheduler: str = _opt("linear", "How the learning rate moves over the run (transformers' lr_scheduler_type): linear (down to 0 at the last step), cosine, cosine_with_restarts, polynomial, constant, constant_with_warmup or inverse_sqrt.", choices=LR_SCHEDULERS)
     warmup_steps: float = _opt(0.0, "Optimizer steps over which the learning rate climbs from 0 to --lr; below 1, a fraction of the run's steps (transformers' rule).", bound=NON_NEGATIVE)
-    weight_decay: float = _opt(0.0, "AdamW's weight decay.", bound=NON_NEGATIVE)
+    weight_decay: float = _opt(0.0, "The optimizer's weight decay (decoupled, as AdamW's).", bound=NON_NEGATIVE)
+    optim: str | None = _opt(None, "Optimizer, by transformers' name (TrainingArguments' optim): adamw_torch_fused (TRL's default), adamw_torch, sgd, adagrad, rmsprop, adafactor; adamw_8bit, paged_adamw_8bit, lion_8bit (bitsandbytes); adamw_torch_8bit (torchao); schedule_free_adamw (schedulefree); ... One whose package is missing is refused before the model loads (optimizers.py).")
+    adam_beta1: float | None = _opt(None, "Adam's beta1, the gradient's running average (default transformers' 0.9).", bound=Bound(low=0, high=1, high_open=True))
+    adam_beta2: float | None = _opt(None, "Adam's beta2, the squared gradient's running average (default transformers' 0.999; RL recipes often take 0.95-0.99, so a step's scale follows the changing gradients sooner).", bound=Bound(low=0, high=1, high_open=True))
+    adam_epsilon: float | None = _opt(None, "Adam's epsilon, added to the squared average's root (default transformers' 1e-8).", bound=POSITIVE)
     max_grad_norm: float = _opt(1.0, "The gradient's norm is clipped to this before each optimizer step (0: no clipping).", bound=NON_NEGATIVE)
+    activation_checkpointing: bool | None = _opt(None, "Recompute each layer's activations in the backward pass instead of keeping them from the forward (transformers' activation_checkpointing, formerly gradient_checkpointing): less memory for long episodes and large passes, for about a third more time in the loss pass. Default: on with CUDA (TRL's default), off on a CPU.")
     max_steps: int | None = _opt(None, "Optimizer steps to run (default: --epochs over the dataset).", minimum=1)
     epochs: float = _opt(1.0, "Passes over the dataset when --max-steps is not set.", bound=POSITIVE)
     batch_size: int = _opt(8, "Episodes per device in one generation batch (its GRPO groups); a multiple of --rl-num-generations. An optimizer step takes --gradient-accumulation-steps such batches.", bound=count(65536, "episodes per device in one generation batch"))
@@ -185,6 +191,9 @@ class RunConfig:
     lora_alpha: int = _opt(32, "LoRA alpha.", minimum=1)
     lora_dropout: float = _opt(0.0, "LoRA dropout (off by default, as in peft: with it, --shared-prefix-loss auto leaves the loss pass to TRL's path).", bound=Bound(low=0, high=1, high_open=True))
     target_modules: str = _opt("all-linear", "LoRA target modules: all-linear or a comma-separated list.")
+    use_rslora: bool = _opt(False, "Rank-stabilized LoRA (peft's use_rslora): the adapter is scaled by alpha/sqrt(r) instead of alpha/r, so a larger --lora-r does not shrink its updates.")
+    use_dora: bool = _opt(False, "DoRA (peft's use_dora): the adapter learns each weight row's magnitude apart from its direction; slower steps. vLLM applies no DoRA adapter, so weights reach vLLM merged (--vllm-sync auto takes disk, not lora) and `aitrain eval --use-vllm` merges it first.")
+    lora_modules_to_save: str | None = _opt(None, "Modules trained in full beside the adapter and saved with it (peft's modules_to_save), comma-separated, e.g. lm_head, or embed_tokens for tokens the base model never learnt; each must name a module of the model. vLLM applies none as an adapter: as with --use-dora, weights reach it merged.")
     _section("logging and saving")
     logging_steps: int = _opt(1, "Log metrics every N steps.", minimum=1)
     save_steps: int | None = _opt(None, "Save a checkpoint every N steps (default: only at the end).", minimum=1)
@@ -285,6 +294,7 @@ class RunConfig:
             value = getattr(self, name)
             if isinstance(value, str) and not value.strip():
                 raise ConfigError(f"--{name.replace('_', '-')} needs a value; give one, or leave the option out")
+        check_optimizer(self)  # transformers knows the optimizer and its package is installed (optimizers.py)
 
     def _check_grpo_rules(self) -> None:
         """GRPO's rules that relate options to each other, or hold for training but not for eval."""
@@ -308,6 +318,10 @@ class RunConfig:
             )
         if self.use_vllm is not False and self.vllm_mode == "server" and not self.vllm_server_url:
             raise ConfigError("--vllm-mode server needs --vllm-server-url (start one with `aitrain vllm-serve --model ...`)")
+        if self.vllm_sync == "lora" and self.peft and not self.adapter_for_vllm:
+            raise ConfigError(f"--vllm-sync lora hands vLLM the adapter, and vLLM applies no "
+                              f"{'DoRA adapter' if self.use_dora else 'module saved in full (--lora-modules-to-save)'}; "
+                              f"use --vllm-sync disk (merged weights), or leave it at auto")
         if self.rl_curriculum != "off" and self.rl_curriculum_easy <= self.rl_curriculum_hard:
             raise ConfigError(f"--rl-curriculum-easy {self.rl_curriculum_easy} must be above --rl-curriculum-hard "
                               f"{self.rl_curriculum_hard}, or every prompt would be both; e.g. 1 and 0 for a 0-1 score")
@@ -334,6 +348,12 @@ class RunConfig:
 
     # ------------------------------------------------------------------------------- parsed values
     # Options written as text, parsed once per config; every user reads these, not the text.
+
+    @property
+    def adapter_for_vllm(self) -> bool:
+        """Whether vLLM can apply this run's LoRA adapter as an adapter: not DoRA, and no module saved in
+        full (vLLM 0.31 refuses both for a causal LM); otherwise its weights reach vLLM merged."""
+        return not (self.use_dora or self.lora_modules_to_save)
 
     @functools.cached_property
     def vllm_servers(self) -> list[str]:

@@ -5,7 +5,9 @@ for a curriculum threshold no group's reward can ever reach or a ratio cap the l
   `--rl-context-keep-last` only under drop-tool-results, `--rl-context-summary-tokens` only under
   summarize, and the `--rl-curriculum-*` thresholds only with `--rl-curriculum pools`. One given away
   from its default where it does nothing gets one `note:` line (a shared config file may carry it for
-  another run, so the run goes on). `--warmup-steps` does nothing under `--lr-scheduler constant`.
+  another run, so the run goes on). `--warmup-steps` does nothing under `--lr-scheduler constant`, Adam's
+  constants nothing with an `--optim` built without them (sgd, adafactor, ...), the LoRA options nothing
+  with `--no-peft`.
   A loss type away from its paper's importance-sampling level gets a note too (`loss_setup_notes`), as
   TRL logs it, and so do the options that act on the policy ratio (the clip ranges, `--rl-delta`,
   `--rl-importance-sampling`) under one update a batch, where every ratio is 1, and `--rl-off-policy-mask`
@@ -30,6 +32,7 @@ from dataclasses import fields
 from typing import Any, Iterable
 
 from aitrain_grpo.errors import ConfigError
+from aitrain_grpo.optimizers import unused_adam_options
 
 # Each option, the strategies (or curriculum) it acts under, and what it is for.
 _CONTEXT_OPTIONS = {
@@ -38,6 +41,7 @@ _CONTEXT_OPTIONS = {
     "rl_context_keep_last": (("drop-tool-results",), "counts the tool results drop-tool-results keeps whole"),
     "rl_context_summary_tokens": (("summarize",), "limits the summary turn of summarize"),
 }
+_LORA_OPTIONS = ("lora_r", "lora_alpha", "lora_dropout", "target_modules", "use_rslora", "use_dora", "lora_modules_to_save")
 _CURRICULUM_OPTIONS = ("rl_curriculum_easy", "rl_curriculum_hard", "rl_curriculum_revisit", "rl_curriculum_history")
 
 
@@ -81,6 +85,15 @@ def unused_option_notes(config: Any, strategies: Iterable[str]) -> list[str]:
         notes.append("note: --rl-off-policy-mask does nothing here: Hugging Face generate samples with the weights that "
                      "train, and one update a batch leaves them unchanged, so no sequence is off policy; it acts with "
                      "vLLM, --rl-async-steps or --rl-num-iterations 2")
+    adam = unused_adam_options(config)
+    if adam:
+        notes.append(f"note: {', '.join(adam)} {'does' if len(adam) == 1 else 'do'} nothing with --optim {config.optim}, "
+                     f"which transformers builds without {'it' if len(adam) == 1 else 'them'}; leave "
+                     f"{'it' if len(adam) == 1 else 'them'} out, or choose an Adam optimizer (adamw_torch_fused)")
+    lora = [_flag(name) for name in _LORA_OPTIONS if name in given]
+    if lora and not config.peft:
+        notes.append(f"note: {', '.join(lora)} {'does' if len(lora) == 1 else 'do'} nothing with --no-peft, which trains "
+                     f"every weight and no adapter; leave {'it' if len(lora) == 1 else 'them'} out, or drop --no-peft")
     if "warmup_steps" in given and config.lr_scheduler == "constant":
         notes.append("note: --warmup-steps does nothing under --lr-scheduler constant (it holds --lr from the first "
                      "step); leave it out, or choose --lr-scheduler constant_with_warmup")

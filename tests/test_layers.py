@@ -14,7 +14,7 @@ from helpers import REPO
 
 PACKAGE = REPO / "aitrain_grpo"
 # docs/architecture.md's table, bottom to top: a layer may import its own rank and below.
-RANK = {"errors": 0, "env_spec": 0, "config": 0, "config_file": 0, "option_rules": 0, "option_effects": 0, "peer_options": 0, "outputs": 0, "env": 1, "models": 1, "engine": 2, "runlog": 2,
+RANK = {"errors": 0, "env_spec": 0, "config": 0, "config_file": 0, "option_rules": 0, "option_effects": 0, "peer_options": 0, "optimizers": 0, "outputs": 0, "env": 1, "models": 1, "engine": 2, "runlog": 2,
         "rewards": 3, "training": 3, "evaluation": 3, "sft": 4, "export": 4, "commands": 5, "": 6, "__main__": 6}
 ALLOWED_UPWARD = {("engine", "config")}
 

@@ -17,7 +17,7 @@ from typer.main import get_command
 from aitrain_grpo import RunConfig, load_environment
 from aitrain_grpo.commands.cli import app
 from aitrain_grpo.engine.runner import play
-from helpers import REPO, copy_tracked, run_cli, tracked_files
+from helpers import REPO, copy_tracked, in_process_cli, run_cli, tracked_files
 
 
 # README first, then docs/ in name order: the order the documents' commands run in, in one folder.
@@ -239,11 +239,16 @@ CAPS = {"grpo": ["--max-steps", "1", "--rl-max-new-tokens", "16"], "sft": ["--ma
 
 @pytest.mark.integration
 @pytest.mark.slow
-def test_the_documents_run_top_to_bottom_in_one_fresh_folder(tmp_path):
+@pytest.mark.usefixtures("isolated_imports")  # the folder's own envs/ package, not this repository's
+def test_the_documents_run_top_to_bottom_in_one_fresh_folder(tmp_path, monkeypatch):
     """Every command of README.md and docs/ that can run here (the tiny model, local environments), in
     `DOCUMENTS` order and each document's own, in one fresh folder, each cut to a step or two: none fails,
     so none collides with an earlier one's outputs (a taken default folder gives the next numbered one).
-    The GuessEnv example is saved as docs/environments.md tells its reader to, in envs/guess.py."""
+    The GuessEnv example is saved as docs/environments.md tells its reader to, in envs/guess.py. The
+    commands run in this process (the command's code and exit codes; a process start imports torch,
+    transformers and TRL again, about 6 s a command here); test_python_dash_m_runs_the_aitrain_command
+    checks the entry point."""
+    aitrain = in_process_cli(monkeypatch, tmp_path)
     copy_tracked("envs", tmp_path)  # a fresh clone's files, not what the user made in theirs
     copy_tracked("examples", tmp_path)
     guess = re.search(r"```python\n(# envs/guess.py\n.*?)```", ENVIRONMENTS_GUIDE.read_text(), flags=re.S)
@@ -254,8 +259,8 @@ def test_the_documents_run_top_to_bottom_in_one_fresh_folder(tmp_path):
             continue
         args = aitrain_arguments(command)
         caps = CAPS.get(args[1] if args[0] == "env" else args[0], [])
-        result = run_cli(*args, *caps, cwd=tmp_path)
-        assert result.returncode == 0, f"{command}\n{result.stdout[-1500:]}\n{result.stderr[-1500:]}"
+        result = aitrain(*args, *caps)
+        assert result.exit_code == 0, f"{command}\n{result.stdout[-1500:]}\n{result.stderr[-1500:]}\n{result.exception!r}"
         ran.append(" ".join(args[:3]))
     assert len(ran) >= 20, ran
     assert (tmp_path / "models" / "hotel-agent" / "export_info.json").is_file()

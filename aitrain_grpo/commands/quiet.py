@@ -1,9 +1,10 @@
 """Warnings the command line silences: each one that every command printed and that no user can act on,
 matched by its exact text so that any other warning of the same kind still shows.
 
-- transformers 5.23 renamed `is_gradient_checkpointing` to `is_activation_checkpointing` and warns
-  (FutureWarning) on every read of the old name; peft and HF Trainer still read it while a model loads or
-  trains, so every command printed it.
+- transformers 5.23 renamed `is_gradient_checkpointing` to `is_activation_checkpointing` (and the
+  `gradient_checkpointing_enable/_disable` methods) and warns (FutureWarning) on every use of the old
+  names; peft, HF Trainer and TRL still use them while a model loads or trains (TRL's scoring passes
+  switch checkpointing off and on each step under --activation-checkpointing), so every command printed it.
 
 Imported by commands/cli.py for its effect; a Python caller of the library keeps its own warning settings,
 but for the checkpointing one, which training/trainer.py silences too (`aitrain_grpo.train`).
@@ -16,4 +17,5 @@ from __future__ import annotations
 
 import warnings
 
-warnings.filterwarnings("ignore", message="`is_gradient_checkpointing` is deprecated", category=FutureWarning)
+warnings.filterwarnings("ignore", message="`(is_)?gradient_checkpointing(_enable|_disable)?` is deprecated",
+                        category=FutureWarning)

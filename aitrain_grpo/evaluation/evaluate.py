@@ -14,6 +14,7 @@ commands/evaluation.py; statistical tests between two models (the JSONL records 
 from __future__ import annotations
 
 import json
+import tempfile
 import time
 from dataclasses import dataclass, replace
 from pathlib import Path
@@ -27,7 +28,7 @@ from aitrain_grpo.engine.settings import EpisodeSettings
 from aitrain_grpo.engine.stats import SUCCESS, episode_scores, episode_stats
 from aitrain_grpo.env.base import Environment, Episode
 from aitrain_grpo.errors import ConfigError
-from aitrain_grpo.models.loading import ModelSource, load_for_generation, load_tokenizer, stop_token_ids
+from aitrain_grpo.models.loading import ModelSource, load_causal_lm, load_for_generation, load_tokenizer, stop_token_ids
 from aitrain_grpo.runlog.records import episode_record, write_jsonl
 
 
@@ -39,7 +40,8 @@ TRL_ENGINE_SETTINGS = {"max_num_batched_tokens": 4096, "logprobs_mode": "process
 
 def open_vllm_engine(source: ModelSource) -> tuple[Any, Any, list[int], Any]:
     """An in-process vLLM engine on the base weights, with the LoRA adapter (if any) applied per
-    request rather than merged (vLLM serves adapters natively): (llm, lora_request, stop_ids, tokenizer).
+    request rather than merged (vLLM serves adapters natively), except a DoRA adapter or one with modules
+    saved in full, which vLLM cannot apply and gets merged: (llm, lora_request, stop_ids, tokenizer).
     Built as TRL builds a training run's colocated engine (TRL_ENGINE_SETTINGS), so that `aitrain eval`
     plays the kernels a run's held-back evaluation played."""
     # vLLM is optional and, like torch, takes seconds to import: only when --use-vllm asks for it.
@@ -50,17 +52,25 @@ def open_vllm_engine(source: ModelSource) -> tuple[Any, Any, list[int], Any]:
     tokenizer = load_tokenizer(source)
     lora_kwargs: dict[str, Any] = {}
     lora_request = None
-    if source.adapter:
-        rank = json.loads((Path(source.adapter) / "adapter_config.json").read_text()).get("r", 16)
-        lora_kwargs = {"enable_lora": True, "max_lora_rank": max(8, int(rank))}
-        lora_request = LoRARequest("eval-adapter", 1, source.adapter)
-    try:
-        llm = LLM(
-            model=source.weights, tokenizer=source.tokenizer, gpu_memory_utilization=0.5, **TRL_ENGINE_SETTINGS,
-            **lora_kwargs,
-        )
-    except Exception as exc:  # vLLM reports unsupported models and memory problems this way
-        raise ConfigError(f"vLLM could not load {source.spec}: {' '.join(str(exc).split())[:300]}") from None
+    adapter = json.loads((Path(source.adapter) / "adapter_config.json").read_text()) if source.adapter else {}
+    with tempfile.TemporaryDirectory(prefix="aitrain-merged-") as merged:
+        weights, tokenizer_path = source.weights, source.tokenizer
+        if adapter.get("use_dora") or adapter.get("modules_to_save"):
+            # vLLM applies neither a DoRA adapter nor a module saved in full: it gets the merged weights,
+            # as a training run's vLLM does (--vllm-sync auto), read once and removed
+            load_causal_lm(source.adapter).save_pretrained(merged)
+            tokenizer.save_pretrained(merged)
+            weights = tokenizer_path = merged
+        elif source.adapter:
+            lora_kwargs = {"enable_lora": True, "max_lora_rank": max(8, int(adapter.get("r", 16)))}
+            lora_request = LoRARequest("eval-adapter", 1, source.adapter)
+        try:
+            llm = LLM(
+                model=weights, tokenizer=tokenizer_path, gpu_memory_utilization=0.5, **TRL_ENGINE_SETTINGS,
+                **lora_kwargs,
+            )
+        except Exception as exc:  # vLLM reports unsupported models and memory problems this way
+            raise ConfigError(f"vLLM could not load {source.spec}: {' '.join(str(exc).split())[:300]}") from None
     generation_config = GenerationConfig.from_model_config(AutoConfig.from_pretrained(source.weights))
     stop_ids = stop_token_ids(SimpleNamespace(generation_config=generation_config), tokenizer)
     return llm, lora_request, stop_ids, tokenizer

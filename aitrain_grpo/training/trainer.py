@@ -94,10 +94,11 @@ from aitrain_grpo.training.trl.hooks import TRLHooks, trl_functions_replaced
 # that one message is silenced (peft 0.21, utils/save_and_load.py).
 warnings.filterwarnings("ignore", message="Could not find a config file in .* will assume that the vocabulary "
                                           "was not modified", category=UserWarning)
-# transformers 5.23 warns (FutureWarning) on every read of `is_gradient_checkpointing`, which peft and HF
-# Trainer still make; the command line silences it (commands/quiet.py), and so does a run started from
+# transformers 5.23 warns (FutureWarning) on every use of `is_gradient_checkpointing` and
+# `gradient_checkpointing_enable/_disable`, which peft, HF Trainer and TRL still make; the command line silences it (commands/quiet.py), and so does a run started from
 # Python (`aitrain_grpo.train`, README's "From Python"), which imports this module: that one message only.
-warnings.filterwarnings("ignore", message="`is_gradient_checkpointing` is deprecated", category=FutureWarning)
+warnings.filterwarnings("ignore", message="`(is_)?gradient_checkpointing(_enable|_disable)?` is deprecated",
+                        category=FutureWarning)
 
 
 def episode_score(prompts=None, completions=None, episode_score=None, **kwargs) -> list[float]:

