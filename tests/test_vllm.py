@@ -343,10 +343,12 @@ def test_two_training_processes_share_one_server(vllm_server, tiny_model_dir, tm
     assert len(list((tmp_path / "vllm-sync").iterdir())) == 1  # older versions were removed
 
 
-def test_eval_with_vllm_applies_a_lora_adapter(tiny_model_dir, tmp_path):
+@pytest.mark.parametrize("variant", [[], ["--use-dora"]], ids=["lora", "dora"])
+def test_eval_with_vllm_applies_a_lora_adapter(tiny_model_dir, tmp_path, variant):
+    """A LoRA adapter vLLM applies per request; a DoRA adapter, which vLLM cannot apply, merged first."""
     trained = tmp_path / "trained"
     result = run_cli("grpo", "--model", tiny_model_dir, *LETTERS, "--max-steps", "2", "--output-dir", str(trained),
-                     "--no-use-vllm")  # trained on Hugging Face, so that what vLLM plays is the adapter's doing
+                     "--no-use-vllm", *variant)  # trained on Hugging Face, so that what vLLM plays is the adapter's doing
     assert result.returncode == 0, result.stderr[-3000:]
     greedy = ["--episodes", "6", "--rl-temperature", "0"]
     with_vllm, with_hf = tmp_path / "vllm.jsonl", tmp_path / "hf.jsonl"
