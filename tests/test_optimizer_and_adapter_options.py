@@ -145,3 +145,18 @@ def test_dora_rslora_and_a_module_saved_in_full_train_save_and_evaluate(tmp_path
     _, _, merged = open_backend(source)
     assert not torch.equal(merged.model.norm.weight.cpu(), base.model.norm.weight)
     assert torch.equal(merged.model.norm.weight.cpu(), adapter.merge_and_unload().model.norm.weight)
+
+
+@pytest.mark.integration
+def test_sft_takes_the_same_optimizer_and_adapter_options(tmp_path, monkeypatch):
+    """`aitrain sft`, the warm start, trains the adapter variant and optimizer the grpo run after it names."""
+    from helpers import in_process_cli
+
+    out = tmp_path / "hotel-sft"
+    result = in_process_cli(monkeypatch, REPO)(
+        "sft", "--rl-env-module", "envs.hotel", "--rl-env-class", "HotelEnv", "--episodes", "4", "--max-steps", "1",
+        "--batch-size", "4", "--output-dir", out, "--use-dora", "--optim", "adamw_torch", "--adam-beta2", "0.95")
+    assert result.exit_code == 0, result.stdout[-2000:] + result.stderr[-2000:] + repr(result.exception)
+    assert json.loads((out / "adapter_config.json").read_text())["use_dora"]
+    recorded = json.loads((out / "run_config.json").read_text())
+    assert (recorded["optim"], recorded["adam_beta2"], recorded["use_dora"]) == ("adamw_torch", 0.95, True)
