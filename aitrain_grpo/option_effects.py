@@ -7,7 +7,7 @@ for a curriculum threshold no group's reward can ever reach or a ratio cap the l
   from its default where it does nothing gets one `note:` line (a shared config file may carry it for
   another run, so the run goes on). `--warmup-steps` does nothing under `--lr-scheduler constant`, Adam's
   constants nothing with an `--optim` built without them (sgd, adafactor, ...), the LoRA options nothing
-  with `--no-peft`.
+  with `--no-peft`, `--no-rl-kl-bias-correction` nothing without a KL term.
   A loss type away from its paper's importance-sampling level gets a note too (`loss_setup_notes`), as
   TRL logs it, and so do the options that act on the policy ratio (the clip ranges, `--rl-delta`,
   `--rl-importance-sampling`) under one update a batch, where every ratio is 1, and `--rl-off-policy-mask`
@@ -94,6 +94,9 @@ def unused_option_notes(config: Any, strategies: Iterable[str]) -> list[str]:
     if lora and not config.peft:
         notes.append(f"note: {', '.join(lora)} {'does' if len(lora) == 1 else 'do'} nothing with --no-peft, which trains "
                      f"every weight and no adapter; leave {'it' if len(lora) == 1 else 'them'} out, or drop --no-peft")
+    if "rl_kl_bias_correction" in given and config.rl_kl_coef == 0:
+        notes.append("note: --no-rl-kl-bias-correction does nothing with --rl-kl-coef 0: there is no KL term to weight; "
+                     "leave it out, or give the KL a coefficient")
     if "warmup_steps" in given and config.lr_scheduler == "constant":
         notes.append("note: --warmup-steps does nothing under --lr-scheduler constant (it holds --lr from the first "
                      "step); leave it out, or choose --lr-scheduler constant_with_warmup")

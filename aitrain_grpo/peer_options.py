@@ -41,6 +41,7 @@ PEER_NAMES: dict[str, tuple[str, str, str]] = {
                                    "masking episodes a budget, the context window or the turn cap cut"),
     "entropy_coef": ("rl_entropy_coef", "TRL's", ""),
     "delta": ("rl_delta", "TRL's", ""),
+    "use_bias_correction_kl": ("rl_kl_bias_correction", "TRL's", ""),
     "vllm_importance_sampling_mode": ("rl_importance_correction", "TRL's", ""),
     "vllm_importance_sampling_clip_max": ("rl_importance_cap", "TRL's", ""),
     "vllm_importance_sampling_clip_min": ("rl_importance_floor", "TRL's", ""),

@@ -1,6 +1,7 @@
 """TRL's loss options past the clip ranges, as flags: `--rl-top-entropy-quantile` (train on the
 highest-entropy tokens only), `--rl-delta` (INTELLECT-2's two-sided clip), `--rl-off-policy-mask`
-(DeepSeek-V3.2's off-policy sequence masking) and `--rl-entropy-target` (the adaptive entropy bonus).
+(DeepSeek-V3.2's off-policy sequence masking), `--rl-entropy-target` (the adaptive entropy bonus) and
+`--no-rl-kl-bias-correction` (the KL term's gradient without TRL's ratio weighting).
 What a user sees: each changes the loss where it should act and nowhere else, and the adaptive
 coefficient is logged and carried through a resume."""
 
@@ -36,6 +37,7 @@ def runs(tmp_path_factory):
         "twice": dict(rl_num_iterations=2),
         "twice_delta": dict(rl_num_iterations=2, rl_delta=1.25),
         "twice_mask": dict(rl_num_iterations=2, rl_off_policy_mask=0.0),
+        "plain_kl": dict(rl_kl_bias_correction=False),
     }.items()}
 
 
@@ -75,3 +77,12 @@ def test_the_adaptive_entropy_coefficient_is_logged_and_survives_a_resume(tmp_pa
           env=LetterEnv(turns=1, num_tasks=16))
     resumed = [json.loads(line)["entropy_coef"] for line in (out / "metrics.jsonl").read_text().splitlines()]
     assert resumed == pytest.approx(whole)
+
+
+def test_the_kl_bias_correction_changes_the_kl_gradient_from_the_step_the_policy_has_moved(runs):
+    """TRL weights each token's KL term by its policy ratio (use_bias_correction_kl, on by default): the ratio
+    is 1 in value, so the loss is the same; its gradient is not, once the policy has left the reference."""
+    corrected, plain = runs["once"], runs["plain_kl"]
+    assert plain[0]["loss"] == pytest.approx(corrected[0]["loss"], rel=1e-5)  # step 1: policy = reference, KL 0
+    assert plain[0]["grad_norm"] == pytest.approx(corrected[0]["grad_norm"], rel=1e-4)
+    assert plain[1]["kl"] > 0 and plain[1]["grad_norm"] != pytest.approx(corrected[1]["grad_norm"], rel=1e-4)

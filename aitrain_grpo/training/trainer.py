@@ -161,6 +161,7 @@ def grpo_config(config: RunConfig, plan: RunPlan) -> GRPOConfig:
         min_p=config.rl_min_p or None,
         repetition_penalty=config.rl_repetition_penalty,
         beta=config.rl_kl_coef,
+        use_bias_correction_kl=config.rl_kl_bias_correction,
         epsilon=config.rl_clip_range,
         num_iterations=config.rl_num_iterations,
         epsilon_high=config.rl_clip_range_high,
