@@ -34,7 +34,7 @@ from pathlib import Path
 
 from head_to_head_ledger import curve as curve_of
 from head_to_head_ledger import read_ledger
-from head_to_head_stats import curve_figure, describe, difference, success_figure
+from head_to_head_stats import SUCCESS, curve_figure, describe, difference, success_figure
 from head_to_head_trl import RECIPE  # puts the repository on sys.path, for envs below
 from envs.stations_trl import FOUND, READ, TRIED  # noqa: I001
 from learning import write_block
@@ -42,7 +42,6 @@ from results_table import machine as describe_machine
 
 REPO = Path(__file__).resolve().parent.parent
 BEGIN, END = "<!-- head-to-head -->", "<!-- /head-to-head -->"
-SUCCESS = 1.0 - 1e-9
 STYLE = {"aitrain": ("tab:blue", "-"), "trl": ("tab:orange", "--")}
 
 

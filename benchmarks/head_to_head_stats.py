@@ -24,16 +24,9 @@ from __future__ import annotations
 import math
 import statistics
 
-# Two-sided 95% quantiles of Student's t, by degrees of freedom (no scipy in the benchmark's venv).
-T975 = {1: 12.706, 2: 4.303, 3: 3.182, 4: 2.776, 5: 2.571, 6: 2.447, 7: 2.365, 8: 2.306, 9: 2.262, 10: 2.228,
-        11: 2.201, 12: 2.179, 13: 2.160, 14: 2.145, 15: 2.131, 16: 2.120, 17: 2.110, 18: 2.101, 19: 2.093,
-        20: 2.086, 25: 2.060, 30: 2.042, 40: 2.021, 60: 2.000, 120: 1.980}
-SUCCESS = 1.0 - 1e-9
+from aitrain_grpo.engine.stats import SUCCESS
+from aitrain_grpo.evaluation.paired import t975  # the t quantiles `aitrain eval --baseline` reads too
 
-
-def t975(df: int) -> float:
-    """The quantile for `df` (the next smaller tabled value's, which is wider, between table entries)."""
-    return T975[max(k for k in T975 if k <= df)] if df < 120 else 1.960
 
 
 def share(scores: list[float]) -> float:

@@ -6,6 +6,7 @@ from __future__ import annotations
 import importlib.util
 import json
 import re
+import statistics
 
 import pytest
 from typer.testing import CliRunner
@@ -51,10 +52,29 @@ def test_the_trained_model_beats_its_base(trained_letters, tiny_model_dir, tmp_p
     # The table's difference is the JSONL's difference.
     row = re.search(r"mean score\s*│\s*([\d.]+)\s*│\s*([\d.]+)\s*│\s*([+-][\d.]+)", run.stdout)
     assert row and abs(float(row.group(1)) - trained) < 1e-3 and abs(float(row.group(3)) - (trained - base)) < 2e-3
+    # The difference with its interval, paired by task: each task's mean over its 2 episodes, trained - base.
+    per_task = [sum(r["score"] for r in by_model[str(trained_letters)] if r["task"] == t) / 2
+                - sum(r["score"] for r in by_model[tiny_model_dir] if r["task"] == t) / 2 for t in range(12)]
+    mean, half = statistics.mean(per_task), 2.201 * statistics.stdev(per_task) / 12 ** 0.5  # t(0.975, 11 df)
+    line = re.search(r"mean score, model - baseline: ([+-][\d.]+), 95% interval \[([+-][\d.]+), ([+-][\d.]+)\] "
+                     r"over 12 tasks played by both: (.*)", run.stdout)
+    assert line, run.stdout[-1500:]
+    assert [float(v) for v in line.groups()[:3]] == pytest.approx([mean, mean - half, mean + half], abs=1e-3)
+    assert line.group(4) == ("the model is ahead" if mean - half > 0 else "a tie (the interval holds 0; more "
+                                                                           "--episodes narrow it)")
+    assert "success rate, model - baseline: " in run.stdout
     first = by_model[str(trained_letters)][0]
     assert (first["task"], first["sample"]) == (0, 0) and by_model[str(trained_letters)][1]["sample"] == 1
     assert first["messages"][0]["role"] == "user" and first["messages"][1]["role"] == "assistant"
     assert {"score", "turns", "error", "truncated"} <= set(first)
+
+
+def test_a_model_against_itself_is_a_tie_with_an_interval_of_zero(tiny_model_dir):
+    result = aitrain("eval", "--model", tiny_model_dir, "--baseline", tiny_model_dir, *LETTERS, "--episodes", "4",
+                     "--rl-max-new-tokens", "8", "--rl-env-config", '{"turns": 1}')
+    assert result.exit_code == 0, result.output[-2000:]
+    assert ("mean score, model - baseline: +0.000, 95% interval [+0.000, +0.000] over 4 tasks played by both: a tie "
+            "(the interval holds 0; more --episodes narrow it)") in result.stdout
 
 
 def test_pass_at_k_counts_tasks_with_any_success():

@@ -3,7 +3,9 @@
 A model is `tiny`, a model directory or hub id, or a training output directory (a full model, or a LoRA
 adapter). When the model is a training output directory, its `run_config.json` supplies the environment
 and the sampling and budget options it was trained with; flags override them. With a baseline model,
-both play the same tasks from the same seed, and the table shows the difference. A large shift of
+both play the same tasks from the same seed, and the table shows the difference; two lines under it give
+the mean score's and the success rate's difference with a 95 % interval paired by task, and say "a tie"
+when it holds 0 (evaluation/paired.py). A large shift of
 truncations, turns or tool errors (against the baseline, or with none against a training run's first
 steps) is named in one warning line: a score gained that way is often a shortcut (runlog/shortcuts.py).
 
@@ -25,11 +27,13 @@ from aitrain_grpo.engine.backends.base import SamplingParams
 from aitrain_grpo.engine.chat import template_kwargs_note
 from aitrain_grpo.engine.context import resolve_strategies
 from aitrain_grpo.engine.settings import EpisodeSettings
+from aitrain_grpo.engine.stats import SUCCESS
 from aitrain_grpo.env.base import needs_policy
 from aitrain_grpo.env.dataset import build_rows
 from aitrain_grpo.env.loading import load_environment
 from aitrain_grpo.errors import ConfigError
 from aitrain_grpo.evaluation.evaluate import EvalResult, evaluate, open_backend, write_records
+from aitrain_grpo.evaluation.paired import paired_difference
 from aitrain_grpo.models.loading import load_for_generation, resolve_source
 from aitrain_grpo.option_rules import check_seed
 from aitrain_grpo.outputs import check_file_output
@@ -109,12 +113,25 @@ def run_eval(*, model: str, baseline: str | None, spec: str | list[str] | None =
         del backend  # the model's memory goes before the next one loads
     named = " + ".join(env_specs(spec)) if spec else f"{module}.{class_name}"
     show_results(results, console, env_name=named, sampling=played.sampling)
+    for line in difference_lines(results):  # with a baseline: is the difference more than noise?
+        console.print(line, markup=False)
     shift = eval_warning([r.summary() for r in results], model)  # truncations, turns, tool errors moved a lot
     if shift:
         console.print(f"warning: {shift}", markup=False)
     if output:
         console.print(f"episodes written to {write_records(output, results)}", markup=False)
     return results
+
+
+def difference_lines(results: list[EvalResult]) -> list[str]:
+    """With a baseline, the mean score's and the success rate's difference with their 95 % intervals,
+    paired by task (evaluation/paired.py); nothing for one model."""
+    if len(results) != 2:
+        return []
+    played = [list(zip(r.tasks, r.scores)) for r in results]
+    score = paired_difference("mean score", *played)
+    success = paired_difference("success rate", *played, value=lambda s: float(s >= SUCCESS))
+    return [score.line(), success.line(scale=100, unit=" pts")] if score and success else []
 
 
 def show_results(results: list[EvalResult], console, *, env_name: str, sampling: SamplingParams) -> None:
