@@ -275,6 +275,11 @@ def test_a_fresh_start_over_an_unfinished_run_needs_overwrite(tmp_path):
     ({"model": "smollm2"}, "--model tiny"),
     ({"lora_r": 4}, "--lora-r 16"),
     ({"batch_size": 4}, "--batch-size 8"),
+    ({"use_dora": True}, "--use-dora False"),
+    # the optimizer whose state the checkpoint holds: SGD failed reading AdamW's (a KeyError), and a changed
+    # beta would have been replaced by the checkpoint's without a word
+    ({"optim": "sgd"}, "--optim"),
+    ({"adam_beta2": 0.95}, "--adam-beta2"),
 ])
 def test_a_resume_that_would_cross_runs_is_refused_naming_what_differs(uninterrupted, change, flag):
     """Checkpoints of a LetterEnv run continue only that run: another environment, environment config,

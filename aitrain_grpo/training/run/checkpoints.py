@@ -50,7 +50,11 @@ STEP_SHAPE = ("batch_size", "rl_num_generations", "gradient_accumulation_steps",
 # Options that change what the checkpoint's weights are: the model, the environment it learned, and the
 # adapter's shape. A resume with another value would train one run's weights on another's task.
 RUN_MEANING = ("model", "rl_env", "rl_env_module", "rl_env_class", "rl_env_config", "peft", "lora_r", "lora_alpha",
-               "target_modules")
+               "target_modules", "use_rslora", "use_dora", "lora_modules_to_save")
+# The optimizer whose state the checkpoint holds: another cannot load it (SGD read AdamW's state and failed
+# with a KeyError), and torch restores a state's constants with it, so a changed beta or weight decay would
+# be replaced by the checkpoint's without a word.
+OPTIMIZER_STATE = ("optim", "adam_beta1", "adam_beta2", "adam_epsilon", "weight_decay")
 # Options that change what the run trains on from one step to the next: the sequences its episodes become
 # (the context strategy) and which prompts a batch gets (the curriculum, whose groups a checkpoint holds).
 # A resume under another value would change the run midway without saying so.
@@ -124,15 +128,16 @@ def _comparable(name: str, value: Any) -> Any:
 
 def _check_same_run(path: Path, config: RunConfig) -> None:
     """Refuse to continue checkpoint `path` with options that change what it means: the step shape it
-    recorded, the model, environment and adapter of the run that wrote it (its run_config.json), and its
-    context strategy and curriculum."""
+    recorded, the model, environment and adapter of the run that wrote it (its run_config.json), its
+    context strategy and curriculum, and the optimizer whose state it holds."""
     saved = dict(read_run_state(path).get("settings", {}))
     try:
         run_config = json.loads((path.parent / "run_config.json").read_text())
     except (OSError, ValueError):
         run_config = {}
-    saved.update({name: run_config[name] for name in (*RUN_MEANING, *RUN_COURSE) if name in run_config})
-    for name in (*STEP_SHAPE, *RUN_MEANING, *RUN_COURSE):
+    checked = (*RUN_MEANING, *RUN_COURSE, *OPTIMIZER_STATE)
+    saved.update({name: run_config[name] for name in checked if name in run_config})
+    for name in (*STEP_SHAPE, *checked):
         if name in saved and _comparable(name, saved[name]) != _comparable(name, getattr(config, name)):
             flag = "--" + name.replace("_", "-")
             trained = f"with {flag} {_shown(saved[name])}" if saved[name] is not None else f"without {flag}"
