@@ -77,6 +77,24 @@ def test_evaluation_runs_at_the_steps_asked_and_reaches_metrics_and_report(evalu
     gain = data["held_back_gain"]
     assert gain["first"] == evaluated[0]["eval/success"] and gain["last"] == evaluated[-1]["eval/success"]
     assert gain["per_hour"] == pytest.approx((gain["last"] - gain["first"]) / hours) and "an hour" in page
+    # From the second evaluation on, success since step 0 on the same tasks, with its interval paired by task.
+    assert "eval/success_gain" not in evaluated[0]
+    for record, line in zip(evaluated[1:], lines[1:]):
+        change = record["eval/success"] - evaluated[0]["eval/success"]
+        assert record["eval/success_gain"] == pytest.approx(change)  # one episode a task: the plain difference
+        assert record["eval/success_gain_low"] <= change <= record["eval/success_gain_high"]
+        assert f"; success since step 0: {change * 100:+.1f} pts, 95% interval [" in line
+    assert gain["interval"] == [evaluated[-1]["eval/success_gain_low"], evaluated[-1]["eval/success_gain_high"]]
+
+
+def test_the_report_shows_the_held_back_gain_with_its_interval_in_a_browser(evaluated_run, tmp_path):
+    from helpers.browser import rendered_dom
+
+    out, _ = evaluated_run
+    final = [r for r in records(out) if "eval/success" in r][-1]
+    low, high = final["eval/success_gain_low"], final["eval/success_gain_high"]
+    dom = rendered_dom(out / "report.html", tmp_path)
+    assert f"an hour; the gain's 95% interval [{low:+.3f}, {high:+.3f}]" in dom.replace("&amp;", "&")
 
 
 def test_the_held_back_gain_needs_two_evaluations_apart_in_time():
@@ -86,6 +104,9 @@ def test_the_held_back_gain_needs_two_evaluations_apart_in_time():
     gain = held_back_gain([{"eval/success": 0.25, "time/elapsed_s": 0.0}, {"reward": 1.0, "time/elapsed_s": 900.0},
                            {"eval/success": 0.5, "time/elapsed_s": 1800.0}])
     assert gain == {"first": 0.25, "last": 0.5, "hours": 0.5, "per_hour": 0.5}
+    interval = {"eval/success_gain": 0.25, "eval/success_gain_low": 0.05, "eval/success_gain_high": 0.45}
+    assert held_back_gain([{"eval/success": 0.25, "time/elapsed_s": 0.0},
+                           {"eval/success": 0.5, "time/elapsed_s": 1800.0, **interval}])["interval"] == [0.05, 0.45]
 
 
 def test_training_plays_and_learns_the_same_with_or_without_evaluation(evaluated_run, tiny_model_dir, tmp_path):
@@ -210,6 +231,8 @@ def test_best_holds_the_weights_of_the_best_logged_value_and_outlives_a_resume(t
     trained(dataclasses.replace(config, max_steps=3, resume_from_checkpoint="auto"))
     assert [(r["step"], r["eval/mean_score"]) for r in records(out) if "eval/mean_score" in r] == [
         (0, 0.2), (1, 0.9), (2, 0.5), (3, 0.2)]
+    # The start's per-task scores came back with the checkpoint: the resumed run still measures from step 0.
+    assert records(out)[-1]["eval/success_gain"] == 0.0
     assert json.loads((out / "best" / "best.json").read_text())["step"] == 1
 
 

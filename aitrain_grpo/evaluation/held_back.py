@@ -22,6 +22,9 @@ N-th optimizer step, and logs what it measured into the run's metrics.
   engine. The evaluation before step 1 is outside any step: its own wall time is its record's `time/eval_s`.
 - What: `eval/mean_score`, `eval/success`, `eval/pass@k` (k = --eval-num-generations), `eval/turns`,
   `eval/tool_errors`, `eval/truncated` (counts, as `aitrain eval`'s table shows them) and, every step,
+  from the second evaluation on `eval/success_gain` with `eval/success_gain_low` and `_high` (success minus
+  the first evaluation's on the same tasks, with a 95 % interval paired by task: evaluation/paired.py;
+  the printed line says it and whether it is a tie), and, every step,
   `time/elapsed_s` (wall seconds since the run began, a resumed run going on from its checkpoint's;
   report.html draws held-back success against it). A step's numbers go into the run's metrics sink and
   that step is logged (`control.should_log`), so they reach its metrics.jsonl record, trackers, the health
@@ -49,7 +52,9 @@ from transformers import TrainerCallback
 from aitrain_grpo.config import RunConfig
 from aitrain_grpo.engine.backends.choice import build_backend
 from aitrain_grpo.evaluation.best_checkpoint import BestCheckpoint
+from aitrain_grpo.engine.stats import SUCCESS
 from aitrain_grpo.evaluation.held_back_play import HeldBackTasks
+from aitrain_grpo.evaluation.paired import PairedDifference, paired_difference
 from aitrain_grpo.option_rules import eval_metrics
 from aitrain_grpo.runlog.records import append_jsonl, read_jsonl
 
@@ -58,6 +63,7 @@ if TYPE_CHECKING:
     from aitrain_grpo.training.run.context import RunContext
 
 ELAPSED = "time/elapsed_s"
+GAIN = "eval/success_gain"  # held-back success minus the first evaluation's, paired by task; _low/_high: its 95 % interval
 HF_GENERATE = "Hugging Face generate"
 
 
@@ -93,7 +99,11 @@ class HeldBackEvaluation(TrainerCallback):
     """See the module docstring. `rollout` is the run's `TrainingRollout` (training/rollout/training_rollout.py): its
     parts' engine plays (`parts.evaluation_backend()`), and its metrics sink (`rollout.metrics`) takes the
     numbers. `at_step_end` is what the step timing runs at each step's end (`held_back_callbacks`), and
-    `timing` that step timing (runlog/step_timing.py; None: a caller that only calls `evaluate`)."""
+    `timing` that step timing (runlog/step_timing.py; None: a caller that only calls `evaluate`). The
+    first evaluation's per-task scores are kept with each checkpoint (`run_state_key`), so a resumed run
+    still says its gain since the start."""
+
+    run_state_key = "held_back"
 
     def __init__(self, config: RunConfig, rollout, output_dir: str | Path, *, timing: "StepTiming | None" = None):
         self.every = config.eval_every
@@ -107,6 +117,13 @@ class HeldBackEvaluation(TrainerCallback):
             self.best = BestCheckpoint(self.output_dir, config.save_best,
                                        eval_metrics(config.eval_num_generations)[config.save_best])
         self.started = time.time()
+        self.start: list[tuple[int, float]] | None = None  # (task, score) of each episode of step 0's evaluation
+
+    def state_dict(self) -> dict[str, Any]:
+        return {"start": self.start}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        self.start = [(int(task), float(score)) for task, score in state.get("start") or []] or None
 
     # --------------------------------------------------------------------------------- events
 
@@ -147,15 +164,31 @@ class HeldBackEvaluation(TrainerCallback):
         result = self.tasks.play(backend, tokenizer, model, rank=process.process_index, world=process.num_processes)
         metrics = self.tasks.metrics(result)
         metrics["time/eval_s"] = seconds = time.perf_counter() - started
+        gain = self.gain(step, list(zip(result.tasks, result.scores)))
+        if gain is not None:
+            metrics.update({GAIN: gain.mean, **({f"{GAIN}_low": gain.low, f"{GAIN}_high": gain.high}
+                                                if gain.low is not None else {})})
         main = state.is_world_process_zero
         if main:
             if self.tasks.note:
                 print(self.tasks.note, flush=True)
                 self.tasks.note = None
-            print(eval_line(step, metrics, self.tasks.samples, len(self.tasks.rows or []), seconds, engine), flush=True)
+            line = eval_line(step, metrics, self.tasks.samples, len(self.tasks.rows or []), seconds, engine)
+            if gain is not None:
+                said = {1: "up", 0: "no change shown", -1: "down"}[gain.direction]
+                line += f"; success since step 0: {gain.shown(scale=100, unit=' pts')} ({said})"
+            print(line, flush=True)
         if self.best is not None and self.best.offer(step, metrics, model, tokenizer, write=main) and main:
             print(f"{self.best.describe()}: kept in {self.best.folder}", flush=True)
         return {k: v for k, v in metrics.items() if math.isfinite(v)}
+
+    def gain(self, step: int, played: list[tuple[int, float]]) -> PairedDifference | None:
+        """Held-back success now against the first evaluation's, paired by task (evaluation/paired.py), from
+        the second evaluation on; the first's scores are kept as the start."""
+        if step == 0 or self.start is None:
+            self.start = played if step == 0 else self.start
+            return None
+        return paired_difference("held-back success", played, self.start, value=lambda s: float(s >= SUCCESS))
 
     def backend(self, model, tokenizer) -> tuple[Any, str]:
         """(backend, the engine's name for the printed line): the run's engine playing the current weights,

@@ -44,20 +44,31 @@ class PairedDifference:
     tasks: int
 
     @property
+    def direction(self) -> int:
+        """1 when the interval is above 0, -1 when below, 0 when it holds 0 (a tie) or there is none."""
+        if self.low is None or self.high is None or self.low <= 0 <= self.high:
+            return 0
+        return 1 if self.low > 0 else -1
+
+    @property
     def verdict(self) -> str:
-        if self.low is None or self.high is None:
+        if self.low is None:
             return "no interval from one task"
-        if self.low <= 0 <= self.high:
-            return "a tie (the interval holds 0; more --episodes narrow it)"
-        return "the model is ahead" if self.low > 0 else "the baseline is ahead"
+        return {0: "a tie (the interval holds 0; more --episodes narrow it)", 1: "the model is ahead",
+                -1: "the baseline is ahead"}[self.direction]
+
+    def shown(self, scale: float = 1.0, unit: str = "") -> str:
+        """The difference and its interval, values multiplied by `scale` (100 for points), e.g.
+        "+12.5 pts, 95% interval [-3.1, +28.1]"."""
+        digits = 1 if scale != 1.0 else 3
+        text = f"{self.mean * scale:+.{digits}f}{unit}"
+        if self.low is not None and self.high is not None:
+            text += f", 95% interval [{self.low * scale:+.{digits}f}, {self.high * scale:+.{digits}f}]"
+        return text
 
     def line(self, scale: float = 1.0, unit: str = "") -> str:
-        """One line for the command's output, values multiplied by `scale` (100 for points)."""
-        digits = 1 if scale != 1.0 else 3
-        shown = f"{self.mean * scale:+.{digits}f}{unit}"
-        if self.low is not None and self.high is not None:
-            shown += f", 95% interval [{self.low * scale:+.{digits}f}, {self.high * scale:+.{digits}f}]"
-        return f"{self.metric}, model - baseline: {shown} over {self.tasks} tasks played by both: {self.verdict}"
+        """One line for `aitrain eval`'s output."""
+        return f"{self.metric}, model - baseline: {self.shown(scale, unit)} over {self.tasks} tasks played by both: {self.verdict}"
 
 
 def paired_difference(metric: str, model: Sequence[tuple[int, float]], baseline: Sequence[tuple[int, float]],

@@ -87,15 +87,20 @@ def _score(episode: dict[str, Any]) -> float:
 
 def held_back_gain(metrics: list[dict[str, Any]]) -> dict[str, float] | None:
     """Held-back success at the run's first and last evaluation, the training hours between them (wall
-    clock, `time/elapsed_s`), and the gain an hour: the number that says whether training paid, on tasks
-    it did not train on. None with fewer than two evaluations or no time between them."""
+    clock, `time/elapsed_s`), the gain an hour: the number that says whether training paid, on tasks it
+    did not train on, and (`interval`) the last evaluation's 95 % interval of the gain, paired by task
+    (evaluation/held_back.py). None with fewer than two evaluations or no time between them."""
     points = [(r["time/elapsed_s"], r["eval/success"]) for r in metrics
               if isinstance(r.get("eval/success"), (int, float)) and isinstance(r.get("time/elapsed_s"), (int, float))]
     if len(points) < 2 or points[-1][0] <= points[0][0]:
         return None
     hours = (points[-1][0] - points[0][0]) / 3600
     first, last = points[0][1], points[-1][1]
-    return {"first": first, "last": last, "hours": hours, "per_hour": (last - first) / hours}
+    gain = {"first": first, "last": last, "hours": hours, "per_hour": (last - first) / hours}
+    final = [r for r in metrics if isinstance(r.get("eval/success"), (int, float))][-1]
+    if isinstance(final.get("eval/success_gain_low"), (int, float)):  # its 95 % interval, paired by task
+        gain["interval"] = [final["eval/success_gain_low"], final["eval/success_gain_high"]]
+    return gain
 
 
 def report_data(output_dir: str | Path) -> dict[str, Any]:

@@ -13,8 +13,11 @@
   const gain = DATA.held_back_gain;  // report.py held_back_gain: first and last evaluation, hours between
   if (gain) {
     const sign = gain.per_hour >= 0 ? "+" : "";
+    // the gain's 95% interval over the tasks both evaluations played (evaluation/paired.py), when there is one
+    const interval = gain.interval ? `; the gain's 95% interval [${gain.interval.map(v => (v >= 0 ? "+" : "") + v.toFixed(3)).join(", ")}]` +
+      (gain.interval[0] <= 0 && gain.interval[1] >= 0 ? ", a tie" : "") : "";
     box.append(el("p", {class: "held-back-gain"}, `held-back success ${gain.first.toFixed(3)} -> ${gain.last.toFixed(3)} ` +
-      `in ${gain.hours.toFixed(2)} h of training: ${sign}${gain.per_hour.toFixed(3)} an hour`));
+      `in ${gain.hours.toFixed(2)} h of training: ${sign}${gain.per_hour.toFixed(3)} an hour${interval}`));
   }
   lineChart(box, {key: "held-back", title: "Held-back success and training reward, by wall-clock minutes",
     xName: "minute", yMin: 0, series: [
