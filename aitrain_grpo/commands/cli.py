@@ -148,9 +148,10 @@ def grpo(**kwargs) -> None:
             raise
         fail(str(exc), code=getattr(exc, "exit_code", EXIT_USAGE))
     except early_stops() as stop:  # signal, error rate, dead backend: stopped with a checkpoint
-        for line in stop.lines(sys.argv[1:]):
-            err.print(line, markup=False)
-        exit_without_waiting_for_env_calls(stop.exit_code, err, at_once=not stop.is_error)  # not an error: a signal
+        for line in stop.lines(sys.argv[1:]) if stop.is_error or os.environ.get("RANK", "0") == "0" else ():
+            err.print(line, markup=False)  # a planned stop is the same on every process: said once
+        exit_without_waiting_for_env_calls(stop.exit_code, err, at_once=stop.hurried)  # a signal: in a hurry
+        return  # exit code 0: a planned stop (--max-time)
     except KeyboardInterrupt:  # outside the training steps, or a second Ctrl-C
         err.print("interrupted; nothing saved since the last checkpoint", markup=False)
         exit_without_waiting_for_env_calls(130, err)

@@ -85,6 +85,7 @@ from aitrain_grpo.training.run.context import RunContext
 from aitrain_grpo.training.step.shared_prefix import SharedPrefix
 from aitrain_grpo.training.step.phases import PhaseClock
 from aitrain_grpo.training.run.stopping import ErrorRateStop, clean_stops
+from aitrain_grpo.training.run.time_limit import TimeLimit
 from aitrain_grpo.training.trl.hooks import TRLHooks, trl_functions_replaced
 
 
@@ -302,7 +303,8 @@ def build_trainer(config: RunConfig, env: Environment | None = None, *, callback
                       *reward_model_rewards(reward_model, rollout)],
         peft_config=lora_config(config),
         callbacks=[step_timing, *training_callbacks(config, plan.output_dir, rollout), SignalStop(finish_step=config.rl_async_steps > 0), error_stop,
-                   *held_back_callbacks(run), *(callbacks or [])],
+                   *held_back_callbacks(run), *([TimeLimit(config.max_time)] if config.max_time else []),
+                   *(callbacks or [])],
     )
     # transformers prints every log dict; our TrainingProgress prints a compact line instead.
     trainer.remove_callback(PrinterCallback)

@@ -16,7 +16,8 @@ stops early only when:
 - SIGINT/SIGTERM arrive (run/signals.py): the step in progress is dropped (`StepAbandoned`) and the last
   finished one saved, or, inside a span that must finish (the optimizer step, a save), that step is saved;
 - the judge (`--rl-judge-rubric`) failed every call of 3 batches in a row (`JudgeFailing`,
-  training/rewards/judge_failures.py): a checkpoint of the last finished step is saved, exit 1.
+  training/rewards/judge_failures.py): a checkpoint of the last finished step is saved, exit 1;
+- the next step would end past `--max-time` (run/time_limit.py): its last step is saved, exit 0.
 
 `clean_stops(trainer)` wraps `trainer.train()` and turns each of these into `TrainingStopped`, which
 carries the exit code and the lines the CLI prints (what happened, where the checkpoint is, how to go on).
@@ -44,6 +45,7 @@ from aitrain_grpo.engine.stats import EpisodeSummary
 from aitrain_grpo.errors import one_line
 from aitrain_grpo.training.rewards.judge_failures import JudgeFailing
 from aitrain_grpo.training.run.signals import SignalStop, StepAbandoned, abandon_step
+from aitrain_grpo.training.run.time_limit import TimeLimit
 
 EXIT_FAULT = 1
 ANNOUNCED_ERRORS = 10  # distinct episode errors printed as they first appear
@@ -53,12 +55,14 @@ _MAX_SHOWN = 160  # characters of one error in a message
 class TrainingStopped(Exception):
     """Training stopped before its end. `lines` are for the user; `exit_code` for the shell."""
 
-    def __init__(self, reason: str, exit_code: int, checkpoint: Path | None, *, is_error: bool = True):
+    def __init__(self, reason: str, exit_code: int, checkpoint: Path | None, *, is_error: bool = True,
+                 hurried: bool = False):
         super().__init__(reason)
         self.reason = reason
         self.exit_code = exit_code
         self.checkpoint = checkpoint
         self.is_error = is_error
+        self.hurried = hurried  # a signal's sender kills the job soon: exit without the interpreter's teardown
 
     def lines(self, argv: list[str] | None = None) -> list[str]:
         """What to print: the reason on one line, then where the checkpoint is and how to resume
@@ -196,6 +200,7 @@ def clean_stops(trainer) -> Iterator[None]:
     """Wrap `trainer.train()`: raise `TrainingStopped` when it ended early for one of the reasons above."""
     signals = _find(trainer, SignalStop)
     errors = _find(trainer, ErrorRateStop)
+    limit = _find(trainer, TimeLimit)
     if signals is not None:
         signals.install()
     try:
@@ -208,6 +213,7 @@ def clean_stops(trainer) -> Iterator[None]:
             signals.exit_code,
             checkpoint,
             is_error=False,
+            hurried=True,
         ) from None
     except GenerationBackendError as exc:
         checkpoint = trainer.save_checkpoint_now()
@@ -230,6 +236,9 @@ def clean_stops(trainer) -> Iterator[None]:
             signals.exit_code,
             _checkpoint_of_last_step(trainer),
             is_error=False,
+            hurried=True,
         )
     if errors is not None and errors.triggered:
         raise TrainingStopped(errors.triggered, EXIT_FAULT, _checkpoint_of_last_step(trainer))
+    if limit is not None and limit.reached:  # --max-time: a planned stop, exit 0
+        raise TrainingStopped(limit.reached, 0, _checkpoint_of_last_step(trainer), is_error=False)
