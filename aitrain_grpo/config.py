@@ -294,7 +294,7 @@ class RunConfig:
                               "outputs/<environment>")
         for name in VALUE_NEEDED:  # '' would read as "not given" further on, and the option would do nothing
             value = getattr(self, name)
-            if isinstance(value, str) and not value.strip():
+            if isinstance(value, str) and not value.replace(",", "").strip():  # '' or ',,': nothing named
                 raise ConfigError(f"--{name.replace('_', '-')} needs a value; give one, or leave the option out")
         check_optimizer(self)  # transformers knows the optimizer and its package is installed (optimizers.py)
 

@@ -227,8 +227,9 @@ def test_ratio_options_under_one_update_a_batch_get_a_note():
     assert unused_option_notes(RunConfig(**sampler, use_vllm=True), ["keep"]) == []
 
 
-@pytest.mark.parametrize("flag", ["--rl-reward-model", "--rl-judge-rubric", "--rl-reward-funcs", "--save-best"])
-def test_an_empty_value_is_refused_rather_than_read_as_not_given(tmp_path, monkeypatch, flag):
-    """`--rl-reward-model ''` trained without the reward model, silently."""
+@pytest.mark.parametrize("flag, value", [("--rl-reward-model", ""), ("--rl-judge-rubric", ""), ("--rl-reward-funcs", ""),
+                                         ("--save-best", ""), ("--lora-modules-to-save", ", ,"), ("--optim", "")])
+def test_an_empty_value_is_refused_rather_than_read_as_not_given(tmp_path, monkeypatch, flag, value):
+    """`--rl-reward-model ''` trained without the reward model, silently; `--lora-modules-to-save ,,` saved none."""
     monkeypatch.chdir(tmp_path)
-    refused(["grpo", *LETTERS, "--output-dir", "run", flag, ""], tmp_path, f"{flag} needs a value")
+    refused(["grpo", *LETTERS, "--output-dir", "run", flag, value], tmp_path, f"{flag} needs a value")
