@@ -227,6 +227,10 @@ PARTS = [
          "entropy bonus", (), grpo_part(lambda c: c.tiny, LETTERS, "--rl-top-entropy-quantile", "0.2",
                                         "--rl-off-policy-mask", "0.5", "--rl-delta", "4", "--rl-entropy-target", "2",
                                         updates=2)),
+    Part("hf-tiny-adapter-variants", "bf16 grpo, tiny model, DoRA with rsLoRA scaling and lm_head trained in full, "
+         "Adam's beta2 0.95, activation checkpointing (CUDA's default)", (),
+         grpo_part(lambda c: c.tiny, LETTERS, "--use-dora", "--use-rslora", "--lora-modules-to-save", "lm_head",
+                   "--adam-beta2", "0.95", "--activation-checkpointing")),
     Part("loss-pass-weights", "importance weights from the loss pass equal TRL's second forward (tiny model)", (),
          loss_pass_weights),
     Part("prefix-tree", "shared-prefix tree against the plain passes on SmolLM2's real episodes: exact, timed", (),

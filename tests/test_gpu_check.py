@@ -92,7 +92,7 @@ def test_a_rehearsal_of_the_loss_pass_weights_part_passes_on_the_cpu(tmp_path, t
 
 @pytest.mark.integration
 @pytest.mark.parametrize("part, records", [("hf-tiny", 2), ("hf-tiny-iterations", 1),  # 2 steps, 1 batch trained twice
-                                            ("hf-tiny-loss-options", 1)])
+                                            ("hf-tiny-loss-options", 1), ("hf-tiny-adapter-variants", 2)])
 def test_a_rehearsal_on_the_cpu_trains_a_part_and_writes_its_json(tmp_path, tiny_model_dir, part, records):
     out = tmp_path / "check.json"
     done = run_check("--rehearse-on-cpu", "--parts", part, "--steps", "2", "--work", str(tmp_path / "work"),
