@@ -8,7 +8,6 @@ type for the constructor's annotations, and `eval --episodes` beyond the rows th
 from __future__ import annotations
 
 import json
-import textwrap
 from pathlib import Path
 
 import pytest

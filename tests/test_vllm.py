@@ -54,11 +54,8 @@ def assert_plausible_sync_seconds(records: list[dict]) -> None:
 
 def loaded_adapters(server_log: Path, sync_dir: Path) -> list[str]:
     """Names of the LoRA adapters the server loaded from `sync_dir`, once per load, in order."""
-    names = []
-    for line in server_log.read_text(errors="replace").splitlines():
-        if "Loaded new LoRA adapter" in line and str(sync_dir) in line:
-            names.append(line.split("name '", 1)[1].split("'", 1)[0])
-    return names
+    return [line.split("name '", 1)[1].split("'", 1)[0] for line in server_log.read_text(errors="replace").splitlines()
+            if "Loaded new LoRA adapter" in line and str(sync_dir) in line]
 
 
 def test_vllm_serve_prints_the_url_and_trainer_flags(vllm_server):
@@ -343,9 +340,8 @@ def test_two_training_processes_share_one_server(vllm_server, tiny_model_dir, tm
     assert len(list((tmp_path / "vllm-sync").iterdir())) == 1  # older versions were removed
 
 
-@pytest.mark.parametrize("variant", [[], ["--use-dora"]], ids=["lora", "dora"])
+@pytest.mark.parametrize("variant", [[], ["--use-dora"]], ids=["lora", "dora"])  # DoRA: vLLM gets it merged
 def test_eval_with_vllm_applies_a_lora_adapter(tiny_model_dir, tmp_path, variant):
-    """A LoRA adapter vLLM applies per request; a DoRA adapter, which vLLM cannot apply, merged first."""
     trained = tmp_path / "trained"
     result = run_cli("grpo", "--model", tiny_model_dir, *LETTERS, "--max-steps", "2", "--output-dir", str(trained),
                      "--no-use-vllm", *variant)  # trained on Hugging Face, so that what vLLM plays is the adapter's doing

@@ -45,7 +45,7 @@ from aitrain_grpo.engine.chat import ChatRenderer
 from aitrain_grpo.engine.context import ContextKeeper
 from aitrain_grpo.engine.policy_turns import Draw, give_policy_turns, open_sampler
 from aitrain_grpo.env.agent import is_agent_environment
-from aitrain_grpo.env.base import Environment, Episode, Message, tools_for_row, tools_vary_by_row
+from aitrain_grpo.env.base import Environment, Episode, tools_for_row, tools_vary_by_row
 from aitrain_grpo.engine.runner import EpisodeRunner
 from aitrain_grpo.engine.settings import EpisodeSettings
 from aitrain_grpo.engine.stats import BusyClock, EpisodeSummary, episode_scores

@@ -36,7 +36,7 @@ from __future__ import annotations
 
 import math
 from bisect import bisect_right
-from typing import Any, Sequence
+from typing import Sequence
 
 
 STD_EPSILON = 1e-4  # TRL's: advantage = (r - mean) / (std + 1e-4)
