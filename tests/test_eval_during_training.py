@@ -20,7 +20,7 @@ from safetensors.torch import load_file
 
 from aitrain_grpo import RunConfig, train
 from aitrain_grpo.commands.evaluation import RUN_FLAGS, run_eval
-from aitrain_grpo.runlog.health import HealthCallback, first_warnings, held_back_falls
+from aitrain_grpo.runlog.health import HealthCallback, first_warnings, held_back_below_start, held_back_falls
 from aitrain_grpo.runlog.report import report_data
 from helpers import REPO, in_process_cli
 from helpers.cli import refused
@@ -300,3 +300,16 @@ def test_held_back_success_falling_while_the_reward_rises_is_a_warning():
         callback.on_log(None, SimpleNamespace(is_world_process_zero=True, global_step=record["step"]), None,
                         logs={k: v for k, v in record.items() if k != "step"})
     assert console.getvalue().count("held-back success fell") == 1
+
+
+def test_held_back_success_below_the_start_beyond_its_interval_is_a_warning():
+    def evaluated(gain, low, high):
+        return [{"step": 10, "reward": 0.6, "eval/success": 0.3, "eval/success_gain": gain, "eval/success_gain_low": low,
+                 "eval/success_gain_high": high}]
+
+    warning = held_back_below_start(evaluated(-0.2, -0.3, -0.1))
+    assert warning and warning.message == ("held-back success is below the start's: -20.0 pts since step 0, 95% interval "
+                                           "[-30.0, -10.0] over the same tasks")
+    assert held_back_below_start(evaluated(-0.2, -0.4, 0.0)) is None  # a tie with the start: noise
+    assert held_back_below_start(evaluated(0.2, 0.1, 0.3)) is None
+    assert held_back_below_start([{"step": 3, "reward": 0.5}]) is None  # no evaluation since step 0

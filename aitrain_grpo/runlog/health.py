@@ -273,6 +273,26 @@ def held_back_falls(records: Sequence[Record]) -> HealthWarning | None:
     )
 
 
+GAIN = "eval/success_gain"  # held-back success since step 0, with its 95 % interval (evaluation/held_back.py)
+
+
+def held_back_below_start(records: Sequence[Record]) -> HealthWarning | None:
+    """The newest evaluation's held-back success is below step 0's on the same tasks, its whole 95 %
+    interval under 0: whatever the training reward says, training has made the policy worse on tasks it
+    does not train on, by more than the evaluation's noise."""
+    gained = [r for r in records if _number(r, GAIN) is not None and _number(r, f"{GAIN}_high") is not None]
+    if not gained or _number(gained[-1], f"{GAIN}_high") >= 0:
+        return None
+    last = gained[-1]
+    return HealthWarning(
+        "held_back_below_start", int(last.get("step", _step(records))),
+        f"held-back success is below the start's: {last[GAIN] * 100:+.1f} pts since step 0, 95% interval "
+        f"[{last[f'{GAIN}_low'] * 100:+.1f}, {last[f'{GAIN}_high'] * 100:+.1f}] over the same tasks",
+        "training is making the policy worse on tasks it does not train on: read the latest transcripts for a "
+        "shortcut, keep the best held-back weights (--save-best eval/success), or lower --lr",
+    )
+
+
 def _window_start(length: int, evals: list[int]) -> int:
     """Where the records the checks need begin, of `length` with evaluations at indices `evals`: the last
     HISTORY, or more, back to the steps before the HELD_BACK_EVALS-th last evaluation that score it."""
@@ -290,7 +310,7 @@ def kept_history(records: list[Record]) -> list[Record]:
 
 HEALTH_CHECKS: tuple[Callable[[Sequence[Record]], HealthWarning | None], ...] = (
     no_learning_signal, low_score, entropy_collapse, unstable_gradients, rising_errors, shortcut,
-    truncated_out_of_the_loss, off_policy_mask_takes_most,
+    truncated_out_of_the_loss, off_policy_mask_takes_most, held_back_below_start,
 )
 
 
