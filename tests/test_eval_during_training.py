@@ -83,7 +83,11 @@ def test_evaluation_runs_at_the_steps_asked_and_reaches_metrics_and_report(evalu
         change = record["eval/success"] - evaluated[0]["eval/success"]
         assert record["eval/success_gain"] == pytest.approx(change)  # one episode a task: the plain difference
         assert record["eval/success_gain_low"] <= change <= record["eval/success_gain_high"]
-        assert f"; success since step 0: {change * 100:+.1f} pts, 95% interval [" in line
+        assert f"; since step 0: success {change * 100:+.1f} pts, 95% interval [" in line
+        score_change = record["eval/mean_score"] - evaluated[0]["eval/mean_score"]
+        assert record["eval/score_gain"] == pytest.approx(score_change)
+        assert record["eval/score_gain_low"] <= score_change <= record["eval/score_gain_high"]
+        assert f"mean score {score_change:+.3f}, 95% interval [" in line
     assert gain["interval"] == [evaluated[-1]["eval/success_gain_low"], evaluated[-1]["eval/success_gain_high"]]
 
 

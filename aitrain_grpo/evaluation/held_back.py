@@ -24,7 +24,8 @@ N-th optimizer step, and logs what it measured into the run's metrics.
   `eval/tool_errors`, `eval/truncated` (counts, as `aitrain eval`'s table shows them) and, every step,
   from the second evaluation on `eval/success_gain` with `eval/success_gain_low` and `_high` (success minus
   the first evaluation's on the same tasks, with a 95 % interval paired by task: evaluation/paired.py;
-  the printed line says it and whether it is a tie), and, every step,
+  the printed line says it and whether it is a tie) and `eval/score_gain` (the same for the mean score,
+  which moves where success is rare), and, every step,
   `time/elapsed_s` (wall seconds since the run began, a resumed run going on from its checkpoint's;
   report.html draws held-back success against it). A step's numbers go into the run's metrics sink and
   that step is logged (`control.should_log`), so they reach its metrics.jsonl record, trackers, the health
@@ -64,6 +65,7 @@ if TYPE_CHECKING:
 
 ELAPSED = "time/elapsed_s"
 GAIN = "eval/success_gain"  # held-back success minus the first evaluation's, paired by task; _low/_high: its 95 % interval
+SCORE_GAIN = "eval/score_gain"  # the same for the mean score
 HF_GENERATE = "Hugging Face generate"
 
 
@@ -164,9 +166,9 @@ class HeldBackEvaluation(TrainerCallback):
         result = self.tasks.play(backend, tokenizer, model, rank=process.process_index, world=process.num_processes)
         metrics = self.tasks.metrics(result)
         metrics["time/eval_s"] = seconds = time.perf_counter() - started
-        gain = self.gain(step, list(zip(result.tasks, result.scores)))
-        if gain is not None:
-            metrics.update({GAIN: gain.mean, **({f"{GAIN}_low": gain.low, f"{GAIN}_high": gain.high}
+        gains = self.gains(step, list(zip(result.tasks, result.scores)))
+        for name, gain in gains.items():
+            metrics.update({name: gain.mean, **({f"{name}_low": gain.low, f"{name}_high": gain.high}
                                                 if gain.low is not None else {})})
         main = state.is_world_process_zero
         if main:
@@ -174,21 +176,25 @@ class HeldBackEvaluation(TrainerCallback):
                 print(self.tasks.note, flush=True)
                 self.tasks.note = None
             line = eval_line(step, metrics, self.tasks.samples, len(self.tasks.rows or []), seconds, engine)
-            if gain is not None:
-                said = {1: "up", 0: "no change shown", -1: "down"}[gain.direction]
-                line += f"; success since step 0: {gain.shown(scale=100, unit=' pts')} ({said})"
+            if gains:
+                success, score = gains[GAIN], gains[SCORE_GAIN]
+                said = {1: "up", 0: "no change shown", -1: "down"}
+                line += (f"; since step 0: success {success.shown(scale=100, unit=' pts')} ({said[success.direction]}), "
+                         f"mean score {score.shown()} ({said[score.direction]})")
             print(line, flush=True)
         if self.best is not None and self.best.offer(step, metrics, model, tokenizer, write=main) and main:
             print(f"{self.best.describe()}: kept in {self.best.folder}", flush=True)
         return {k: v for k, v in metrics.items() if math.isfinite(v)}
 
-    def gain(self, step: int, played: list[tuple[int, float]]) -> PairedDifference | None:
-        """Held-back success now against the first evaluation's, paired by task (evaluation/paired.py), from
-        the second evaluation on; the first's scores are kept as the start."""
+    def gains(self, step: int, played: list[tuple[int, float]]) -> dict[str, PairedDifference]:
+        """Held-back success and mean score now against the first evaluation's, paired by task
+        (evaluation/paired.py), from the second evaluation on; the first's scores are kept as the start."""
         if step == 0 or self.start is None:
             self.start = played if step == 0 else self.start
-            return None
-        return paired_difference("held-back success", played, self.start, value=lambda s: float(s >= SUCCESS))
+            return {}
+        success = paired_difference("held-back success", played, self.start, value=lambda s: float(s >= SUCCESS))
+        score = paired_difference("held-back mean score", played, self.start)
+        return {GAIN: success, SCORE_GAIN: score} if success and score else {}
 
     def backend(self, model, tokenizer) -> tuple[Any, str]:
         """(backend, the engine's name for the printed line): the run's engine playing the current weights,
