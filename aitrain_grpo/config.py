@@ -214,6 +214,7 @@ class RunConfig:
     eval_env_module: str | None = _opt(None, "Python module of another environment to evaluate on, with --eval-env-class (default: the training environment).")
     eval_env_class: str | None = _opt(None, "Environment class in --eval-env-module.")
     save_best: str | None = _opt(None, "Keep the weights with the best value of this held-back metric (needs --eval-every; eval/success, eval/mean_score, eval/pass@k with k = --eval-num-generations: highest; eval/turns, eval/tool_errors, eval/truncated: lowest) as best/ in the output folder, beside the final model; `aitrain eval --model DIR/best` and `aitrain export` read it.")
+    eval_patience: int | None = _opt(None, "Stop the run when --save-best's metric has not improved for this many held-back evaluations in a row (HF's early_stopping_patience): the run ends as finished, with its last weights in the output folder and the best in best/; needs --save-best.", minimum=1)
     _section("several processes")
     ddp_timeout: float = _opt(1800.0, "Seconds a process of a multi-process run (accelerate launch, torchrun) waits for the others to start, and then in a collective (the episodes gathered after a rollout, the gradients, a save) before it stops with one line saying another process likely died or hangs (exit 1; the checkpoints written stay). It must cover the longest time one process may spend alone: a slower rollout, a wait for a vLLM server, rank 0's checkpoint save.", bound=POSITIVE_SECONDS)
     _section("vLLM")
@@ -347,6 +348,9 @@ class RunConfig:
         if bool(self.eval_env_module) != bool(self.eval_env_class):
             raise ConfigError("--eval-env-module and --eval-env-class name the held-back environment together; give both")
         check_save_best(self.save_best, self.eval_every, self.eval_num_generations)  # before a model loads
+        if self.eval_patience is not None and not self.save_best:
+            raise ConfigError(f"--eval-patience {self.eval_patience} counts evaluations without a better --save-best "
+                              f"value; give --save-best (e.g. eval/success) and --eval-every")
 
     # ------------------------------------------------------------------------------- parsed values
     # Options written as text, parsed once per config; every user reads these, not the text.

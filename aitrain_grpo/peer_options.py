@@ -60,6 +60,7 @@ PEER_NAMES: dict[str, tuple[str, str, str]] = {
     "warmup_ratio": ("warmup_steps", "TRL's and axolotl's", "a fraction of the run's steps when below 1"),
     "num_epochs": ("epochs", "axolotl's", ""),
     "eval_steps": ("eval_every", "TRL's", "held-back tasks every N steps"),
+    "early_stopping_patience": ("eval_patience", "HF's and axolotl's", "with --save-best naming the metric"),
     "model_name_or_path": ("model", "TRL's", ""),
     "base_model": ("model", "axolotl's", ""),
     "use_peft": ("peft", "TRL's", "on by default (--no-peft trains every weight)"),

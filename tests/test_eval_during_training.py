@@ -260,6 +260,7 @@ ALLOWED = "eval/mean_score, eval/success, eval/pass@1, eval/turns, eval/tool_err
     (["--eval-every", "2", "--save-best", "eval/accuracy"], ["--save-best eval/accuracy is not a metric", ALLOWED]),
     (["--eval-every", "2", "--eval-num-generations", "4", "--save-best", "eval/pass@1"],
      ["--save-best eval/pass@1 is not a metric", "eval/pass@4"]),
+    (["--eval-every", "2", "--eval-patience", "3"], ["--eval-patience 3 counts evaluations without a better --save-best"]),
 ])
 def test_a_save_best_never_logged_is_refused_before_a_model_loads(tmp_path, no_training, flags, expected):
     out = tmp_path / "run"
@@ -317,3 +318,22 @@ def test_held_back_success_below_the_start_beyond_its_interval_is_a_warning():
     assert held_back_below_start(evaluated(-0.2, -0.4, 0.0)) is None  # a tie with the start: noise
     assert held_back_below_start(evaluated(0.2, 0.1, 0.3)) is None
     assert held_back_below_start([{"step": 3, "reward": 0.5}]) is None  # no evaluation since step 0
+
+
+def test_eval_patience_stops_a_run_whose_best_is_that_many_evaluations_old_as_finished(tiny_model_dir, tmp_path):
+    """Held-back mean scores 0.2, 0.9, 0.5 at steps 0, 1, 2: with --eval-patience 1 the best (step 1) is one
+    evaluation old at step 2, so the run of 5 steps ends there, finished, its best kept."""
+    out = tmp_path / "run"
+    config = RunConfig(model=tiny_model_dir, output_dir=str(out), **RUN, max_steps=5, eval_every=1, eval_episodes=4,
+                       eval_env_module="envs_fixtures.scheduled_scores", eval_env_class="ScheduledScores",
+                       eval_env_config={"scores": [0.2, 0.9, 0.5, 0.4, 0.3, 0.2], "per_call": 4},
+                       save_best="eval/mean_score", eval_patience=1)
+    printed = io.StringIO()
+    with contextlib.redirect_stdout(printed):
+        summary = train(config)
+    assert [r["step"] for r in records(out)] == [0, 1, 2]
+    reason = ("stopped early at step 2: eval/mean_score has not improved for 1 evaluation (--eval-patience); best "
+              f"eval/mean_score 0.9 at step 1, kept in {out / 'best'}")
+    assert summary["completed"] and summary["stopped_early"] == reason and reason in printed.getvalue()
+    assert json.loads((out / "run_summary.json").read_text())["stopped_early"] == reason
+    assert json.loads((out / "best" / "best.json").read_text())["step"] == 1

@@ -32,7 +32,9 @@ N-th optimizer step, and logs what it measured into the run's metrics.
   checks and the report; step 0's, before any step is logged, is a metrics.jsonl record of its own
   (`{"step": 0, "eval/...": ...}`), which trackers and the live health checks do not see. One line is
   printed per evaluation.
-- `--save-best METRIC`: after each evaluation, best_checkpoint.py keeps the weights if they are the best.
+- `--save-best METRIC`: after each evaluation, best_checkpoint.py keeps the weights if they are the best;
+  `--eval-patience N` stops the run once the best is N evaluations old (HF's early stopping), as a finished
+  run whose run_summary.json says why (`stopped_early`).
 
 Several processes: each evaluates its share of the tasks and all get the whole numbers (held_back_play.py);
 the main process writes and prints.
@@ -79,6 +81,13 @@ def held_back_callbacks(run: "RunContext") -> list[TrainerCallback]:
     return [evaluation]
 
 
+def stopped_early(trainer) -> dict[str, str]:
+    """`{"stopped_early": why}` for run_summary.json when --eval-patience ended the run, else nothing."""
+    reasons = [cb.stopped_early for cb in trainer.callback_handler.callbacks
+               if isinstance(cb, HeldBackEvaluation) and cb.stopped_early]
+    return {"stopped_early": reasons[0]} if reasons else {}
+
+
 def elapsed_before(metrics_path: Path, step: int) -> float:
     """A resumed run's wall time so far: `time/elapsed_s` of its last record at or before `step`."""
     if step <= 0:
@@ -120,6 +129,8 @@ class HeldBackEvaluation(TrainerCallback):
                                        eval_metrics(config.eval_num_generations)[config.save_best])
         self.started = time.time()
         self.start: list[tuple[int, float]] | None = None  # (task, score) of each episode of step 0's evaluation
+        self.patience = config.eval_patience  # evaluations without a better --save-best value before the run stops
+        self.stopped_early: str | None = None  # why the run stopped for it
 
     def state_dict(self) -> dict[str, Any]:
         return {"start": self.start}
@@ -149,6 +160,8 @@ class HeldBackEvaluation(TrainerCallback):
             metrics.pop("time/eval_s", None)  # the step clock's `eval` phase says it, the sync included
             self.sink.update(metrics)
             control.should_log = True  # this step's record holds them
+            if self.out_of_patience(step, state):
+                control.should_training_stop = True
         self.sink.update({ELAPSED: self.elapsed()})
 
     # ------------------------------------------------------------------------------ evaluation
@@ -185,6 +198,21 @@ class HeldBackEvaluation(TrainerCallback):
         if self.best is not None and self.best.offer(step, metrics, model, tokenizer, write=main) and main:
             print(f"{self.best.describe()}: kept in {self.best.folder}", flush=True)
         return {k: v for k, v in metrics.items() if math.isfinite(v)}
+
+    def out_of_patience(self, step: int, state) -> bool:
+        """--eval-patience: whether the best value is `patience` evaluations old (counted in steps, so that a
+        resumed run, whose best comes back from best/best.json, counts on; not at the last step, which ends
+        the run anyway); says why once, on the main process."""
+        if not self.patience or self.best is None or self.best.step is None:
+            return False
+        if step - self.best.step < self.patience * self.every or step >= state.max_steps:
+            return False
+        self.stopped_early = (f"stopped early at step {step}: {self.best.metric} has not improved for {self.patience} "
+                              f"evaluation{'s' if self.patience > 1 else ''} (--eval-patience); {self.best.describe()}, "
+                              f"kept in {self.best.folder}")
+        if state.is_world_process_zero:
+            print(self.stopped_early, flush=True)
+        return True
 
     def gains(self, step: int, played: list[tuple[int, float]]) -> dict[str, PairedDifference]:
         """Held-back success and mean score now against the first evaluation's, paired by task

@@ -50,7 +50,7 @@ from aitrain_grpo.config import RunConfig
 from aitrain_grpo.engine.chat import template_kwargs_note
 from aitrain_grpo.env.base import Environment
 from aitrain_grpo.errors import ConfigError, UserError
-from aitrain_grpo.evaluation.held_back import held_back_callbacks
+from aitrain_grpo.evaluation.held_back import held_back_callbacks, stopped_early
 from aitrain_grpo.env.dataset import build_rows
 from aitrain_grpo.env.loading import as_environment, load_environment
 from aitrain_grpo.models.loading import load_model_and_tokenizer
@@ -331,7 +331,7 @@ def train(config: RunConfig, env: Environment | None = None, *, callbacks: list 
                     trainer.rollout_parts.sync_weights(trainer)  # leave the server serving the final weights
         finally:
             trainer.rollout_parts.close()
-        summary = save_run(trainer, config, trainer.plan.output_dir, started)
+        summary = save_run(trainer, config, trainer.plan.output_dir, started, **stopped_early(trainer))
     if trainer.accelerator.is_main_process:  # the page again, now with run_summary.json's runtime
         for callback in trainer.callback_handler.callbacks:
             if isinstance(callback, ReportCallback):

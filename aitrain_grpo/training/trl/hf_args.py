@@ -130,7 +130,9 @@ def save_run(trainer, config: RunConfig, output_dir: Path, started: float, **ext
     run, so that `--model <output_dir>`, `eval` and `export` read both the same way. Returns the summary."""
     trainer.save_model(str(output_dir))
     summary: dict[str, Any] = {
-        "completed": 0 < trainer.state.global_step and trainer.state.global_step >= trainer.state.max_steps,
+        # a run --eval-patience stopped did what it was asked (extra["stopped_early"] says why)
+        "completed": 0 < trainer.state.global_step and (trainer.state.global_step >= trainer.state.max_steps
+                                                         or bool(extra.get("stopped_early"))),
         "global_step": trainer.state.global_step,
         "steps_asked": trainer.state.max_steps,
         "runtime_seconds": round(time.time() - started, 2),
