@@ -54,3 +54,18 @@ def test_short_prompts_pass_without_being_tokenized(tiny_model_and_tokenizer):
     with pytest.raises(ConfigError, match="1 of 2 dataset prompts do not fit tiny's context of 4096 tokens"):
         check_prompt_lengths([{"prompt": "short"}, {"prompt": "word " * 5000}], tokenizer, model, reply_tokens=128,
                              model_name="tiny")
+
+
+def test_a_prompt_is_measured_with_the_tools_its_episodes_offer(tiny_model_and_tokenizer):
+    """A prompt that fits alone but not with its tools' schemas, which the rollout renders into the same
+    prompt, is refused: it was measured without them and passed."""
+    model, tokenizer = tiny_model_and_tokenizer
+
+    class ToolHeavy:  # a duck-typed environment: its tools are every row's
+        tools = [{"type": "function", "function": {"name": "lookup", "description": "find a word " * 1500,
+                                                   "parameters": {"type": "object", "properties": {}}}}]
+
+    rows = [{"prompt": "word " * 2500}]
+    check_prompt_lengths(rows, tokenizer, model, reply_tokens=128, model_name="tiny")  # alone: it fits
+    with pytest.raises(ConfigError, match="1 of 1 dataset prompts do not fit tiny's context of 4096 tokens"):
+        check_prompt_lengths(rows, tokenizer, model, reply_tokens=128, model_name="tiny", env=ToolHeavy())

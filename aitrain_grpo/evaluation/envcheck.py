@@ -357,7 +357,8 @@ def env_check(*, module: str, class_name: str, env_config: str | None, model_nam
 
         try:
             check_prompts_fit(env, load_tokenizer(source), model_config_of(source.weights),
-                              reply_tokens=settings.max_new_tokens, window=settings.context_window, model_name=model_name)
+                              reply_tokens=settings.max_new_tokens, window=settings.context_window, model_name=model_name,
+                              template_kwargs=dict(settings.template_kwargs or {}))
         except EnvLoadError:
             pass  # rows that do not build are the report's problem (a broken contract, exit 1), read below
     model = None

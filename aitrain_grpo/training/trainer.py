@@ -274,7 +274,7 @@ def build_trainer(config: RunConfig, env: Environment | None = None, *, callback
     warn_if_a_step_may_not_fit(model, config, plan.batch)
     rows = build_rows(env, tokenizer)
     check_prompt_lengths(rows, tokenizer, model, reply_tokens=config.rl_max_new_tokens, model_name=config.model,
-                         window=config.rl_context_window)
+                         window=config.rl_context_window, env=env, template_kwargs=template_kwargs(config.chat_template_kwargs))
     dataset = Dataset.from_list(small_dataset.fill_one_step(rows, config))
     check_required_arguments(extra_rewards, dataset.column_names)
     prepare_output_dir(plan.output_dir, plan.resume)

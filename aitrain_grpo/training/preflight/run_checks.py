@@ -27,6 +27,7 @@ from aitrain_grpo.env.base import needs_policy
 from aitrain_grpo.env.dataset import build_rows
 from aitrain_grpo.errors import ConfigError
 from aitrain_grpo.option_effects import unused_option_notes
+from aitrain_grpo.option_rules import template_kwargs
 
 
 def check_async_scoring(env: Any, async_steps: int) -> None:
@@ -49,7 +50,7 @@ def model_config_of(weights: str) -> Any:
 
 
 def check_prompts_fit(env: Any, tokenizer: Any, model_config: Any, *, reply_tokens: int, window: int | None,
-                      model_name: str) -> None:
+                      model_name: str, template_kwargs: dict | None = None) -> None:
     """Refuse a `window` past the model's context, and a dataset whose prompt plus one reply of
     `reply_tokens` fits neither the model's context nor the window: what `aitrain grpo` refuses, which
     `aitrain env check` refuses too (evaluation/envcheck.py)."""
@@ -58,7 +59,7 @@ def check_prompts_fit(env: Any, tokenizer: Any, model_config: Any, *, reply_toke
     if window is not None:
         check_context_window(window, model_config, tokenizer, model_name=model_name)
     check_prompt_lengths(build_rows(env, tokenizer), tokenizer, model_config, reply_tokens=reply_tokens,
-                         model_name=model_name, window=window)
+                         model_name=model_name, window=window, env=env, template_kwargs=template_kwargs)
 
 
 def check_window(config: Any, env: Any) -> None:
@@ -67,7 +68,8 @@ def check_window(config: Any, env: Any) -> None:
 
     source = resolve_source(config.model)
     check_prompts_fit(env, load_tokenizer(source), model_config_of(source.weights), reply_tokens=config.rl_max_new_tokens,
-                      window=config.rl_context_window, model_name=config.model)
+                      window=config.rl_context_window, model_name=config.model,
+                      template_kwargs=template_kwargs(config.chat_template_kwargs))
 
 
 def check_held_back_environment(config: Any) -> None:
