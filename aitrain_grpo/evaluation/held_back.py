@@ -21,11 +21,11 @@ N-th optimizer step, and logs what it measured into the run's metrics.
   the sync included, is one of the phases `time/step_s` adds up (0 at steps without one), in every
   engine. The evaluation before step 1 is outside any step: its own wall time is its record's `time/eval_s`.
 - What: `eval/mean_score`, `eval/success`, `eval/pass@k` (k = --eval-num-generations), `eval/turns`,
-  `eval/tool_errors`, `eval/truncated` (counts, as `aitrain eval`'s table shows them) and, every step,
-  from the second evaluation on `eval/success_gain` with `eval/success_gain_low` and `_high` (success minus
-  the first evaluation's on the same tasks, with a 95 % interval paired by task: evaluation/paired.py;
-  the printed line says it and whether it is a tie) and `eval/score_gain` (the same for the mean score,
-  which moves where success is rare), and, every step,
+  `eval/tool_errors`, `eval/truncated` (counts, as `aitrain eval`'s table shows them); from the second
+  evaluation on `eval/success_gain` with `eval/success_gain_low` and `_high` (success minus the first
+  evaluation's on the same tasks, with a 95 % interval paired by task: evaluation/paired.py; the printed
+  line says it and whether it is a tie) and `eval/score_gain` (the same for the mean score, which moves
+  where success is rare); and, every step,
   `time/elapsed_s` (wall seconds since the run began, a resumed run going on from its checkpoint's;
   report.html draws held-back success against it). A step's numbers go into the run's metrics sink and
   that step is logged (`control.should_log`), so they reach its metrics.jsonl record, trackers, the health
@@ -54,8 +54,8 @@ from transformers import TrainerCallback
 
 from aitrain_grpo.config import RunConfig
 from aitrain_grpo.engine.backends.choice import build_backend
-from aitrain_grpo.evaluation.best_checkpoint import BestCheckpoint
 from aitrain_grpo.engine.stats import SUCCESS
+from aitrain_grpo.evaluation.best_checkpoint import BestCheckpoint
 from aitrain_grpo.evaluation.held_back_play import HeldBackTasks
 from aitrain_grpo.evaluation.paired import PairedDifference, paired_difference
 from aitrain_grpo.option_rules import eval_metrics
