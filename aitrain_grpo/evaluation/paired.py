@@ -1,4 +1,7 @@
-"""Whether a model beats its baseline on the tasks `aitrain eval` played: the difference with its 95 % interval.
+"""Whether one set of episodes beats another on the same tasks: the difference with its 95 % interval.
+
+Two users: `aitrain eval --baseline` (the model against its baseline) and the held-back evaluation during
+training (held_back.py: each evaluation against the one before step 1).
 
 Why: `aitrain eval --baseline` plays both models on the same tasks from the same sampling seed, and its
 table shows the difference of the means. On 32 tasks a difference of 0.1 can be noise or a gain, and the
