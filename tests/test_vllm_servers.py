@@ -257,7 +257,7 @@ def test_soak_two_servers_async_steps_one_killed_and_restarted(two_servers, tiny
     B is started again on its port (the run paused meanwhile); once B has served five steps the run
     is stopped with SIGTERM (a clean stop after the current step). Every step trains once, B is out of
     rotation once and back, the sync folder keeps only the live version, and threads, connections and
-    memory do not grow."""
+    memory do not grow once B is back."""
     a, b = two_servers
     out = tmp_path / "run"
     training = start_training(out, tiny_model_dir, f"{a['url']},{b['url']}", "--max-steps", "1000",
@@ -282,6 +282,7 @@ def test_soak_two_servers_async_steps_one_killed_and_restarted(two_servers, tiny
                 break
             assert training.poll() is None and time.monotonic() < deadline, "server B did not come back into the run"
             time.sleep(0.5)
+        samples = watch.stop()  # the run as it trains, not its stop
         training.send_signal(signal.SIGTERM)
         stdout, stderr = training.communicate(timeout=300)
     finally:
@@ -311,10 +312,12 @@ def test_soak_two_servers_async_steps_one_killed_and_restarted(two_servers, tiny
     (left,) = (out / "vllm-sync").iterdir()  # only the live version is left
     assert left.name.endswith((f"-step-{steps}", f"-step-{steps - 1}")), left
 
-    # Threads, connections and memory: the last quarter of the run against the second (the first holds
-    # start-up). Measured: see the assertion messages.
-    quarter = [[s for s in samples if q * steps / 4 < s[0] <= (q + 1) * steps / 4] for q in range(4)]
-    second, last = quarter[1], quarter[3]
+    # Threads, connections and memory once B is back, the first half of those steps against the second: B's
+    # return opens its client's threads and connections again (7-9 threads before, 12 after, measured), so a
+    # comparison across it would count the return as growth. Measured: see the assertion messages.
+    middle = (back + 1 + steps) / 2
+    second = [s for s in samples if back + 1 < s[0] <= middle]
+    last = [s for s in samples if s[0] > middle]
     assert second and last, samples[-5:]
     assert max(s[1] for s in last) <= max(s[1] for s in second) + 2, ("threads", second[-1], last[-1])
     assert max(s[2] for s in last) <= max(s[2] for s in second) + 4, ("connections", second[-1], last[-1])
