@@ -27,6 +27,7 @@ Left out: runs that have no run.json (never started by the harness).
 
 from __future__ import annotations
 
+import datetime
 import json
 import shlex
 import statistics
@@ -34,7 +35,8 @@ from pathlib import Path
 
 from head_to_head_ledger import curve as curve_of
 from head_to_head_ledger import read_ledger
-from head_to_head_stats import SUCCESS, curve_figure, describe, difference, success_figure
+from head_to_head_record import add_runs, record_path, settled_lines, weights_digest
+from head_to_head_stats import SUCCESS, count, curve_figure, describe, difference, success_figure
 from head_to_head_trl import RECIPE  # puts the repository on sys.path, for envs below
 from envs.stations_trl import FOUND, READ, TRIED  # noqa: I001
 from learning import write_block
@@ -156,8 +158,8 @@ def summary_lines(rows: list[dict]) -> list[str]:
     out += ["", "Held-back success at the budget, aitrain - TRL, final checkpoints (head_to_head_stats.py: seeds "
                 "paired, a t-interval over the seeds' differences; 'tie' when it holds 0):", ""]
     for loop, name in (("aitrain", "aitrain's loop (`aitrain eval`)"), ("trl", "TRL's loop (`GRPOTrainer.evaluate`)")):
-        pairs = {s: (next((r["scores"][loop] for r in by["aitrain"] if r["seed"] == s), []),
-                     next((r["scores"][loop] for r in by["trl"] if r["seed"] == s), [])) for s in seeds}
+        pairs = {s: (count(next((r["scores"][loop] for r in by["aitrain"] if r["seed"] == s), [])),
+                     count(next((r["scores"][loop] for r in by["trl"] if r["seed"] == s), []))) for s in seeds}
         out.append(describe(difference(pairs), name))
     return out
 
@@ -198,10 +200,18 @@ def figure(rows: list[dict], path: Path) -> bool:
                           "held-back success (aitrain eval)")
 
 
-def results_block(runs_dir: Path, figure_path: Path | None) -> str:
+def read_rows(runs_dir: Path) -> list[dict]:
+    """Every run of the runs folder that the harness started (run.json), by seed then trainer."""
     start = success(runs_dir / "start-eval.jsonl")
     rows = [read_run(p, start) for p in sorted(runs_dir.glob("*-seed*")) if (p / "run.json").is_file()]
-    rows.sort(key=lambda r: (r["seed"], r["trainer"]))
+    return sorted(rows, key=lambda r: (r["seed"], r["trainer"]))
+
+
+def results_block(runs_dir: Path, figure_path: Path | None, settled: list[str] = ()) -> str:
+    """The runs folder's block; `settled`, the difference over every recorded seed (head_to_head_record.py),
+    after the folder's own."""
+    start = success(runs_dir / "start-eval.jsonl")
+    rows = read_rows(runs_dir)
     made = json.loads((runs_dir / "start.json").read_text()) if (runs_dir / "start.json").exists() else {}
     origin = (f"{made['model']} after `aitrain sft` ({made['demos']} demonstrations, {made['sft_steps']} steps)"
               if made.get("model") else "made elsewhere")
@@ -227,6 +237,7 @@ def results_block(runs_dir: Path, figure_path: Path | None) -> str:
                     "is the process's CPU seconds over its training steps, what a step takes on a core of its own. "
                     f"Load average when the runs ended: {', '.join(f'{v:.1f}' for v in loads)} (2 cores)."]
     out += summary_lines(rows)
+    out += list(settled)
     out += outcome_lines(rows, {loop: [r["score"] for r in read_jsonl(runs_dir / f"start-eval{suffix}.jsonl")]
                                 for loop, suffix in (("aitrain", ""), ("trl", "-trl"))})
     out += ["", "Held-back success at each checkpoint (step, minutes since the start of the process):", ""]
@@ -264,7 +275,13 @@ def results_block(runs_dir: Path, figure_path: Path | None) -> str:
 
 
 def write_report(runs_dir: Path, md: Path, argv: list[str]) -> str:
-    block = results_block(runs_dir, md.parent / f"{md.stem.lower()}.png")
+    """The results block into `md`, after adding the folder's evaluated runs to the record beside it."""
+    starts = {loop: [r["score"] for r in read_jsonl(runs_dir / f"start-eval{suffix}.jsonl")]
+              for loop, suffix in (("aitrain", ""), ("trl", "-trl"))}
+    starts = {loop: list(count(scores)) if scores else None for loop, scores in starts.items()}
+    source = f"trained on {describe_machine()}, recorded {datetime.date.today().isoformat()}"
+    record = add_runs(record_path(md), read_rows(runs_dir), starts, weights_digest(runs_dir / "start"), source)
+    block = results_block(runs_dir, md.parent / f"{md.stem.lower()}.png", settled_lines(record))
     if not md.exists():
         md.write_text("# Head to head with TRL\n")
     write_block(block, BEGIN, END, md)

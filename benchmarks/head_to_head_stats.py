@@ -29,26 +29,28 @@ from aitrain_grpo.evaluation.paired import t975  # the t quantiles `aitrain eval
 
 
 
-def share(scores: list[float]) -> float:
-    return sum(s >= SUCCESS for s in scores) / len(scores)
+def count(scores: list[float]) -> tuple[int, int]:
+    """(successes, episodes) of one checkpoint's held-back episode scores."""
+    return sum(s >= SUCCESS for s in scores), len(scores)
 
 
-def difference(pairs: dict[int, tuple[list[float], list[float]]]) -> dict | None:
-    """Success difference aitrain - TRL with its 95% interval; `pairs` maps a seed to (aitrain's episode
-    scores, TRL's), each the final checkpoint's held-back episodes. None without a complete pair."""
-    pairs = {s: (a, b) for s, (a, b) in pairs.items() if a and b}
+def difference(pairs: dict[int, tuple[tuple[int, int], tuple[int, int]]]) -> dict | None:
+    """Success difference aitrain - TRL with its 95% interval; `pairs` maps a seed to (aitrain's (successes,
+    episodes), TRL's), each the final checkpoint's held-back episodes (counts, so a seed whose episode files
+    are gone but whose counts were recorded still counts). None without a complete pair."""
+    pairs = {s: (a, b) for s, (a, b) in pairs.items() if a and b and a[1] and b[1]}
     if not pairs:
         return None
-    diffs = [share(a) - share(b) for a, b in pairs.values()]
+    diffs = [a[0] / a[1] - b[0] / b[1] for a, b in pairs.values()]
     mean = statistics.mean(diffs)
     if len(diffs) >= 2:
         half = t975(len(diffs) - 1) * statistics.stdev(diffs) / math.sqrt(len(diffs))
         method = f"t-interval over {len(diffs)} paired seeds"
     else:
         (a, b), = pairs.values()
-        pa, pb = share(a), share(b)
-        half = 1.96 * math.sqrt(pa * (1 - pa) / len(a) + pb * (1 - pb) / len(b))
-        method = f"one seed: episodes only (Wald, {len(a)} + {len(b)} episodes), no seed-to-seed spread"
+        pa, pb = a[0] / a[1], b[0] / b[1]
+        half = 1.96 * math.sqrt(pa * (1 - pa) / a[1] + pb * (1 - pb) / b[1])
+        method = f"one seed: episodes only (Wald, {a[1]} + {b[1]} episodes), no seed-to-seed spread"
     low, high = mean - half, mean + half
     verdict = "tie" if low <= 0 <= high else ("aitrain ahead" if low > 0 else "TRL ahead")
     return {"mean": mean, "low": low, "high": high, "seeds": sorted(pairs), "diffs": diffs, "method": method,

@@ -143,10 +143,10 @@ def test_trl_gets_aitrains_recipe_and_tool_reply_tokens(model, tiny_model_dir, t
 
 
 def test_the_difference_has_a_paired_t_interval_and_says_tie_when_it_holds_zero():
-    from head_to_head_stats import difference
+    from head_to_head_stats import count, difference
 
-    def scores(successes: int, n: int = 128) -> list[float]:
-        return [1.0] * successes + [0.6] * (n - successes)
+    def scores(successes: int, n: int = 128) -> tuple[int, int]:
+        return count([1.0] * successes + [0.6] * (n - successes))
 
     # Five seeds: differences 0.1, 0.05, 0.15, 0.0, 0.1 -> mean 0.08, sd 0.0570, t(0.975, 4) = 2.776.
     a, b = [77, 70, 83, 64, 77], [64, 64, 64, 64, 64]
@@ -160,10 +160,42 @@ def test_the_difference_has_a_paired_t_interval_and_says_tie_when_it_holds_zero(
     a[3] = 40
     assert difference({seed: (scores(x), scores(y)) for seed, (x, y) in enumerate(zip(a, b), 1)})["verdict"] == "tie"
     # One seed: the episodes' interval alone, said so; a seed missing a trainer is left out.
-    one = difference({1: (scores(80), scores(60)), 2: (scores(80), [])})
+    one = difference({1: (scores(80), scores(60)), 2: (scores(80), count([]))})
     assert one["seeds"] == [1] and "episodes only" in one["method"]
     assert one["high"] - one["low"] == pytest.approx(2 * 1.96 * ((80 / 128 * 48 / 128 + 60 / 128 * 68 / 128) / 128) ** 0.5)
-    assert difference({1: ([], scores(3))}) is None
+    assert difference({1: (count([]), scores(3))}) is None
+
+
+def test_the_record_keeps_every_machines_seeds_and_pairs_only_a_seeds_same_start(tmp_path):
+    """A seed trained on another machine (its runs folder gone) still counts: the committed record holds each
+    run's final successes, and the difference is taken over every seed in it."""
+    from head_to_head_record import add_runs, read_record, settled_lines
+    from head_to_head_stats import difference
+
+    def row(trainer: str, seed: int, successes: int, trl_successes: int) -> dict:
+        return {"trainer": trainer, "seed": seed, "steps": 10, "step_cpu_s": 100.0, "peak_mib": 3000.0,
+                "train_cpu_min": 40.0, "code": "abc1234",
+                "scores": {"aitrain": [1.0] * successes + [0.2] * (128 - successes),
+                           "trl": [1.0] * trl_successes + [0.2] * (128 - trl_successes)}}
+
+    path, start = tmp_path / "head_to_head_seeds.json", {"aitrain": [60, 128], "trl": [65, 128]}
+    add_runs(path, [row("aitrain", 1, 100, 90), row("trl", 1, 80, 85)], start, "d1", "machine one")
+    # The next machine: a new runs folder with seeds 2 and 3 (3 only half done, TRL not evaluated yet).
+    unevaluated = row("trl", 3, 0, 0) | {"scores": {"aitrain": [], "trl": []}}
+    record = add_runs(path, [row("aitrain", 2, 96, 96), row("trl", 2, 86, 70), row("aitrain", 3, 90, 90), unevaluated],
+                      start, "d2", "machine two")
+    assert [(r["seed"], r["trainer"]) for r in record["runs"]] == [(1, "aitrain"), (1, "trl"), (2, "aitrain"),
+                                                                    (2, "trl"), (3, "aitrain")]
+    assert read_record(path) == record and record["runs"][0]["aitrain_loop"] == [100, 128]
+    text = "\n".join(settled_lines(record))
+    expected = difference({1: ((100, 128), (80, 128)), 2: ((96, 128), (86, 128))})
+    assert f"**{expected['mean']:+.3f}**, 95% interval [{expected['low']:+.3f}, {expected['high']:+.3f}]" in text
+    assert "t-interval over 2 paired seeds" in text and "seed 1 machine one; seed 2 machine two" in text
+    assert "Left out: seed 3 (only aitrain)." in text
+    # Recorded again from another start, seed 2's TRL run no longer pairs with its aitrain run.
+    record = add_runs(path, [row("trl", 2, 86, 70)], start, "d3", "machine three")
+    assert len(record["runs"]) == 5 and "seed 2 (its trainers started from different weights)" in "\n".join(
+        settled_lines(record))
 
 
 def test_the_cpu_budget_counts_training_cpu_and_leaves_evaluation_out(tmp_path):
@@ -305,6 +337,10 @@ def test_the_harness_runs_every_phase_on_the_tiny_model(tmp_path):
             assert len([json.loads(x)["score"] for x in (runs / path).read_text().splitlines()]) == 8
     head_to_head.main(["report", *common])
     block = md.read_text().split(BEGIN)[1].split(END)[0]
+    recorded = [json.loads(line.rstrip(",")) for line in (tmp_path / "head_to_head_seeds.json").read_text().splitlines()[1:-1]]
+    assert [(r["trainer"], r["seed"], r["aitrain_loop"][1], r["trl_loop"][1]) for r in recorded] == [
+        ("aitrain", 1, 8, 8), ("trl", 1, 8, 8)] and recorded[0]["start_sha256"] == recorded[1]["start_sha256"] != None
+    assert "over the 1 seed recorded in head_to_head_seeds.json" in block
     for trainer in ("aitrain", "trl"):
         assert f"| {trainer}-seed1 (resumed at step " in block and "| 0.6 CPU min | n/a min |" in block
     assert "Episodes trained per hour, aitrain / TRL: n/a (resumed runs" in block and "nanx" not in block
