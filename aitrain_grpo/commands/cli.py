@@ -288,7 +288,7 @@ def eval_command(**options) -> None:
                  episodes=options["episodes"],
                  samples=options["rl_num_generations"], use_vllm=options["use_vllm"], output=options["output"],
                  options={name: options[name] for name in RUN_FLAGS}, seed=options["seed"],
-                 batch_size=options["batch_size"], console=out)
+                 batch_size=options["batch_size"], console=out, checkpoints=options["checkpoints"])
 
 
 eval_command.__signature__ = inspect.Signature([
@@ -301,6 +301,9 @@ eval_command.__signature__ = inspect.Signature([
     command_option("episodes", 32, "Tasks to play: the first N rows of the dataset.", int),
     field_option("rl_num_generations", 1, with_default("Episodes per task (k of pass@k).", 1)),
     command_option("baseline", None, "A second model to compare against, on the same tasks and seed.", str),
+    command_option("checkpoints", None, "With a training run's folder as --model: play its checkpoints ('all', "
+                                        "'last', or steps such as 10,20) and its start (or --baseline) on the same "
+                                        "tasks, one row each, and name the best.", str),
     command_option("output", None, "Write one JSON line per episode here (messages, score, turns, error).", str),
     field_option("use_vllm", False, "Generate with vLLM instead of Hugging Face generate (the default here: a short "
                                     "evaluation does not pay vLLM's 20-50 s start)."),

@@ -34,6 +34,7 @@ from aitrain_grpo.env.loading import load_environment
 from aitrain_grpo.errors import ConfigError
 from aitrain_grpo.evaluation.evaluate import EvalResult, evaluate, open_backend, write_records
 from aitrain_grpo.evaluation.paired import paired_difference
+from aitrain_grpo.evaluation.sweep import SweptModel, best_line, gain_lines, sweep_table, swept_models
 from aitrain_grpo.models.loading import load_for_generation, resolve_source
 from aitrain_grpo.option_rules import check_seed
 from aitrain_grpo.outputs import check_file_output
@@ -67,17 +68,23 @@ def _option(value, run_config: dict[str, Any], name: str):
 def run_eval(*, model: str, baseline: str | None, spec: str | list[str] | None = None, module: str | None,
              class_name: str | None, env_config: str | None, weights: str | None = None,
              episodes: int, samples: int, use_vllm: bool, output: str | None, options: dict[str, Any], seed: int,
-             batch_size: int, console) -> list[EvalResult]:
+             batch_size: int, console, checkpoints: str | None = None) -> list[EvalResult]:
     """What `aitrain eval` does: resolve models and environment, play, print the table, write JSONL.
-    `options` holds the sampling and budget flags (None where not given)."""
+    `options` holds the sampling and budget flags (None where not given); `checkpoints` sweeps a run's
+    checkpoints (evaluation/sweep.py) against its start or the baseline."""
     check_positive(episodes=episodes, rl_num_generations=samples, batch_size=batch_size)
     check_seed(seed)
     check_options(options)
-    sources = [resolve_source(model)] + ([resolve_source(baseline)] if baseline else [])
+    swept: list[SweptModel] = []
+    if checkpoints is not None:
+        run_config, swept = swept_models(model, checkpoints, baseline)
+        sources = [m.source for m in swept]
+    else:
+        sources = [resolve_source(model)] + ([resolve_source(baseline)] if baseline else [])
+        run_config = sources[0].run_config
     if output is not None:  # before anything loads: never over a folder, '.', or a file of a run being read
         read = [p for s in sources for p in (s.weights, s.adapter) if p and Path(p).expanduser().is_dir()]
         output = str(check_file_output(output, flag="--output", suffixes=(".jsonl",), reads=read))
-    run_config = sources[0].run_config
     if not (spec or module or class_name):
         spec, module, class_name = (run_config.get(k) for k in ("rl_env", "rl_env_module", "rl_env_class"))
         env_config = env_config if env_config is not None else run_config.get("rl_env_config")
@@ -90,10 +97,9 @@ def run_eval(*, model: str, baseline: str | None, spec: str | list[str] | None =
     check_options(settings)  # a training run's values too (its run_config.json may be older)
     played = EpisodeSettings.from_options(settings)  # how both models play their episodes
     resolve_strategies(env, played.context)  # a strategy the environment cannot play, refused before a model loads
-    labels = ["model", "baseline"]
     results: list[EvalResult] = []
     rows, said = None, set()
-    for label, source in zip(labels, sources):
+    for source in sources:
         backend, tokenizer, model_ = open_backend(source, use_vllm=use_vllm)
         if needs_policy(env):  # its score_episode takes the model (vLLM: load it in HF too)
             env.use_policy(model_ if model_ is not None else load_for_generation(source)[0], tokenizer)
@@ -112,6 +118,13 @@ def run_eval(*, model: str, baseline: str | None, spec: str | list[str] | None =
                                 batch_size=batch_size, seed=seed))
         del backend  # the model's memory goes before the next one loads
     named = " + ".join(env_specs(spec)) if spec else f"{module}.{class_name}"
+    if swept:
+        console.print(sweep_table(swept, results, title=table_title(named, played.sampling, results[0].schedule)))
+        for line in [*gain_lines(swept, results), best_line(swept, results)]:
+            console.print(line, markup=False)
+        if output:
+            console.print(f"episodes written to {write_records(output, results)}", markup=False)
+        return results
     show_results(results, console, env_name=named, sampling=played.sampling)
     for line in difference_lines(results):  # with a baseline: is the difference more than noise?
         console.print(line, markup=False)
@@ -134,10 +147,14 @@ def difference_lines(results: list[EvalResult]) -> list[str]:
     return [score.line(), success.line(scale=100, unit=" pts")] if score and success else []
 
 
+def table_title(env_name: str, sampling: SamplingParams, schedule: str) -> str:
+    return (f"{env_name}: temperature {sampling.temperature:g}, top-k {sampling.top_k}, top-p {sampling.top_p:g}, "
+            f"{schedule} rollouts")
+
+
 def show_results(results: list[EvalResult], console, *, env_name: str, sampling: SamplingParams) -> None:
     summaries = [r.summary() for r in results]
-    table = Table(title=f"{env_name}: temperature {sampling.temperature:g}, top-k {sampling.top_k}, "
-                        f"top-p {sampling.top_p:g}, {results[0].schedule} rollouts", title_justify="left")
+    table = Table(title=table_title(env_name, sampling, results[0].schedule), title_justify="left")
     table.add_column("metric")
     for result, name in zip(results, ("model", "baseline")):
         table.add_column(f"{name}: {result.label}", justify="right", overflow="fold")

@@ -14,6 +14,7 @@ generation backend (training/rollout/generation.py, commands/evaluation.py).
 from __future__ import annotations
 
 import json
+import re
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -146,9 +147,13 @@ def resolve_source(spec: str) -> ModelSource:
     path = Path(resolve_model(spec)).expanduser()
     if path.is_dir():
         run_config: dict[str, Any] = {}
-        if (path / "run_config.json").is_file():
+        # A checkpoint-N folder holds no run_config.json: its run's, in the folder above, says how it trained.
+        recorded = path / "run_config.json"
+        if not recorded.is_file() and re.fullmatch(r"checkpoint-\d+", path.name):
+            recorded = path.parent / "run_config.json"
+        if recorded.is_file():
             try:
-                run_config = json.loads((path / "run_config.json").read_text())
+                run_config = json.loads(recorded.read_text())
             except json.JSONDecodeError:
                 run_config = {}
         has_tokenizer = (path / "tokenizer_config.json").is_file()
