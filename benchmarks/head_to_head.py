@@ -39,8 +39,10 @@ stops after N steps instead (timing one step).
 temperature 0.7, seed 0) with the start and with each run's final checkpoint (`--checkpoints all`: every
 one) in both loops (`--loop`): `aitrain eval` (StationEnv, `{"split": "held_out"}`) into
 <run>/eval/step-<N>.jsonl, and TRL's own evaluate() (head_to_head_trl.py --evaluate: TRL's parser and turn
-handling) into <run>/eval-trl/step-<N>.jsonl. `report` is head_to_head_report.py; the phase profile of
-one step each is head_to_head_profile.py.
+handling) into <run>/eval-trl/step-<N>.jsonl. `report` is head_to_head_report.py: it adds the folder's
+evaluated runs to the committed record beside the write-up (head_to_head_seeds.json, head_to_head_record.py),
+so seeds trained on machines since lost still count, and gives the difference over every recorded seed.
+The phase profile of one step each is head_to_head_profile.py.
 
 `train --resume` keeps the runs that finished (run.json written) and goes on with the others, stopped with
 their harness (a session's end), from their newest checkpoint (head_to_head_ledger.py dates it; the

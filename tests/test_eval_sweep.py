@@ -100,6 +100,7 @@ def test_last_plays_the_final_weights_when_the_run_trained_past_its_last_checkpo
 @pytest.mark.parametrize("which, error", [
     ("5", "--checkpoints '5': the run has no checkpoint at step 5; its checkpoints are at steps 2"),
     ("two", "--checkpoints 'two' is not 'all', 'last' or comma-separated steps such as 10,20"),
+    (",", "--checkpoints ',' names no step; pass all, last, or steps such as 10,20"),
 ])
 def test_a_step_the_run_lacks_is_refused_with_its_steps(tiny_model_dir, tmp_path, which, error):
     out = tmp_path / "run"

@@ -10,6 +10,7 @@ from __future__ import annotations
 import asyncio
 import json
 import os
+import shlex
 import shutil
 import signal
 import subprocess
@@ -163,6 +164,27 @@ def test_training_syncs_every_server_and_logs_each(two_servers, tiny_model_dir, 
                  if "Loaded new LoRA adapter" in line and str(sync_dir) in line]
         assert [line.split("name '", 1)[1].split("'", 1)[0].rsplit("-", 1)[1] for line in loads] == ["probe", "1", "2", "3"]
     assert len(list(sync_dir.iterdir())) == 1  # only the live version is left
+
+
+def test_a_time_limit_under_async_steps_saves_the_trained_step_and_resumes(two_servers, tiny_model_dir, tmp_path):
+    """`--max-time` with `--rl-async-steps 1`: the run stops after a step with its checkpoint while the next
+    step's episodes are being played ahead; those are dropped (never trained, never logged), and the
+    printed command resumes from the checkpoint with every step trained and logged once."""
+    out = tmp_path / "run"
+    args = ["grpo", "--model", tiny_model_dir, *LETTERS, "--max-steps", "4", "--output-dir", str(out), "--use-vllm",
+            "--vllm-mode", "server", "--vllm-server-url", two_servers[0]["url"], "--vllm-sync", "lora",
+            "--rl-async-steps", "1", "--log-episodes-every", "1", "--max-time", "0.001"]
+    result = run_cli(*args)
+    assert result.returncode == 0 and "Traceback" not in result.stderr, result.stderr[-3000:]
+    lines = result.stderr.strip().splitlines()
+    assert lines[-3].startswith("stopped at step 1 of 4 to end within --max-time"), lines[-3:]
+    assert lines[-2] == f"checkpoint saved: {out / 'checkpoint-1'}"
+    resumed = run_cli(*shlex.split(lines[-1].removeprefix("resume with: aitrain ")))
+    assert resumed.returncode == 0 and "Traceback" not in resumed.stderr, resumed.stderr[-3000:]
+    assert [r["step"] for r in metrics(out)] == [1, 2] and (out / "checkpoint-2").is_dir()
+    scores = [json.loads(line)["step"] for line in (out / "scores.jsonl").read_text().splitlines()]
+    episodes = {json.loads(line)["step"] for line in (out / "episodes.jsonl").read_text().splitlines()}
+    assert scores == [1, 2] and episodes == {1, 2}
 
 
 # ------------------------------------------------------------------------------ a server that restarts

@@ -49,9 +49,11 @@ def chosen_steps(which: str, available: list[int], flag: str = "--checkpoints") 
         asked = sorted({int(part) for part in which.split(",") if part.strip()})
     except ValueError:
         raise ConfigError(f"{flag} {which!r} is not 'all', 'last' or comma-separated steps such as 10,20") from None
+    if not asked:
+        raise ConfigError(f"{flag} {which!r} names no step; pass all, last, or steps such as 10,20")
     missing = [s for s in asked if s not in available]
-    if missing or not asked:
-        raise ConfigError(f"{flag} {which!r}: the run has no checkpoint at step {', '.join(map(str, missing)) or '?'}; "
+    if missing:
+        raise ConfigError(f"{flag} {which!r}: the run has no checkpoint at step {', '.join(map(str, missing))}; "
                           f"its checkpoints are at steps {', '.join(map(str, available))}")
     return asked
 
