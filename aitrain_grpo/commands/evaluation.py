@@ -32,7 +32,7 @@ from aitrain_grpo.env.base import needs_policy
 from aitrain_grpo.env.dataset import build_rows
 from aitrain_grpo.env.loading import load_environment
 from aitrain_grpo.errors import ConfigError
-from aitrain_grpo.evaluation.evaluate import EvalResult, evaluate, open_backend, write_records
+from aitrain_grpo.evaluation.evaluate import EvalResult, SharedVLLMEngine, evaluate, open_backend, write_records
 from aitrain_grpo.evaluation.paired import paired_difference
 from aitrain_grpo.evaluation.sweep import SweptModel, best_line, gain_lines, sweep_table, swept_models
 from aitrain_grpo.models.loading import load_for_generation, resolve_source
@@ -99,8 +99,9 @@ def run_eval(*, model: str, baseline: str | None, spec: str | list[str] | None =
     resolve_strategies(env, played.context)  # a strategy the environment cannot play, refused before a model loads
     results: list[EvalResult] = []
     rows, said = None, set()
+    shared = SharedVLLMEngine.for_sources(sources) if use_vllm else None  # one engine, adapters per request
     for source in sources:
-        backend, tokenizer, model_ = open_backend(source, use_vllm=use_vllm)
+        backend, tokenizer, model_ = shared.open(source) if shared else open_backend(source, use_vllm=use_vllm)
         if needs_policy(env):  # its score_episode takes the model (vLLM: load it in HF too)
             env.use_policy(model_ if model_ is not None else load_for_generation(source)[0], tokenizer)
         note = template_kwargs_note(tokenizer, dict(played.template_kwargs or {}))

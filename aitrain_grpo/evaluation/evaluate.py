@@ -38,6 +38,35 @@ from aitrain_grpo.runlog.records import episode_record, write_jsonl
 TRL_ENGINE_SETTINGS = {"max_num_batched_tokens": 4096, "logprobs_mode": "processed_logprobs"}
 
 
+def _adapter_config(source: ModelSource) -> dict:
+    return json.loads((Path(source.adapter) / "adapter_config.json").read_text()) if source.adapter else {}
+
+
+def _needs_merge(adapter: dict) -> bool:
+    """vLLM applies neither a DoRA adapter nor a module saved in full: such an adapter is merged first."""
+    return bool(adapter.get("use_dora") or adapter.get("modules_to_save"))
+
+
+def _start_llm(weights: str, tokenizer_path: str, spec: str, lora_rank: int | None):
+    """The engine, built as TRL builds a training run's colocated one (TRL_ENGINE_SETTINGS); with
+    `lora_rank`, adapters up to that rank are applied per request."""
+    from vllm import LLM
+
+    lora_kwargs = {"enable_lora": True, "max_lora_rank": max(8, lora_rank)} if lora_rank else {}
+    try:
+        return LLM(model=weights, tokenizer=tokenizer_path, gpu_memory_utilization=0.5, **TRL_ENGINE_SETTINGS,
+                   **lora_kwargs)
+    except Exception as exc:  # vLLM reports unsupported models and memory problems this way
+        raise ConfigError(f"vLLM could not load {spec}: {' '.join(str(exc).split())[:300]}") from None
+
+
+def _stop_ids(weights: str, tokenizer) -> list[int]:
+    from transformers import AutoConfig, GenerationConfig
+
+    generation_config = GenerationConfig.from_model_config(AutoConfig.from_pretrained(weights))
+    return stop_token_ids(SimpleNamespace(generation_config=generation_config), tokenizer)
+
+
 def open_vllm_engine(source: ModelSource) -> tuple[Any, Any, list[int], Any]:
     """An in-process vLLM engine on the base weights, with the LoRA adapter (if any) applied per
     request rather than merged (vLLM serves adapters natively), except a DoRA adapter or one with modules
@@ -45,35 +74,58 @@ def open_vllm_engine(source: ModelSource) -> tuple[Any, Any, list[int], Any]:
     Built as TRL builds a training run's colocated engine (TRL_ENGINE_SETTINGS), so that `aitrain eval`
     plays the kernels a run's held-back evaluation played."""
     # vLLM is optional and, like torch, takes seconds to import: only when --use-vllm asks for it.
-    from transformers import AutoConfig, GenerationConfig
-    from vllm import LLM
     from vllm.lora.request import LoRARequest
 
     tokenizer = load_tokenizer(source)
-    lora_kwargs: dict[str, Any] = {}
     lora_request = None
-    adapter = json.loads((Path(source.adapter) / "adapter_config.json").read_text()) if source.adapter else {}
+    adapter = _adapter_config(source)
     with tempfile.TemporaryDirectory(prefix="aitrain-merged-") as merged:
         weights, tokenizer_path = source.weights, source.tokenizer
-        if adapter.get("use_dora") or adapter.get("modules_to_save"):
-            # vLLM applies neither a DoRA adapter nor a module saved in full: it gets the merged weights,
-            # as a training run's vLLM does (--vllm-sync auto), read once and removed
+        if _needs_merge(adapter):
+            # merged as a training run's vLLM gets them (--vllm-sync auto), read once and removed
             load_causal_lm(source.adapter).save_pretrained(merged)
             tokenizer.save_pretrained(merged)
             weights = tokenizer_path = merged
         elif source.adapter:
-            lora_kwargs = {"enable_lora": True, "max_lora_rank": max(8, int(adapter.get("r", 16)))}
             lora_request = LoRARequest("eval-adapter", 1, source.adapter)
-        try:
-            llm = LLM(
-                model=weights, tokenizer=tokenizer_path, gpu_memory_utilization=0.5, **TRL_ENGINE_SETTINGS,
-                **lora_kwargs,
-            )
-        except Exception as exc:  # vLLM reports unsupported models and memory problems this way
-            raise ConfigError(f"vLLM could not load {source.spec}: {' '.join(str(exc).split())[:300]}") from None
-    generation_config = GenerationConfig.from_model_config(AutoConfig.from_pretrained(source.weights))
-    stop_ids = stop_token_ids(SimpleNamespace(generation_config=generation_config), tokenizer)
-    return llm, lora_request, stop_ids, tokenizer
+        llm = _start_llm(weights, tokenizer_path, source.spec, int(adapter.get("r", 16)) if lora_request else None)
+    return llm, lora_request, _stop_ids(source.weights, tokenizer), tokenizer
+
+
+class SharedVLLMEngine:
+    """One in-process vLLM engine for several models on the same base weights (a run's start and its
+    LoRA checkpoints, a model and its base as `--baseline`): each adapter applied per request. One engine
+    start instead of one a model (20-50 s each), and no second engine asking for GPU memory that the
+    first one, deleted, may not have given back. `for_sources` gives None when the models do not share
+    their base, or one needs merging (DoRA, modules saved in full): each then gets its own engine."""
+
+    def __init__(self, sources: list[ModelSource]):
+        ranks = [int(_adapter_config(s).get("r", 16)) for s in sources if s.adapter]
+        self.llm = _start_llm(sources[0].weights, sources[0].tokenizer, sources[0].spec, max(ranks) if ranks else None)
+        self.adapters: dict[str, Any] = {}
+
+    @classmethod
+    def for_sources(cls, sources: list[ModelSource]) -> "SharedVLLMEngine | None":
+        if len(sources) < 2 or len({s.weights for s in sources}) != 1:
+            return None
+        if any(_needs_merge(_adapter_config(s)) for s in sources):
+            return None
+        require_vllm("--use-vllm")
+        return cls(sources)
+
+    def open(self, source: ModelSource) -> tuple[GenerationBackend, Any, None]:
+        """The backend, tokenizer (the model's own) and no model object, as `open_backend` gives them."""
+        from vllm.lora.request import LoRARequest
+
+        lora_request = None
+        if source.adapter:
+            if source.adapter not in self.adapters:
+                n = len(self.adapters) + 1
+                self.adapters[source.adapter] = LoRARequest(f"eval-adapter-{n}", n, source.adapter)
+            lora_request = self.adapters[source.adapter]
+        tokenizer = load_tokenizer(source)
+        stop_ids = _stop_ids(source.weights, tokenizer)
+        return build_backend("vllm_colocate", stop_ids, llm=self.llm, lora_request=lora_request), tokenizer, None
 
 
 def open_backend(source: ModelSource, *, use_vllm: bool = False) -> tuple[GenerationBackend, Any, Any]:

@@ -8,7 +8,9 @@ chosen checkpoint, and the run's final weights when no chosen checkpoint already
 same tasks from the same seed, with the environment and settings the run trained with. One table: a row a
 model, with its success difference against the reference paired by task (evaluation/paired.py), and a
 line naming the best (highest success, then mean score, the earlier step on a tie) with the command that
-makes it a model of its own.
+makes it a model of its own. With `--use-vllm` one engine plays them all when they share their base
+weights, each LoRA adapter applied per request (evaluate.py `SharedVLLMEngine`): one engine start, not one
+a checkpoint.
 
 Left out: `best/` (with `--save-best` it is a copy of a checkpoint's weights, judged on other episodes);
 checkpoints of several runs in one table (evaluate each run, or pass one as `--baseline`).
