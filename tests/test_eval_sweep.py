@@ -117,3 +117,13 @@ def test_checkpoints_of_something_that_is_not_a_run_are_refused(tiny_model_dir, 
     (tmp_path / "run_config.json").write_text(json.dumps({"model": "tiny", "rl_env_module": "envs.letters"}))
     result = aitrain("eval", "--model", tmp_path, "--checkpoints", "all")
     assert result.exit_code == 2 and "holds no complete checkpoint-N folder to sweep" in result.output
+
+
+def test_a_run_that_trained_every_weight_is_swept_against_its_model(tiny_model_dir, tmp_path):
+    out, episodes = tmp_path / "run", tmp_path / "full.jsonl"
+    train(RunConfig(model=tiny_model_dir, output_dir=str(out), rl_env_module="envs.letters", rl_env_class="LetterEnv",
+                    peft=False, max_steps=1, save_steps=1, batch_size=4, rl_num_generations=2, rl_max_new_tokens=8,
+                    log_episodes_every=0))
+    result = aitrain("eval", "--model", out, "--checkpoints", "last", "--episodes", "2", "--output", episodes)
+    assert result.exit_code == 0, result.output[-3000:]
+    assert list(by_model(episodes)) == [tiny_model_dir, f"{out}/checkpoint-1"]

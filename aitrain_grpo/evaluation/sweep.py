@@ -79,12 +79,23 @@ def swept_models(run: str, which: str, baseline: str | None) -> tuple[dict, list
     steps = chosen_steps(which, [s for s, _ in available])
     if which.strip().lower() == "last" and final_is_newer:
         steps = []
+    checkpoints = [SweptModel(p.name, s, resolve_source(str(p))) for s, p in available if s in steps]
     reference = (SweptModel("baseline", None, resolve_source(baseline)) if baseline else
-                 SweptModel("start", 0, resolve_source(str(run_config.get("model") or "tiny"))))
-    models = [reference] + [SweptModel(p.name, s, resolve_source(str(p))) for s, p in available if s in steps]
+                 SweptModel("start", 0, start_of(run_config, resolve_source(str(available[0][1])))))
+    models = [reference] + checkpoints
     if final_is_newer and which.strip().lower() in ("all", "last"):
         models.append(SweptModel("final", final_step, resolve_source(str(folder))))
     return run_config, models
+
+
+def start_of(run_config: dict, checkpoint: ModelSource) -> ModelSource:
+    """The weights the run started from. A LoRA run's: its adapter's base (where a checkpoint finds it),
+    played with the run's tokenizer (its chat template), so that only the weights differ from the
+    checkpoints'. A run that trained every weight: its `--model`."""
+    if checkpoint.adapter:
+        return ModelSource(str(run_config.get("model") or checkpoint.weights), checkpoint.weights, None,
+                           checkpoint.tokenizer)
+    return resolve_source(str(run_config.get("model") or "tiny"))
 
 
 def _final_step(folder: Path) -> int | None:
