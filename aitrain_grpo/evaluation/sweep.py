@@ -30,7 +30,6 @@ from aitrain_grpo.errors import ConfigError
 from aitrain_grpo.evaluation.evaluate import EvalResult
 from aitrain_grpo.evaluation.paired import PairedDifference, paired_difference
 from aitrain_grpo.models.loading import ModelSource, resolve_source
-from aitrain_grpo.training.run.checkpoints import checkpoint_step, complete_checkpoints
 
 
 @dataclass(frozen=True)
@@ -64,6 +63,9 @@ def swept_models(run: str, which: str, baseline: str | None) -> tuple[dict, list
     """The run's options (run_config.json) and the models to play, the reference first. `last` is the run's
     newest weights: its final model when it trained past its last checkpoint; `all` adds that final model
     after the checkpoints."""
+    # training's notion of a complete checkpoint; imported here: it brings TRL, which `aitrain --help` need not load
+    from aitrain_grpo.training.run.checkpoints import checkpoint_step, complete_checkpoints
+
     folder = Path(run).expanduser()
     if not (folder / "run_config.json").is_file():
         raise ConfigError(f"--checkpoints needs a training run's folder as --model; {run} has no run_config.json "
