@@ -191,3 +191,16 @@ def test_every_peer_name_points_at_an_option_of_ours():
     ours = set(RunConfig.field_names())
     assert {target for target, _, _ in PEER_NAMES.values()} <= ours
     assert not set(PEER_NAMES) & ours  # a name of ours is never refused as a peer's
+
+
+def test_the_command_line_starts_without_torch_or_the_training_stack():
+    """`aitrain --help`, a typo's error and every refusal made before a model loads answer in under a
+    second (0.7 s measured) because the command line imports none of these; with TRL's GRPOTrainer
+    loaded it took 7.9 s. A module-level import of the training layer anywhere under commands/ breaks it."""
+    import subprocess
+    import sys
+
+    heavy = ("torch", "transformers", "trl", "peft", "accelerate", "datasets", "vllm")
+    probe = f"import sys, aitrain_grpo.commands.cli; print([m for m in {heavy!r} if m in sys.modules])"
+    loaded = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, cwd=str(REPO), timeout=120)
+    assert loaded.returncode == 0 and loaded.stdout.strip() == "[]", loaded.stdout + loaded.stderr[-2000:]
