@@ -103,9 +103,20 @@ def settled_lines(record: dict) -> list[str]:
     for loop, name in LOOPS.items():
         pairs = {s: (tuple(r["aitrain"][f"{loop}_loop"]), tuple(r["trl"][f"{loop}_loop"])) for s, r in paired.items()}
         out.append(describe(difference(pairs), name))
+    out += ["", "| seed | trainer | steps | held-back success, aitrain's loop | TRL's loop | start (aitrain's / TRL's loop) "
+                "| code |", "| --- " * 7 + "|"]
+    for run in record["runs"]:
+        start = " / ".join(share(run.get(f"start_{loop}_loop")) for loop in LOOPS)
+        out.append(f"| {run['seed']} | {run['trainer']} | {run['steps']} | {share(run['aitrain_loop'])} | "
+                   f"{share(run['trl_loop'])} | {start} | {run.get('code') or 'n/a'} |")
     if unpaired:
         out += ["", "Left out: " + "; ".join(unpaired) + "."]
     return out
+
+
+def share(counts: list[int] | None) -> str:
+    """'0.789 (101/128)'; 'n/a' when not recorded."""
+    return f"{counts[0] / counts[1]:.3f} ({counts[0]}/{counts[1]})" if counts and counts[1] else "n/a"
 
 
 def sources_note(paired: dict[int, dict]) -> str:

@@ -192,6 +192,7 @@ def test_the_record_keeps_every_machines_seeds_and_pairs_only_a_seeds_same_start
     assert f"**{expected['mean']:+.3f}**, 95% interval [{expected['low']:+.3f}, {expected['high']:+.3f}]" in text
     assert "t-interval over 2 paired seeds" in text and "seed 1 machine one; seed 2 machine two" in text
     assert "Left out: seed 3 (only aitrain)." in text
+    assert "| 1 | aitrain | 10 | 0.781 (100/128) | 0.703 (90/128) | 0.469 (60/128) / 0.508 (65/128) | abc1234 |" in text
     # Recorded again from another start, seed 2's TRL run no longer pairs with its aitrain run.
     record = add_runs(path, [row("trl", 2, 86, 70)], start, "d3", "machine three")
     assert len(record["runs"]) == 5 and "seed 2 (its trainers started from different weights)" in "\n".join(
