@@ -218,7 +218,7 @@ def results_block(runs_dir: Path, figure_path: Path | None, settled: list[str] =
     out = [f"Machine: {describe_machine()}; OMP_NUM_THREADS=1 per process. Start: {origin}, held-back success "
            f"{cell(start)}. Written by `python benchmarks/head_to_head.py report`.", ""]
     if not rows:
-        return "\n".join(out + ["No runs yet."])
+        return "\n".join(out + ["No runs in this runs folder yet.", *settled])
     out += ["| run | budget | trained | steps | episodes | episodes/hour | step: wall (median) | step: CPU | "
             "loading: CPU | peak memory | held-back success: start -> final | TRL's loop: start -> final |",
             "| --- " * 12 + "|"]
