@@ -119,6 +119,13 @@ def test_checkpoints_of_something_that_is_not_a_run_are_refused(tiny_model_dir, 
     assert result.exit_code == 2 and "holds no complete checkpoint-N folder to sweep" in result.output
 
 
+def test_the_episodes_never_replace_a_file_of_the_swept_run(letters_run):
+    metrics = (letters_run / "metrics.jsonl").read_text()
+    result = aitrain("eval", "--model", letters_run, "--checkpoints", "last", "--output", letters_run / "metrics.jsonl")
+    assert result.exit_code == 2 and "which this command reads" in result.output
+    assert (letters_run / "metrics.jsonl").read_text() == metrics
+
+
 def test_a_run_that_trained_every_weight_is_swept_against_its_model(tiny_model_dir, tmp_path):
     out, episodes = tmp_path / "run", tmp_path / "full.jsonl"
     train(RunConfig(model=tiny_model_dir, output_dir=str(out), rl_env_module="envs.letters", rl_env_class="LetterEnv",

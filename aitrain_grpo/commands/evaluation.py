@@ -84,6 +84,7 @@ def run_eval(*, model: str, baseline: str | None, spec: str | list[str] | None =
         run_config = sources[0].run_config
     if output is not None:  # before anything loads: never over a folder, '.', or a file of a run being read
         read = [p for s in sources for p in (s.weights, s.adapter) if p and Path(p).expanduser().is_dir()]
+        read += [model] if swept else []  # the swept run's folder, not only its checkpoints
         output = str(check_file_output(output, flag="--output", suffixes=(".jsonl",), reads=read))
     if not (spec or module or class_name):
         spec, module, class_name = (run_config.get(k) for k in ("rl_env", "rl_env_module", "rl_env_class"))
