@@ -5,10 +5,12 @@ gives pass@k. `EvalResult` reports mean score, success rate (episodes scoring 1.
 at least one success among their k episodes), mean turns, environment errors, truncations, and
 generated tokens per second. `open_backend` loads a model for generation: merged LoRA with Hugging Face
 generate, or an in-process vLLM engine applying the adapter per request (the backend itself comes from
-`engine/backends/choice.py`, as training's does).
+`engine/backends/choice.py`, as training's does). `SharedVLLMEngine` serves several models on the same
+base weights from one vLLM engine (a run's start and LoRA checkpoints), each adapter per request.
 
 Left out: the command (`aitrain eval`: options, the training run's settings, the table), in
-commands/evaluation.py; statistical tests between two models (the JSONL records have what they need).
+commands/evaluation.py; the difference between two models with its interval (paired.py) and a run's
+checkpoints side by side (sweep.py).
 """
 
 from __future__ import annotations
