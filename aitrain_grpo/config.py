@@ -20,7 +20,7 @@ from typing import Any, Mapping
 
 from aitrain_grpo.env_spec import check_environment_named, env_specs, environment_of, spec_label
 from aitrain_grpo.errors import ConfigError
-from aitrain_grpo.option_effects import check_curriculum_reachable, check_loss_options
+from aitrain_grpo.option_effects import check_curriculum_reachable, check_loss_options, check_reference_sync
 from aitrain_grpo.optimizers import check_optimizer
 from aitrain_grpo.config_file import read_options_file
 from aitrain_grpo.option_rules import (NON_NEGATIVE, POSITIVE, POSITIVE_SECONDS, Bound, at_least, check_bound,
@@ -148,6 +148,8 @@ class RunConfig:
     rl_advantage: str = _opt("outcome", "Credit: outcome (every token of an episode gets its score's group advantage) or turn (plus each turn's group-normalised reward-to-go, from the environment's episode.reward_turn).", choices=ADVANTAGE_MODES)
     rl_kl_coef: float = _opt(0.1, "KL penalty against the reference model (TRL's beta).", bound=NON_NEGATIVE)
     rl_kl_bias_correction: bool = _opt(True, "Weight each token's KL term by its policy ratio (TRL's use_bias_correction_kl, on by default there too: DeepSeek-V3.2's unbiased reverse-KL gradient). The ratio's value is 1 when the policy that trains played, but its gradient is not, so this changes the KL's gradient at every step; --no-rl-kl-bias-correction takes the plain estimate's gradient.")
+    rl_ref_sync_steps: int = _opt(0, "TR-DPO's moving reference (TRL's sync_ref_model): every N optimizer steps the reference model of the KL term moves toward the policy, ref = a * policy + (1 - a) * ref with a = --rl-ref-mixup-alpha, so the KL holds the policy near where it recently was instead of where it started; 0 keeps the start. Needs a reference model of its own (--no-peft) and a KL term; its weights are saved with each checkpoint, so a resumed run goes on from the same reference.", bound=Bound(low=0, high=10**6, integer=True, note="optimizer steps between syncs; 0 never syncs"))
+    rl_ref_mixup_alpha: float = _opt(0.6, "With --rl-ref-sync-steps: how far the reference moves toward the policy at each sync (TRL's ref_model_mixup_alpha; 1 copies the policy).", bound=Bound(low=0, high=1, low_open=True))
     rl_clip_range: float = _opt(0.2, "PPO-style clip range (TRL's epsilon).", bound=POSITIVE)
     rl_num_iterations: int = _opt(1, "Optimizer updates on each generation batch (TRL's num_iterations, PPO's epochs). At 1 the policy that trains is the one that played, so the clip ranges and --rl-importance-sampling change nothing; above 1 they bound how far the later updates move. Metrics are then logged once a batch, averaged over its updates.", bound=count(1024, "updates on each generation batch"))
     rl_clip_range_high: float | None = _opt(None, "Upper clip range, apart from the lower (TRL's epsilon_high; DAPO's clip-higher takes 0.28; default: --rl-clip-range).", bound=POSITIVE)
@@ -345,6 +347,7 @@ class RunConfig:
         _ = self.vllm_servers, self.reward_weight_list  # parsed, and so checked, once: here
         check_curriculum_reachable(self)  # option_effects.py: a threshold no group's reward can reach
         check_loss_options(self)  # option_effects.py: a loss option the loss type or clip range leaves inert
+        check_reference_sync(self)  # option_effects.py: a moving reference where there is none to move
         if bool(self.eval_env_module) != bool(self.eval_env_class):
             raise ConfigError("--eval-env-module and --eval-env-class name the held-back environment together; give both")
         check_save_best(self.save_best, self.eval_every, self.eval_num_generations)  # before a model loads

@@ -7,7 +7,8 @@ for a curriculum threshold no group's reward can ever reach or a ratio cap the l
   from its default where it does nothing gets one `note:` line (a shared config file may carry it for
   another run, so the run goes on). `--warmup-steps` does nothing under `--lr-scheduler constant`, Adam's
   constants nothing with an `--optim` built without them (sgd, adafactor, ...), the LoRA options nothing
-  with `--no-peft`, `--no-rl-kl-bias-correction` nothing without a KL term.
+  with `--no-peft`, `--no-rl-kl-bias-correction` nothing without a KL term, `--rl-ref-mixup-alpha` nothing
+  without `--rl-ref-sync-steps`.
   A loss type away from its paper's importance-sampling level gets a note too (`loss_setup_notes`), as
   TRL logs it, and so do the options that act on the policy ratio (the clip ranges, `--rl-delta`,
   `--rl-importance-sampling`) under one update a batch, where every ratio is 1, and `--rl-off-policy-mask`
@@ -17,6 +18,8 @@ for a curriculum threshold no group's reward can ever reach or a ratio cap the l
   (preflight/run_checks.py).
 - `check_loss_options`: `--rl-delta` is refused with a loss type TRL does not clip (cispo, sapo, vespo),
   or at or below 1 + the upper clip range, where it would cap ratios the clip already holds.
+- `check_reference_sync`: `--rl-ref-sync-steps` is refused where no reference model of its own exists
+  (LoRA, whose reference is the adapter switched off; `--rl-kl-coef 0`).
 - `check_curriculum_reachable`: under `pools`, a group is easy when its mean reward is at least
   `--rl-curriculum-easy` and hard when at most `--rl-curriculum-hard`. Where every reward is bounded (the
   environment's score and the judge's are 0 to 1, times their `--rl-reward-weights`), `--rl-curriculum-easy
@@ -97,6 +100,9 @@ def unused_option_notes(config: Any, strategies: Iterable[str]) -> list[str]:
     if "rl_kl_bias_correction" in given and config.rl_kl_coef == 0:
         notes.append("note: --no-rl-kl-bias-correction does nothing with --rl-kl-coef 0: there is no KL term to weight; "
                      "leave it out, or give the KL a coefficient")
+    if "rl_ref_mixup_alpha" in given and not config.rl_ref_sync_steps:
+        notes.append("note: --rl-ref-mixup-alpha does nothing without --rl-ref-sync-steps: the reference never moves; "
+                     "leave it out, or give --rl-ref-sync-steps (e.g. 64)")
     if "warmup_steps" in given and config.lr_scheduler == "constant":
         notes.append("note: --warmup-steps does nothing under --lr-scheduler constant (it holds --lr from the first "
                      "step); leave it out, or choose --lr-scheduler constant_with_warmup")
@@ -128,6 +134,21 @@ def check_curriculum_reachable(config: Any) -> None:
     if config.rl_curriculum_hard < low:
         raise ConfigError(f"--rl-curriculum-hard {config.rl_curriculum_hard:g} can never be reached, so no prompt "
                           f"would ever be hard: {what}; give a value from {low:g}, e.g. {low:g}")
+
+
+def check_reference_sync(config: Any) -> None:
+    """Refuse `--rl-ref-sync-steps` where there is no reference model to move: under LoRA the reference is
+    the base model with the adapter off (TRL keeps no copy; its own refusal came as a traceback after the
+    model loaded), and with `--rl-kl-coef 0` TRL builds none."""
+    if not config.rl_ref_sync_steps:
+        return
+    if config.peft:
+        raise ConfigError("--rl-ref-sync-steps moves a reference model of its own toward the policy; with LoRA the "
+                          "reference is the base model with the adapter off, which cannot move: add --no-peft, or "
+                          "leave --rl-ref-sync-steps out")
+    if config.rl_kl_coef == 0:
+        raise ConfigError("--rl-ref-sync-steps moves the reference of the KL term, and --rl-kl-coef 0 has none: give "
+                          "the KL a coefficient (e.g. --rl-kl-coef 0.04), or leave --rl-ref-sync-steps out")
 
 
 # Options that act on the policy ratio (TRL's coef_1), which is exactly 1 on a batch's first update.

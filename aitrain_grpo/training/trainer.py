@@ -163,6 +163,9 @@ def grpo_config(config: RunConfig, plan: RunPlan) -> GRPOConfig:
         repetition_penalty=config.rl_repetition_penalty,
         beta=config.rl_kl_coef,
         use_bias_correction_kl=config.rl_kl_bias_correction,
+        sync_ref_model=bool(config.rl_ref_sync_steps),  # TRL's SyncRefModelCallback moves it after a step
+        ref_model_sync_steps=config.rl_ref_sync_steps or 512,  # TRL's default, unused when off
+        ref_model_mixup_alpha=config.rl_ref_mixup_alpha,
         epsilon=config.rl_clip_range,
         num_iterations=config.rl_num_iterations,
         epsilon_high=config.rl_clip_range_high,

@@ -16,6 +16,10 @@ What this module adds:
   resumed in epoch k would replay epoch 0's order. `ResumableRepeatSampler` derives epoch k's order
   from the seed and k alone (the same order an uninterrupted run gets); HF Trainer's restored position
   (epoch, batches to skip) then yields the same prompts as the uninterrupted run.
+- The moving reference. Under `--rl-ref-sync-steps` (TR-DPO, TRL's `SyncRefModelCallback`) the KL's
+  reference model is no longer the start, and HF Trainer saves no reference: each checkpoint holds it
+  as `reference_model.safetensors`, loaded back on resume, so a resumed run measures its KL against the
+  reference the stopped one had (not the start's).
 - `--resume-from-checkpoint auto|PATH` and `--save-total-limit` counted over complete checkpoints only.
   (What a run may do to its output folder is folder.py's; the per-step log files are cut back to the
   checkpoint's step by the callbacks that write them.)
@@ -34,6 +38,8 @@ from pathlib import Path
 from typing import Any
 
 import torch
+from safetensors.torch import load_model, save_model
+from transformers.integrations import is_deepspeed_zero3_enabled
 
 from aitrain_grpo.config import RunConfig
 from aitrain_grpo.errors import ConfigError
@@ -57,8 +63,11 @@ RUN_MEANING = ("model", "rl_env", "rl_env_module", "rl_env_class", "rl_env_confi
 OPTIMIZER_STATE = ("optim", "adam_beta1", "adam_beta2", "adam_epsilon", "weight_decay")
 # Options that change what the run trains on from one step to the next: the sequences its episodes become
 # (the context strategy) and which prompts a batch gets (the curriculum, whose groups a checkpoint holds).
-# A resume under another value would change the run midway without saying so.
-RUN_COURSE = ("rl_context", "rl_curriculum")
+# A resume under another value would change the run midway without saying so; so would another reference
+# schedule (--rl-ref-sync-steps, whose reference the checkpoint holds).
+RUN_COURSE = ("rl_context", "rl_curriculum", "rl_ref_sync_steps", "rl_ref_mixup_alpha")
+# The moving reference's weights in a checkpoint (--rl-ref-sync-steps).
+REFERENCE_FILE = "reference_model.safetensors"
 
 
 # --------------------------------------------------------------------------------- finding checkpoints
@@ -231,12 +240,38 @@ def save_checkpoint_atomically(trainer, run, save) -> None:
         }
         if run.curriculum is not None:  # --rl-curriculum pools (rollout/curriculum.py)
             state["curriculum"] = run.curriculum.state_dict()
+        reference = moving_reference(trainer)
+        if reference is not None:
+            save_model(reference, str(written / REFERENCE_FILE))  # shared (tied) tensors stored once
         (written / RUN_STATE_FILE).write_text(json.dumps(state, indent=2) + "\n")
         # The same step may be saved twice (a stop right after a scheduled save): publish replaces it.
         publish(written, run_dir / name)
         shutil.rmtree(staging, ignore_errors=True)
         trainer.keep_newest_checkpoints(run_dir)
     trainer.accelerator.wait_for_everyone()
+
+
+def moving_reference(trainer):
+    """The reference model `--rl-ref-sync-steps` moves (TRL's `sync_ref_model`), unwrapped; None where the
+    reference stays the start, or is the adapter switched off; None too under ZeRO-3, whose sharded
+    reference would need gathering to save (left out: there a resumed run's reference restarts from the start)."""
+    if not getattr(trainer.args, "sync_ref_model", False) or getattr(trainer, "ref_model", None) is None:
+        return None
+    if is_deepspeed_zero3_enabled():
+        return None
+    return trainer.accelerator.unwrap_model(trainer.ref_model)
+
+
+def restore_reference(trainer, checkpoint: Path) -> None:
+    """Load the moving reference a checkpoint holds into `trainer`'s reference model (every process reads it)."""
+    reference = moving_reference(trainer)
+    if reference is None:
+        return
+    if (checkpoint / REFERENCE_FILE).is_file():
+        load_model(reference, str(checkpoint / REFERENCE_FILE))
+    elif trainer.accelerator.is_main_process:
+        print(f"note: {checkpoint} holds no reference model ({REFERENCE_FILE}), so the KL's reference restarts "
+              f"from the start model instead of where --rl-ref-sync-steps had moved it", flush=True)
 
 
 class AtomicCheckpoints:
@@ -268,6 +303,7 @@ class AtomicCheckpoints:
             self.run.resumed_curriculum = state.get("curriculum")
             if self.run.curriculum is not None and self.run.resumed_curriculum is not None:
                 self.run.curriculum.load_state_dict(self.run.resumed_curriculum)
+            restore_reference(self, Path(resume_from_checkpoint))
             if self.accelerator.is_main_process:
                 print(f"resuming from {resume_from_checkpoint} (step {state.get('global_step', '?')})", flush=True)
         return super().train(resume_from_checkpoint, *args, **kwargs)
