@@ -13,6 +13,8 @@ import torch
 from safetensors.torch import load_file
 
 from aitrain_grpo.config import RunConfig
+from aitrain_grpo.errors import ConfigError
+from aitrain_grpo.training.run.checkpoints import resume_checkpoint
 from aitrain_grpo.training.trainer import train
 from envs.letters import LetterEnv
 from tests.helpers.cli import refused
@@ -57,6 +59,10 @@ def test_a_resumed_run_measures_its_kl_against_the_saved_reference(tmp_path):
     kl_by_step(out, **options)
     resumed = kl_by_step(out, **options, resume_from_checkpoint=str(out / "checkpoint-2"))
     assert resumed[3] == pytest.approx(0, abs=1e-6)
+    # another schedule would change the reference midway: refused, naming the checkpoint's
+    with pytest.raises(ConfigError, match="was trained with --rl-ref-sync-steps 1"):
+        resume_checkpoint(RunConfig(**{**FAST, **options, "rl_ref_sync_steps": 4}, output_dir=str(out),
+                                    resume_from_checkpoint="auto"))
 
 
 @pytest.mark.parametrize("args, expected", [
