@@ -253,11 +253,11 @@ def save_checkpoint_atomically(trainer, run, save) -> None:
 
 def moving_reference(trainer):
     """The reference model `--rl-ref-sync-steps` moves (TRL's `sync_ref_model`), unwrapped; None where the
-    reference stays the start, or is the adapter switched off; None too under ZeRO-3, whose sharded
+    reference stays the start, or is the adapter switched off; None too under ZeRO-3 and FSDP, whose sharded
     reference would need gathering to save (left out: there a resumed run's reference restarts from the start)."""
     if not getattr(trainer.args, "sync_ref_model", False) or getattr(trainer, "ref_model", None) is None:
         return None
-    if is_deepspeed_zero3_enabled():
+    if is_deepspeed_zero3_enabled() or getattr(trainer, "is_fsdp_enabled", False):
         return None
     return trainer.accelerator.unwrap_model(trainer.ref_model)
 
