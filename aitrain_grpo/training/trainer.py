@@ -185,6 +185,7 @@ def grpo_config(config: RunConfig, plan: RunPlan) -> GRPOConfig:
         save_steps=config.save_steps or 500,
         save_total_limit=config.save_total_limit,
         remove_unused_columns=False,  # episodes need every column of their row
+        shuffle_dataset=config.shuffle_dataset,
         log_completions=False,
     )
     kwargs.update(generation_grpo_kwargs(config, plan.generation))

@@ -62,10 +62,11 @@ RUN_MEANING = ("model", "rl_env", "rl_env_module", "rl_env_class", "rl_env_confi
 # be replaced by the checkpoint's without a word.
 OPTIMIZER_STATE = ("optim", "adam_beta1", "adam_beta2", "adam_epsilon", "weight_decay")
 # Options that change what the run trains on from one step to the next: the sequences its episodes become
-# (the context strategy) and which prompts a batch gets (the curriculum, whose groups a checkpoint holds).
+# (the context strategy) and which prompts a batch gets (the curriculum, whose groups a checkpoint holds, and
+# the dataset order, which the sampler position a checkpoint holds counts in).
 # A resume under another value would change the run midway without saying so; so would another reference
 # schedule (--rl-ref-sync-steps, whose reference the checkpoint holds).
-RUN_COURSE = ("rl_context", "rl_curriculum", "rl_ref_sync_steps", "rl_ref_mixup_alpha")
+RUN_COURSE = ("rl_context", "rl_curriculum", "shuffle_dataset", "rl_ref_sync_steps", "rl_ref_mixup_alpha")
 # The moving reference's weights in a checkpoint (--rl-ref-sync-steps).
 REFERENCE_FILE = "reference_model.safetensors"
 
