@@ -265,7 +265,8 @@ def results_block(runs_dir: Path, figure_path: Path | None, settled: list[str] =
     if codes:
         out += ["", "Code (the commit each run's last process started on): " + "; ".join(
             f"{code}: {', '.join(r['name'] for r in rows if r.get('code') == code)}" for code in codes) + "."]
-    out += ["", "Each run's command (seed 1's; the other seeds change `--seed` and the folder):", ""]
+    shown_seed = min(r["seed"] for r in rows)  # each trainer's first row is of the folder's lowest seed
+    out += ["", f"Each run's command (seed {shown_seed}'s; the other seeds change `--seed` and the folder):", ""]
     for trainer in ("aitrain", "trl"):
         first = next((r for r in rows if r["trainer"] == trainer), None)
         if first:
