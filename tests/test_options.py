@@ -195,3 +195,23 @@ def test_sft_takes_the_same_schedule_and_regularisation(tmp_path):
     args = SFTConfig(**trainer_args(config, tmp_path, SFTConfig, BatchShape.of(config, whole_step=False)))
     assert (args.lr_scheduler_type, args.warmup_steps, args.weight_decay, args.max_grad_norm) == \
         ("cosine", 0.1, 0.01, 0.5)
+
+
+def test_every_switch_can_be_turned_off_on_the_command_line(tmp_path):
+    # A switch that is on by default (--shuffle-dataset, --rl-kl-bias-correction) or set on by --config
+    # must have a --no- form, or the docs' `--no-shuffle-dataset` is "No such option" and only a file can
+    # turn it off.
+    import typer.main
+
+    from aitrain_grpo.commands.cli import app
+    from aitrain_grpo.commands.options import FIELDS, flag_name, flag_type
+
+    command = typer.main.get_command(app).commands["grpo"]
+    switches = [name for name in FIELDS if flag_type(name) is bool]
+    assert {"shuffle_dataset", "rl_kl_bias_correction", "activation_checkpointing", "peft"} <= set(switches)
+    config = tmp_path / "run.yaml"
+    config.write_text("".join(f"{flag_name(name)[2:]}: true\n" for name in switches))
+    args = ["--config", str(config)] + [f"--no-{flag_name(name)[2:]}" for name in switches]
+    flags = command.make_context("grpo", args).params
+    built = build_run_config(flags.pop("config"), flags)
+    assert {name: getattr(built, name) for name in switches} == dict.fromkeys(switches, False)

@@ -22,9 +22,6 @@ from aitrain_grpo.config import RunConfig
 from aitrain_grpo.errors import ConfigError
 
 FIELDS: dict[str, Field] = {f.name: f for f in fields(RunConfig)}
-# Booleans that can also be switched off by flag (their default may come from --config); the others
-# are plain switches.
-_NEGATABLE = ("peft", "use_vllm")
 _FLAG_TYPES = {"bool": bool, "int": int, "float": float, "str": str}
 
 
@@ -48,7 +45,9 @@ def field_option(name: str, default: Any, help_text: str, *, required: bool = Fa
     """A keyword parameter for typer: flag name and type from the `RunConfig` field `name`."""
     kind = flag_type(name)
     if kind is bool:
-        decls = [f"{flag_name(name)}/--no-{flag_name(name)[2:]}" if name in _NEGATABLE else flag_name(name)]
+        # Every switch has its --no- form: a default of True (--no-shuffle-dataset), or a True from --config,
+        # can then be switched off on the command line.
+        decls = [f"{flag_name(name)}/--no-{flag_name(name)[2:]}"]
     else:
         decls = [flag_name(name)]
     repeated = "list[str]" in str(FIELDS[name].type)  # the flag may be repeated (--rl-env A --rl-env B)

@@ -20,7 +20,8 @@ HEADER = """# Options of `aitrain grpo`
 
 Written by `python -m aitrain_grpo.commands.options_doc > docs/options.md` from `RunConfig` (the test
 suite checks it is current). Every option is a flag and a key of a `--config run.yaml` (or `.json`) file;
-flags given on the command line override the file.
+flags given on the command line override the file. Every switch also has a `--no-` form that turns it
+off (`--no-shuffle-dataset`, `--no-peft`), whether it is on by default or in the file.
 """
 
 
