@@ -2,9 +2,10 @@
 
 No command removes or replaces something it did not create in that same call, except what the user
 asked to replace and this package recognises as its own:
-- a file output (`eval --output x.jsonl`, `report --output page.html`) may replace an existing file of
-  the same kind (its suffix); a folder, `.`, a file of another kind, or a file inside a run or model
-  being read is refused;
+- a file output (`eval --output x.jsonl`, `report --output page.html`) may replace an existing file only
+  when the command recognises it as what it writes (`written_by`: episode records, a report page) or it is
+  empty; a user's dataset or notes in `.jsonl`, another run's metrics.jsonl, a hand-written page, a folder,
+  `.`, or a file inside a run or model being read are refused;
 - a folder output (`tiny-model DIR`, `export --to DIR`) is written only where nothing is, or into an empty
   folder; an existing non-empty folder needs `--overwrite`, and even then only a folder this package
   wrote (it holds one of `OURS_MARKERS`) of the same kind (`folder_kind`: a tiny model replaces a tiny
@@ -26,9 +27,10 @@ resuming (training/run/checkpoints.py), and the model cache, which only ever gai
 from __future__ import annotations
 
 import contextlib
+import json
 import shutil
 from pathlib import Path
-from typing import Iterable, Iterator
+from typing import Callable, Iterable, Iterator
 
 from aitrain_grpo.errors import ConfigError
 
@@ -40,9 +42,24 @@ LOCK_NAME = ".aitrain.lock"
 _KINDS = {"run": "a training run", "export": "an exported model", "tiny": "a tiny model"}
 
 
+def _is_our_marker(path: Path) -> bool:
+    """Whether the marker file `path` is ours. `run_config.json` is a name other tools use too, so it
+    counts only as a JSON object with this package's run options (every one has `rl_*` keys); the
+    other markers are names only this package writes."""
+    if not path.is_file():
+        return False
+    if path.name != "run_config.json":
+        return True
+    try:
+        options = json.loads(path.read_text(errors="replace"))
+    except (OSError, ValueError):
+        return False
+    return isinstance(options, dict) and any(str(key).startswith("rl_") for key in options)
+
+
 def is_ours(folder: Path) -> bool:
     """Whether `folder` was written by this package (a run, an export or a tiny model)."""
-    return folder.is_dir() and any((folder / name).is_file() for name in OURS_MARKERS)
+    return folder.is_dir() and any(_is_our_marker(folder / name) for name in OURS_MARKERS)
 
 
 def has_entries(folder: Path) -> bool:
@@ -58,7 +75,7 @@ def folder_kind(folder: Path) -> str | None:
         return None
     if (folder / "export_info.json").is_file():
         return "export"
-    if (folder / "run_config.json").is_file() or (folder / "run_summary.json").is_file() \
+    if _is_our_marker(folder / "run_config.json") or (folder / "run_summary.json").is_file() \
             or any(folder.glob("checkpoint-*/trainer_state.json")):
         return "run"
     if (folder / "aitrain_tiny.json").is_file():
@@ -99,10 +116,11 @@ def special_folder(path: Path) -> str | None:
     return None
 
 
-def check_file_output(path: str | Path, *, flag: str, suffixes: tuple[str, ...],
-                      reads: Iterable[str | Path] = ()) -> Path:
+def check_file_output(path: str | Path, *, flag: str, suffixes: tuple[str, ...], written_by: Callable[[Path], bool],
+                      kind: str, reads: Iterable[str | Path] = ()) -> Path:
     """`path` as a file this call may write: new (in a folder that exists), or an existing file ending in one
-    of `suffixes` outside every folder in `reads` (the runs and models the command reads)."""
+    of `suffixes` that is empty or that `written_by` recognises as this command's `kind` of output, outside
+    every folder in `reads` (the runs and models the command reads)."""
     example = f"results{suffixes[0]}"
     if not str(path).strip():  # '' once meant "not given"
         raise ConfigError(f"{flag} needs a value: a file path, e.g. {example} (or leave the option out)")
@@ -124,6 +142,9 @@ def check_file_output(path: str | Path, *, flag: str, suffixes: tuple[str, ...],
             if Path(folder).expanduser().is_dir() and _within(target, Path(folder)):
                 raise ConfigError(f"{flag} {path} is a file of {folder}, which this command reads; pass a path "
                                   f"outside it")
+        if target.stat().st_size and not written_by(target):
+            raise ConfigError(f"{flag} {path} exists and is not {kind}, so it is not replaced; pass a new file path, "
+                              f"or move that file away first")
     return target
 
 

@@ -28,7 +28,8 @@ def workspace(tmp_path, monkeypatch, tiny_model_dir):
     (project / "notes").mkdir(parents=True)
     (project / "notes" / "todo.txt").write_text("my notes\n")
     (project / "README.md").write_text("my project\n")
-    (project / "old.jsonl").write_text('{"kept": true}\n')
+    (project / "old.jsonl").write_text('{"kept": true}\n')  # a user's data: a dataset, notes
+    (project / "page.html").write_text("<html><title>my page</title></html>\n")
     (home / ".bashrc").write_text("export X=1\n")
     run = project / "outputs" / "run"
     shutil.copytree(tiny_model_dir, run)  # a full model folder, as a --no-peft run leaves
@@ -47,6 +48,7 @@ EVAL = ["eval", "--model", "outputs/run", "--episodes", "1", "--output"]
 @pytest.mark.parametrize("target, says", [
     ("notes", "is a folder"), (".", "the current folder"), ("outputs/run", "is a folder"),
     ("README.md", "is not a .jsonl file"), ("outputs/run/metrics.jsonl", "which this command reads"), ("~", "home"),
+    ("old.jsonl", "is not a file of episodes `aitrain eval` wrote"),
 ])
 def test_eval_output_never_replaces_what_is_not_an_episode_file(workspace, target, says):
     refuses(EVAL + [target], workspace, "--output", says)
@@ -54,9 +56,28 @@ def test_eval_output_never_replaces_what_is_not_an_episode_file(workspace, targe
 
 @pytest.mark.parametrize("target, says", [
     ("notes", "is a folder"), (".", "the current folder"), ("README.md", "is not a .html"), ("~", "home"),
+    ("page.html", "is not a page `aitrain report` wrote"),
 ])
 def test_report_output_never_replaces_what_is_not_a_page(workspace, target, says):
     refuses(["report", "outputs/run", "--output", target], workspace, "--output", says)
+
+
+def test_what_the_command_wrote_itself_is_replaced(workspace):
+    """A page `report` wrote, or an empty file, is written again; `eval --output`'s own files likewise
+    (`is_episode_records`: an episode record, not another run's metrics or a dataset)."""
+    from aitrain_grpo.runlog.records import is_episode_records
+
+    page = workspace / "project" / "mine.html"
+    for _ in range(2):  # new, then over its own page
+        result = CliRunner().invoke(app, ["report", "outputs/run", "--output", str(page)])
+        assert result.exit_code == 0 and "report written to" in result.output, result.output
+    empty = workspace / "project" / "empty.jsonl"
+    empty.touch()
+    assert is_episode_records(empty) is False  # empty files are replaced without being recognised
+    record = {"model": "m", "task": 0, "sample": 0, "score": 1.0, "turns": 1, "stop_reason": "done", "row": {},
+              "messages": []}
+    empty.write_text(json.dumps(record) + "\n")
+    assert is_episode_records(empty) and not is_episode_records(workspace / "project" / "outputs" / "run" / "metrics.jsonl")
 
 
 @pytest.mark.parametrize("target, extra, says", [
@@ -169,3 +190,15 @@ def test_an_environment_handed_in_from_python_is_recorded_in_run_config(tmp_path
     assert (config.rl_env_module, config.rl_env_class, config.rl_env_config) == ("envs.letters", "LetterEnv", None)
     given = RunConfig(rl_env_module="envs.letters", rl_env_class="LetterEnv", rl_env_config={"turns": 2})
     assert with_environment_origin(given, env) is given  # what the caller says wins
+
+
+def test_a_folder_with_another_tools_run_config_is_not_taken_for_a_run(workspace):
+    """run_config.json is a common name: a folder holding another tool's (no run options of ours) beside a
+    user's README and metrics is a folder of the user's files, not an unfinished run to write into."""
+    theirs = workspace / "project" / "their-run"
+    theirs.mkdir()
+    (theirs / "run_config.json").write_text(json.dumps({"learning_rate": 0.1, "my": "settings"}))
+    (theirs / "README.md").write_text("# my notes\n")
+    (theirs / "metrics.jsonl").write_text("important\n")
+    refuses(["grpo", "--rl-env-module", "envs.letters", "--rl-env-class", "LetterEnv", "--output-dir", str(theirs)],
+            workspace, "--output-dir", "holds files this tool did not write")

@@ -57,7 +57,7 @@ from aitrain_grpo.errors import EXIT_USAGE, UserError, one_line
 from aitrain_grpo.option_rules import check_seed
 from aitrain_grpo.outputs import check_file_output, replaced_contents
 from aitrain_grpo.training.preflight.run_checks import check_run
-from aitrain_grpo.runlog.report import write_report
+from aitrain_grpo.runlog.report import is_report_page, write_report
 from aitrain_grpo.models.tiny import build_tiny_model
 from aitrain_grpo.training.preflight.small_dataset import steps_short
 from aitrain_grpo.training.run.lock import release_all
@@ -336,8 +336,9 @@ def report_command(
     if not (Path(output_dir) / "metrics.jsonl").is_file():
         fail(f"{output_dir} has no metrics.jsonl; pass the --output-dir of a training run that has logged a step")
     with reported_errors(False):
-        if output is not None:  # a page may replace a page; never a folder, '.', or another kind of file
-            check_file_output(output, flag="--output", suffixes=(".html", ".htm"))
+        if output is not None:  # a page may replace our page; never a folder, '.', or another file
+            check_file_output(output, flag="--output", suffixes=(".html", ".htm"), written_by=is_report_page,
+                              kind="a page `aitrain report` wrote")
         out.print(f"report written to {write_report(output_dir, output)}", markup=False)
 
 

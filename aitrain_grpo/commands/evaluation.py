@@ -38,6 +38,7 @@ from aitrain_grpo.evaluation.sweep import SweptModel, best_line, gain_lines, swe
 from aitrain_grpo.models.loading import load_for_generation, resolve_source
 from aitrain_grpo.option_rules import check_seed
 from aitrain_grpo.outputs import check_file_output
+from aitrain_grpo.runlog.records import is_episode_records
 from aitrain_grpo.runlog.shortcuts import eval_warning
 
 # Sampling and budget flags of `aitrain eval`: not given, a training run's own value is used.
@@ -85,7 +86,8 @@ def run_eval(*, model: str, baseline: str | None, spec: str | list[str] | None =
     if output is not None:  # before anything loads: never over a folder, '.', or a file of a run being read
         read = [p for s in sources for p in (s.weights, s.adapter) if p and Path(p).expanduser().is_dir()]
         read += [model] if swept else []  # the swept run's folder, not only its checkpoints
-        output = str(check_file_output(output, flag="--output", suffixes=(".jsonl",), reads=read))
+        output = str(check_file_output(output, flag="--output", suffixes=(".jsonl",), reads=read,
+                                       written_by=is_episode_records, kind="a file of episodes `aitrain eval` wrote"))
     if not (spec or module or class_name):
         spec, module, class_name = (run_config.get(k) for k in ("rl_env", "rl_env_module", "rl_env_class"))
         env_config = env_config if env_config is not None else run_config.get("rl_env_config")

@@ -83,6 +83,21 @@ def write_jsonl(path: Path, records: list[dict[str, Any]]) -> None:
         partial.write_text(_lines(records))
 
 
+# What every episode record holds (`episode_record`): how a file of them is told from other JSONL.
+_EPISODE_KEYS = ("score", "turns", "stop_reason", "row", "messages")
+
+
+def is_episode_records(path: Path) -> bool:
+    """Whether `path`'s first line is an episode record (`aitrain eval --output`, transcripts): a file
+    `eval --output` may replace. A dataset, a run's metrics.jsonl or anything else is not."""
+    try:
+        with path.open(errors="replace") as lines:
+            first = json.loads(lines.readline())
+    except (OSError, ValueError):
+        return False
+    return isinstance(first, dict) and all(key in first for key in _EPISODE_KEYS)
+
+
 def read_jsonl(path: Path) -> list[dict[str, Any]]:
     """Records of a JSONL file; a torn line (a run still writing, or killed mid-line) is skipped."""
     if not path.exists():

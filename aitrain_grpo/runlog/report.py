@@ -159,6 +159,18 @@ def render_report(data: dict[str, Any]) -> str:
     return page.replace(DATA_MARK, embed_json(data))
 
 
+_PAGE_MARK = "· aitrain report</title>"  # in every page's title (report_template.html)
+
+
+def is_report_page(path: Path) -> bool:
+    """Whether `path` is a page `write_report` wrote: one `report --output` may replace."""
+    try:
+        with path.open(errors="replace") as page:
+            return _PAGE_MARK in page.read(4096)
+    except OSError:
+        return False
+
+
 def write_report(output_dir: str | Path, path: str | Path | None = None) -> Path:
     """Render the run in `output_dir` to `path` (default: `<output_dir>/report.html`), atomically."""
     output_dir = Path(output_dir)

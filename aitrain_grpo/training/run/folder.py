@@ -184,7 +184,7 @@ def _check_is_a_run_folder(output_dir: Path) -> None:
         raise ConfigError(f"--output-dir {output_dir} is {special}; pass a folder of its own, e.g. outputs/my-run")
     if output_dir.is_dir() and has_entries(output_dir) and not is_ours(output_dir) \
             and not complete_checkpoints(output_dir):
-        raise ConfigError(f"--output-dir {output_dir} holds files this tool did not write (no run_config.json), "
+        raise ConfigError(f"--output-dir {output_dir} holds files this tool did not write (no run_config.json of its own), "
                           f"and a run writes model files into it; pass a new or empty folder")
 
 
