@@ -43,6 +43,7 @@ from aitrain_grpo.engine.settings import EpisodeSettings
 from aitrain_grpo.engine.stats import EpisodeStats, episode_scores, episode_stats
 from aitrain_grpo.env.agent import is_agent_environment
 from aitrain_grpo.env.base import Environment, Episode, has_solve, needs_policy, prompt_messages, tools_for_row
+from aitrain_grpo.env.arrow_rows import arrow_dataset
 from aitrain_grpo.env.dataset import build_rows
 from aitrain_grpo.env.loading import describe_interface, load_environment
 from aitrain_grpo.errors import EnvLoadError, TemplateError
@@ -190,6 +191,7 @@ def read_rows(env: Environment, tokenizer, report: EnvCheckReport) -> list[dict[
     """The dataset's rows, their count and columns into `report`; None when building it failed."""
     try:
         rows = build_rows(env, tokenizer)
+        arrow_dataset(rows, f"{type(env).__name__}.build_dataset")  # what training will store them as
     except EnvLoadError as exc:
         report.problems.append(str(exc))
         return None

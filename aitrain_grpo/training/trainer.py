@@ -42,7 +42,6 @@ import warnings
 from typing import Any
 
 import torch
-from datasets import Dataset
 from transformers.trainer_callback import PrinterCallback, ProgressCallback
 from trl import GRPOConfig, GRPOTrainer
 
@@ -51,6 +50,7 @@ from aitrain_grpo.engine.chat import template_kwargs_note
 from aitrain_grpo.env.base import Environment
 from aitrain_grpo.errors import ConfigError, UserError
 from aitrain_grpo.evaluation.held_back import held_back_callbacks, stopped_early
+from aitrain_grpo.env.arrow_rows import arrow_dataset
 from aitrain_grpo.env.dataset import build_rows
 from aitrain_grpo.env.loading import as_environment, load_environment
 from aitrain_grpo.models.loading import load_model_and_tokenizer
@@ -279,7 +279,7 @@ def build_trainer(config: RunConfig, env: Environment | None = None, *, callback
     rows = build_rows(env, tokenizer)
     check_prompt_lengths(rows, tokenizer, model, reply_tokens=config.rl_max_new_tokens, model_name=config.model,
                          window=config.rl_context_window, env=env, template_kwargs=template_kwargs(config.chat_template_kwargs))
-    dataset = Dataset.from_list(small_dataset.fill_one_step(rows, config))
+    dataset = arrow_dataset(small_dataset.fill_one_step(rows, config), f"{type(env).__name__}.build_dataset")
     check_required_arguments(extra_rewards, dataset.column_names)
     prepare_output_dir(plan.output_dir, plan.resume)
     (plan.output_dir / "run_config.json").write_text(json.dumps(redact(config.to_dict()), indent=2, default=str) + "\n")
