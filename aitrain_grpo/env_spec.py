@@ -127,15 +127,15 @@ def mixture_weights(weights: Any, count: int) -> list[float] | None:
     return values
 
 
-def _mixture_configs(env_config: Any, count: int) -> list[Any]:
+def _mixture_configs(env_config: Any, count: int, option: str = "--rl-env-config") -> list[Any]:
     if env_config is None or env_config == "":
         return [None] * count
     value = env_config
     if isinstance(env_config, str):
-        value = parsed_json(env_config, "--rl-env-config", "with --rl-env repeated give a JSON array, one object (or "
+        value = parsed_json(env_config, option, "with --rl-env repeated give a JSON array, one object (or "
                             "null) per environment", EnvLoadError)
     if not isinstance(value, list) or len(value) != count or not all(v is None or isinstance(v, dict) for v in value):
-        raise EnvLoadError(f"with --rl-env given {count} times, --rl-env-config must be a JSON array of {count} objects "
+        raise EnvLoadError(f"with --rl-env given {count} times, {option} must be a JSON array of {count} objects "
                            f"(or nulls), one per environment in order, e.g. '[{{\"size\": 100}}, null]'")
     return value
 
@@ -161,13 +161,14 @@ def check_environment_named(spec: Any, module: str | None, class_name: str | Non
 
 
 def environment_of(spec: Any, module: str | None, class_name: str | None, env_config: Any,
-                   weights: Any = None) -> tuple[str, str, Any]:
+                   weights: Any = None, option: str = "--rl-env-config") -> tuple[str, str, Any]:
     """(module, class name, keyword arguments) of the environment named by --rl-env (a mixture when
-    repeated) or by --rl-env-module/--rl-env-class, checked first; every command names one so."""
+    repeated) or by --rl-env-module/--rl-env-class, checked first; every command names one so. `option`
+    is the flag `env_config` came from (--eval-env-config for a held-back evaluation), named in errors."""
     check_environment_named(spec, module, class_name, weights)
     specs = env_specs(spec)
     if len(specs) > 1:
-        configs = _mixture_configs(env_config, len(specs))
+        configs = _mixture_configs(env_config, len(specs), option)
         members = [{"spec": one, "config": config} for one, config in zip(specs, configs)]
         return (*MIXTURE, json.dumps({"envs": members, "weights": mixture_weights(weights, len(specs))}))
     return expand_env_spec(specs[0], env_config) if specs else (module, class_name, env_config)

@@ -73,6 +73,12 @@ class EnvLoadError(UserError):
     """An environment could not be loaded, built or validated."""
 
 
+class EnvFailedError(UserError):
+    """Every episode of an evaluation ended in an environment error: its scores say nothing of the model."""
+
+    exit_code = 1
+
+
 class TemplateError(UserError):
     """The chat template cannot be used for token-in/token-out episodes."""
 

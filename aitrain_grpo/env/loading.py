@@ -311,7 +311,7 @@ def load_environment(module: str, class_name: str, config: str | Mapping | None 
     cls = _find_class(mod, class_name)
     aitraining_style = _check_is_environment(cls, mod.__name__)
     _check_arguments(cls, kwargs)
-    check_config_types(cls, kwargs)
+    check_config_types(cls, kwargs, option)
     try:
         env = cls(**kwargs)
     except EnvLoadError:  # an adapter's own one-line refusal names the problem and the fix already

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import json
 import tempfile
+from collections import Counter
 import time
 from dataclasses import dataclass, replace
 from pathlib import Path
@@ -29,7 +30,7 @@ from aitrain_grpo.engine.rollout import RolloutEngine
 from aitrain_grpo.engine.settings import EpisodeSettings
 from aitrain_grpo.engine.stats import SUCCESS, episode_scores, episode_stats
 from aitrain_grpo.env.base import Environment, Episode
-from aitrain_grpo.errors import ConfigError
+from aitrain_grpo.errors import ConfigError, EnvFailedError, one_line
 from aitrain_grpo.models.loading import ModelSource, load_causal_lm, load_for_generation, load_tokenizer, stop_token_ids
 from aitrain_grpo.runlog.records import episode_record, write_jsonl
 
@@ -223,6 +224,26 @@ def evaluate(
             result.generate_seconds += batch.generate_seconds
     result.wall_seconds = time.perf_counter() - started
     return result
+
+
+def environment_errors(result: EvalResult) -> tuple[int, str]:
+    """How many of `result`'s episodes ended in an environment error, and the most common (with its count)."""
+    counts = Counter(one_line(episode.error, 300) for episode in result.episodes if episode.error)
+    common = "; ".join(f"({n}x) {message}" for message, n in counts.most_common(2))
+    return sum(counts.values()), common
+
+
+def check_not_all_failed(result: EvalResult, what: str, fix: str) -> str | None:
+    """`what` names the episodes ("episodes of MODEL", "held-back episodes"). Raise `EnvFailedError` when every episode of `result` ended in an environment error (its scores are
+    those errors' zeros, not the model's); else a note when some did, None when none did."""
+    errors, common = environment_errors(result)
+    if not errors:
+        return None
+    if errors == len(result.episodes):
+        raise EnvFailedError(f"all {errors} {what} ended in an environment error, so their scores say nothing of "
+                             f"the model; most common: {common}; {fix}")
+    return (f"note: {errors} of {len(result.episodes)} {what} ended in an environment error (scored 0); "
+            f"most common: {common}")
 
 
 def write_records(path: str | Path, results: list[EvalResult]) -> Path:

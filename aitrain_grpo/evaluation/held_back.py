@@ -21,7 +21,10 @@ N-th optimizer step, and logs what it measured into the run's metrics.
   the sync included, is one of the phases `time/step_s` adds up (0 at steps without one), in every
   engine. The evaluation before step 1 is outside any step: its own wall time is its record's `time/eval_s`.
 - What: `eval/mean_score`, `eval/success`, `eval/pass@k` (k = --eval-num-generations), `eval/turns`,
-  `eval/tool_errors`, `eval/truncated` (counts, as `aitrain eval`'s table shows them); from the second
+  `eval/tool_errors`, `eval/truncated`, `eval/errors` (counts, as `aitrain eval`'s table shows them; the
+  line names the most common environment error, and when every episode of the evaluation before step 1
+  raised, the run stops there in one line: an evaluation environment that cannot play would give
+  `--save-best` nothing but zeros); from the second
   evaluation on `eval/success_gain` with `eval/success_gain_low` and `_high` (success minus the first
   evaluation's on the same tasks, with a 95 % interval paired by task: evaluation/paired.py; the printed
   line says it and whether it is a tie) and `eval/score_gain` (the same for the mean score, which moves
@@ -55,7 +58,9 @@ from transformers import TrainerCallback
 from aitrain_grpo.config import RunConfig
 from aitrain_grpo.engine.backends.choice import build_backend
 from aitrain_grpo.engine.stats import SUCCESS
+from aitrain_grpo.errors import EnvFailedError
 from aitrain_grpo.evaluation.best_checkpoint import BestCheckpoint
+from aitrain_grpo.evaluation.evaluate import check_not_all_failed, environment_errors
 from aitrain_grpo.evaluation.held_back_play import HeldBackTasks
 from aitrain_grpo.evaluation.paired import PairedDifference, paired_difference
 from aitrain_grpo.option_rules import eval_metrics
@@ -97,13 +102,17 @@ def elapsed_before(metrics_path: Path, step: int) -> float:
     return float(values[-1]) if values else 0.0
 
 
+HELD_BACK_FIX = ("fix the environment the evaluation plays (--eval-env-config, or --eval-env-module/--eval-env-class; "
+                 "`aitrain env check` with them names where it raised)")
+
+
 def eval_line(step: int, metrics: dict[str, float], samples: int, tasks: int, seconds: float,
               engine: str = HF_GENERATE) -> str:
     names = list(eval_metrics(samples))
-    score, success, pass_k, turns, tool_errors, truncated = (metrics[name] for name in names)
+    score, success, pass_k, turns, tool_errors, truncated, errors = (metrics[name] for name in names)
     return (f"held-back eval at step {step}: success {success:.1%}, mean score {score:.3f}, pass@{samples} "
-            f"{pass_k:.1%}, turns {turns:.2f}, tool errors {int(tool_errors)}, truncated {int(truncated)} "
-            f"({tasks} tasks x {samples}, {engine}, {seconds:.1f} s)")
+            f"{pass_k:.1%}, turns {turns:.2f}, tool errors {int(tool_errors)}, truncated {int(truncated)}, "
+            f"environment errors {int(errors)} ({tasks} tasks x {samples}, {engine}, {seconds:.1f} s)")
 
 
 class HeldBackEvaluation(TrainerCallback):
@@ -177,6 +186,13 @@ class HeldBackEvaluation(TrainerCallback):
         process = PartialState()
         backend, engine = self.backend(model, tokenizer)
         result = self.tasks.play(backend, tokenizer, model, rank=process.process_index, world=process.num_processes)
+        try:
+            errors_note = check_not_all_failed(result, "held-back episodes", HELD_BACK_FIX)
+        except EnvFailedError:
+            if step == 0:  # before training: the evaluation environment is broken, and nothing is trained yet
+                raise
+            errors_note = f"note: {environment_errors(result)[0]} of {len(result.episodes)} held-back episodes " \
+                          f"ended in an environment error; {HELD_BACK_FIX}"  # a later one: said, not fatal
         metrics = self.tasks.metrics(result)
         metrics["time/eval_s"] = seconds = time.perf_counter() - started
         gains = self.gains(step, list(zip(result.tasks, result.scores)))
@@ -195,6 +211,8 @@ class HeldBackEvaluation(TrainerCallback):
                 line += (f"; since step 0: success {success.shown(scale=100, unit=' pts')} ({said[success.direction]}), "
                          f"mean score {score.shown()} ({said[score.direction]})")
             print(line, flush=True)
+            if errors_note:
+                print(errors_note, flush=True)
         if self.best is not None and self.best.offer(step, metrics, model, tokenizer, write=main) and main:
             print(f"{self.best.describe()}: kept in {self.best.folder}", flush=True)
         return {k: v for k, v in metrics.items() if math.isfinite(v)}

@@ -41,15 +41,17 @@ from aitrain_grpo.evaluation.evaluate import EvalResult, evaluate
 from aitrain_grpo.option_rules import eval_metrics
 
 # Each logged eval/* metric (option_rules.EVAL_METRICS, in its order) and the `EvalResult.summary()` key it is.
-SUMMARY_KEYS = ("mean_score", "success_rate", "pass@{k}", "mean_turns", "tool_errors", "truncated")
+SUMMARY_KEYS = ("mean_score", "success_rate", "pass@{k}", "mean_turns", "tool_errors", "truncated", "errors")
 
 
 def held_back_environment(config: RunConfig) -> tuple[str, str, Any]:
     """(module, class, keyword arguments) of the environment a run evaluates on."""
     if config.eval_env_module:
         return environment_of(None, config.eval_env_module, config.eval_env_class, config.eval_env_config)
-    env_config = config.eval_env_config if config.eval_env_config is not None else config.rl_env_config
-    return environment_of(config.rl_env, config.rl_env_module, config.rl_env_class, env_config, config.rl_env_weights)
+    given = config.eval_env_config is not None
+    env_config = config.eval_env_config if given else config.rl_env_config
+    return environment_of(config.rl_env, config.rl_env_module, config.rl_env_class, env_config, config.rl_env_weights,
+                          option="--eval-env-config" if given else "--rl-env-config")
 
 
 def load_held_back_environment(config: RunConfig) -> Environment:

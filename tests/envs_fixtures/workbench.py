@@ -76,3 +76,12 @@ class SlowStepEnv(NumberEnv):
     def step(self, episode: Episode, completion: str):
         time.sleep(0.05)
         return "Again." if episode.turns < 2 else None
+
+
+class OddStepsRaiseEnv(NumberEnv):
+    """Raises in `step` for odd numbers only: some episodes fail, the others play."""
+
+    def step(self, episode: Episode, completion: str):
+        if episode.row["number"] % 2:
+            raise KeyError("history")
+        return None

@@ -98,18 +98,23 @@ class DatasetEnv(Environment):
             raise EnvLoadError(f"split must be one of {', '.join(SPLITS)}, got {split!r}")
         if not isinstance(held_out_every, int) or held_out_every < 2:
             raise EnvLoadError(f"held_out_every must be an integer of at least 2, got {held_out_every!r}")
+        if num_tasks is not None and (type(num_tasks) is not int or num_tasks < 1):
+            raise EnvLoadError(f"num_tasks must be a whole number of at least 1 (the first N rows of the split), got "
+                               f"{num_tasks!r}; leave it out for every row")
         loaded = load_rows(rows, "dataset", "a dataset of prompts")
         kept = [row for i, row in enumerate(loaded) if split == "all" or
                 (i % held_out_every == held_out_every - 1) == (split == "held_out")]
-        self.rows = kept[:num_tasks] if num_tasks else kept
+        self.rows = kept[:num_tasks] if num_tasks is not None else kept
         if not self.rows:
             raise EnvLoadError(f"the dataset's {split} split is empty ({len(loaded)} rows, every {held_out_every}th "
                                f"held back); give more rows, or split='all'")
         if match != "none":
             missing = [i for i, row in enumerate(self.rows) if row.get(answer_column) is None]
             if missing:
-                columns = ", ".join(sorted(self.rows[missing[0]]))
-                raise EnvLoadError(f"dataset row {missing[0]} has no {answer_column!r} (its columns: {one_line(columns, 160)}); "
+                row = self.rows[missing[0]]
+                columns = ", ".join(sorted(row))
+                lacks = f"has {answer_column!r} empty (null)" if answer_column in row else f"has no {answer_column!r}"
+                raise EnvLoadError(f"dataset row {missing[0]} {lacks} (its columns: {one_line(columns, 160)}); "
                                    f"name the answers' column with answer_column, or score with reward functions "
                                    f"alone: match='none' and --rl-reward-funcs")
             self.solve = self._solve  # an oracle only where rows carry answers (env/base.has_solve)
