@@ -231,6 +231,13 @@ def test_best_holds_the_weights_of_the_best_logged_value_and_outlives_a_resume(t
     exported = aitrain("export", out / "best", "--to", tmp_path / "exported")
     assert exported.exit_code == 0, exported.output
     assert (tmp_path / "exported" / "config.json").is_file() and (tmp_path / "exported" / "run_config.json").is_file()
+    # A resume keeping the best of another metric is refused before a model loads: its first evaluation
+    # would replace best/'s weights of eval/mean_score without a word.
+    from aitrain_grpo.errors import ConfigError
+
+    with pytest.raises(ConfigError, match=r"best holds the best eval/mean_score \(0.9 at step 1\), and this run keeps "
+                                          r"save_best=eval/turns; resume with save_best=eval/mean_score"):
+        trained(dataclasses.replace(config, max_steps=3, resume_from_checkpoint="auto", save_best="eval/turns"))
     # Resumed from checkpoint-2, the run keeps best/ of step 1: its first evaluation (step 3, a fresh
     # schedule: 0.2) is worse, and no evaluation before its first step repeats step 2's.
     trained(dataclasses.replace(config, max_steps=3, resume_from_checkpoint="auto"))

@@ -123,7 +123,26 @@ def resume_checkpoint(config: RunConfig) -> Path | None:
             )
     if path is not None:
         _check_same_run(path, config)
+        _check_same_best(Path(config.output_dir) if config.output_dir else path.parent, config.save_best)
     return path
+
+
+def _check_same_best(output_dir: Path, metric: str | None) -> None:
+    """Refuse a resume whose --save-best names another metric than the one `best/` holds the best of: the
+    first evaluation would replace those weights with the best of the new metric, without a word."""
+    from aitrain_grpo.evaluation.best_checkpoint import BEST_DIR, BEST_RECORD
+
+    try:
+        kept = json.loads((output_dir / BEST_DIR / BEST_RECORD).read_text())
+    except (OSError, ValueError):
+        return
+    if metric is None or not isinstance(kept, dict) or kept.get("metric") in (None, metric):
+        return
+    value = kept.get("value")
+    shown = f"{value:.4g}" if isinstance(value, (int, float)) else value
+    raise ConfigError(f"{output_dir / BEST_DIR} holds the best {kept['metric']} ({shown} at step {kept.get('step')}), "
+                      f"and this run keeps --save-best {metric}; resume with --save-best {kept['metric']}, or move "
+                      f"{output_dir / BEST_DIR} away first to keep the best {metric} instead")
 
 
 def _comparable(name: str, value: Any) -> Any:
