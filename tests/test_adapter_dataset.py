@@ -114,3 +114,27 @@ def test_a_csv_file_serves_and_a_file_of_another_kind_is_named(tmp_path, monkeyp
         result = CliRunner().invoke(app, ["env", "check", "--rl-env", f"dataset:{tmp_path / name}", "--episodes", "1"])
         assert result.exit_code == 2
         assert f"error: rows '{tmp_path / name}' is {kind}; name a .parquet, .json, .jsonl, .csv file" in result.output
+
+
+@pytest.mark.parametrize("name, text, said", [
+    ("bad.jsonl", '{"prompt": "a", "answer": 1}\n{prompt: "b"}\n',
+     "line 2 is not JSON (Expecting property name enclosed in double quotes at column 2: '{prompt: \"b\"}')"),
+    ("empty.jsonl", "", "is empty; give a .parquet, .json, .jsonl, .csv file"),
+    ("bad.json", '[{"prompt": "a"},\n {"prompt": "b",}]', "line 2 is not JSON"),
+    ("scalar.json", "3", "holds a JSON int, not rows"),
+])
+def test_a_file_that_is_not_rows_is_named_with_its_line(tmp_path, name, text, said):
+    (tmp_path / name).write_text(text)
+    with pytest.raises(EnvLoadError) as raised:
+        DatasetEnv(str(tmp_path / name))
+    assert said in str(raised.value) and "\n" not in str(raised.value), str(raised.value)
+
+
+def test_json_files_hold_rows_as_an_array_columns_or_lines(tmp_path):
+    forms = {"array.json": json.dumps([{"prompt": "1+1?", "answer": 2}, {"prompt": "2+2?", "answer": 4}]),
+             "columns.json": json.dumps({"prompt": ["1+1?", "2+2?"], "answer": [2, 4]}),
+             "lines.json": '{"prompt": "1+1?", "answer": 2}\n\n{"prompt": "2+2?", "answer": 4}\n'}
+    for name, text in forms.items():
+        (tmp_path / name).write_text(text)
+        rows = build_rows(DatasetEnv(str(tmp_path / name)), None)
+        assert [(r["prompt"][-1]["content"], r["answer"]) for r in rows] == [("1+1?", 2), ("2+2?", 4)], name

@@ -1,9 +1,9 @@
 """A judge that cannot work is found before step 1, and one that stops working stops the run
-(training/rewards/judge_setup.py, judge_failures.py): an unreachable `--rl-judge-url` exits 2 in one line
+(training/rewards/judge_setup.py, failing.py): an unreachable `--rl-judge-url` exits 2 in one line
 before the model loads, writing nothing; a server that refuses the test call (a rubric past its context)
 is named with the rubric's size; a rubric past an in-process judge's context, a judge model that is not
 there and a rubric folder are each named with their own flag; every call of 3 batches in a row failing
-raises `JudgeFailing`, one that scores in between starts the count again, and a CLI run whose judge
+raises `RewardFailing`, one that scores in between starts the count again, and a CLI run whose judge
 starts failing after its test call stops after 3 steps, exit 1, with a checkpoint. About 40 seconds."""
 
 from __future__ import annotations
@@ -21,7 +21,7 @@ from aitrain_grpo import RunConfig
 from aitrain_grpo.env.base import Episode
 from aitrain_grpo.errors import ConfigError
 from aitrain_grpo.training.rewards.judge import HttpJudge, Judge
-from aitrain_grpo.training.rewards.judge_failures import FAILED_BATCHES, JudgeFailing
+from aitrain_grpo.training.rewards.failing import FAILED_BATCHES, RewardFailing
 from aitrain_grpo.training.rewards.judge_setup import build_judge
 from helpers import REPO
 from helpers.fake_judge import FakeJudge
@@ -131,7 +131,7 @@ def test_every_call_of_3_batches_in_a_row_failing_stops_and_a_scored_one_resets(
     for batch in range(FAILED_BATCHES - 1):
         judge.score(episodes(4, f"c{batch}"))
     judge.score(episodes(4, "b"))  # only cache hits: no call, the count stays
-    with pytest.raises(JudgeFailing, match=rf"^the judge at .* failed every call of {FAILED_BATCHES} batches in a "
+    with pytest.raises(RewardFailing, match=rf"^the judge at .* failed every call of {FAILED_BATCHES} batches in a "
                                            r"row \(last: answered no 2 score\(s\).*'no idea'\); the run stopped"):
         judge.score(episodes(4, "d"))
 

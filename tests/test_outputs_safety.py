@@ -202,3 +202,8 @@ def test_a_folder_with_another_tools_run_config_is_not_taken_for_a_run(workspace
     (theirs / "metrics.jsonl").write_text("important\n")
     refuses(["grpo", "--rl-env-module", "envs.letters", "--rl-env-class", "LetterEnv", "--output-dir", str(theirs)],
             workspace, "--output-dir", "holds files this tool did not write")
+
+
+def test_an_empty_model_is_named_as_empty(workspace):
+    # '' is the current folder to a Path: it was refused as " is a directory without a model".
+    refuses(["eval", "--model", "", "--episodes", "1"], workspace, "--model needs a value")

@@ -135,9 +135,15 @@ def test_aitrain_report_regenerates_the_page(run, tmp_path):
     assert "HotelEnv" in (copy / "report.html").read_text()
 
 
-@pytest.mark.parametrize("name, fragment", [("missing", "is not a directory"), ("empty", "has no metrics.jsonl")])
+@pytest.mark.parametrize("name, fragment", [
+    ("missing", "is not a directory"), ("empty", "has no metrics.jsonl"),
+    ("no-steps", "metrics.jsonl holds no step's record"), ("not-metrics", "metrics.jsonl holds no step's record"),
+])
 def test_aitrain_report_on_something_that_is_not_a_run(tmp_path, name, fragment):
     (tmp_path / "empty").mkdir()
+    for folder, text in (("no-steps", ""), ("not-metrics", '{"truncated": \n[1, 2]\n')):
+        (tmp_path / folder).mkdir()
+        (tmp_path / folder / "metrics.jsonl").write_text(text)
     result = CliRunner().invoke(app, ["report", str(tmp_path / name)])
     assert result.exit_code == 2 and result.stderr.startswith("error: ") and fragment in result.stderr
 

@@ -88,7 +88,8 @@ def test_a_failing_reward_function_abstains_with_one_warning(run):
     line = source.read_text().splitlines().index('    raise ValueError("probe failure")') + 1
     assert warnings == [f"warning: reward function {PROBES}:broken failed: ValueError: probe failure (at "
                         f"{source}:{line}); it abstains for this batch "
-                        f"(and any other it fails on, counted in rewards/broken/error_frac); fix the function"]
+                        f"(and any other it fails on, counted in rewards/broken/error_frac; 3 in a row stop the "
+                        f"run); fix the function"]
     assert [r["rewards/broken/error_frac"] for r in records] == [1.0, 1.0]
     assert [r["rewards/recorded/error_frac"] for r in records] == [0.0, 0.0]
 
@@ -213,3 +214,21 @@ def test_readme_examples_are_reward_functions():
                 for text in ("Please wait.", "No.")]
     assert namespace["polite"](completions=["", ""], episodes=episodes) == [0.1, 0.0]
     assert namespace["short"](model_tokens=[32, 80, 500], episodes=episodes) == [0.0, -0.5, -1.0]
+
+
+def test_a_reward_function_that_fails_every_batch_stops_the_run_with_a_checkpoint(tiny_model_dir, tmp_path):
+    from aitrain_grpo.training.rewards.failing import FAILED_BATCHES
+
+    out = tmp_path / "out"
+    result = subprocess.run(
+        [sys.executable, "-m", "aitrain_grpo", "grpo", "--rl-env-module", "envs.letters", "--rl-env-class", "LetterEnv",
+         "--rl-env-config", '{"turns": 1, "num_tasks": 8}', "--model", tiny_model_dir, "--output-dir", str(out),
+         "--max-steps", "8", "--save-steps", "100", "--batch-size", "4", "--rl-num-generations", "2",
+         "--rl-max-new-tokens", "8", "--rl-reward-funcs", f"{PROBES}:broken"],
+        cwd=REPO / "tests", env=dict(os.environ, OMP_NUM_THREADS="1"), capture_output=True, text=True, timeout=600)
+    assert result.returncode == 1, result.stderr[-3000:]
+    (line,) = [row for row in result.stderr.splitlines() if row.startswith("error:")]
+    assert f"reward function {PROBES}:broken failed every call of {FAILED_BATCHES} batches in a row (last: " \
+           f"ValueError: probe failure" in line and "fix the function, then resume" in line
+    assert len((out / "metrics.jsonl").read_text().splitlines()) == FAILED_BATCHES - 1  # the third never trained
+    assert (out / f"checkpoint-{FAILED_BATCHES - 1}").is_dir()

@@ -57,6 +57,7 @@ from aitrain_grpo.errors import EXIT_USAGE, UserError, one_line
 from aitrain_grpo.option_rules import check_seed
 from aitrain_grpo.outputs import check_file_output, replaced_contents
 from aitrain_grpo.training.preflight.run_checks import check_run
+from aitrain_grpo.runlog.records import read_jsonl
 from aitrain_grpo.runlog.report import is_report_page, write_report
 from aitrain_grpo.models.tiny import build_tiny_model
 from aitrain_grpo.training.preflight.small_dataset import steps_short
@@ -335,6 +336,9 @@ def report_command(
         fail(f"{output_dir} is not a directory; pass a training output directory (e.g. outputs/hotelenv)")
     if not (Path(output_dir) / "metrics.jsonl").is_file():
         fail(f"{output_dir} has no metrics.jsonl; pass the --output-dir of a training run that has logged a step")
+    if not any(isinstance(r.get("step"), int) for r in read_jsonl(Path(output_dir) / "metrics.jsonl")):
+        fail(f"{output_dir}/metrics.jsonl holds no step's record (empty, or not a run's metrics); pass the --output-dir "
+             f"of a training run that has logged a step")
     with reported_errors(False):
         if output is not None:  # a page may replace our page; never a folder, '.', or another file
             check_file_output(output, flag="--output", suffixes=(".html", ".htm"), written_by=is_report_page,

@@ -144,6 +144,8 @@ def _present_base(base: str, run_config: dict[str, Any]) -> str:
 
 def resolve_source(spec: str) -> ModelSource:
     """Classify `spec`; raise ConfigError with the fix when it cannot be a model."""
+    if not str(spec).strip():  # '' is the current folder to Path, and was called "a directory without a model"
+        raise ConfigError("--model needs a value: a model folder, a Hugging Face model name, a GGUF file or tiny")
     path = Path(resolve_model(spec)).expanduser()
     if path.is_dir():
         run_config: dict[str, Any] = {}

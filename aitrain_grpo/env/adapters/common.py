@@ -5,8 +5,7 @@ build the adapter again.
 Neither TRL's `environment_factory` classes nor skyrl-gym's `BaseTextEnv` classes build a dataset (TRL
 takes `train_dataset`, SkyRL parquet files), so both adapters take `rows`: a list of dicts, a
 `datasets.Dataset`, a `module:function` (called with no arguments; a `module:NAME` that is a list or a
-Dataset is used as it is), or the path of a `.parquet`, `.json`, `.jsonl` or `.csv` file (read with
-`datasets`).
+Dataset is used as it is), or the path of a `.parquet`, `.json`, `.jsonl` or `.csv` file (row_files.py).
 Every problem is a one-line `EnvLoadError` naming the option.
 
 Left out: hub dataset names (load them in a `module:function`), and dataset splits other than the file's.
@@ -21,9 +20,9 @@ import os
 from collections.abc import Mapping
 from typing import Any
 
-from aitrain_grpo.errors import EnvLoadError, describe_exception, one_line, raised_message
+from aitrain_grpo.env.adapters.row_files import ROW_FILES, read_row_file
+from aitrain_grpo.errors import EnvLoadError, one_line, raised_message
 
-ROW_FILES = (".parquet", ".json", ".jsonl", ".csv")
 
 
 def import_object(spec: str, option: str) -> Any:
@@ -69,15 +68,7 @@ def load_rows(rows: Any, owner: str, example: str) -> list[dict[str, Any]]:
             if not os.path.isfile(path):
                 raise EnvLoadError(f"rows file {rows!r} not found (relative paths start at {os.getcwd()}); "
                                    f"check the path")
-            import datasets
-
-            readers = {".parquet": datasets.Dataset.from_parquet, ".csv": datasets.Dataset.from_csv}
-            reader = readers.get(os.path.splitext(rows)[1], datasets.Dataset.from_json)
-            try:
-                rows = reader(path)
-            except Exception as exc:
-                raise EnvLoadError(f"rows file {rows!r} could not be read: {describe_exception(exc)}; give a "
-                                   f"{', '.join(ROW_FILES)} file of rows with a 'prompt' column") from exc
+            rows = read_row_file(rows, path)
         else:
             source = f"rows={rows!r}"
             rows = import_object(rows, "rows")

@@ -16,7 +16,9 @@ checks, once the dataset is built, that each required parameter is one that will
 A function that raises, or returns something other than one number or None per episode, abstains (None
 for the whole batch) rather than stopping the run: the first failure prints a one-line warning naming
 it, and `rewards/<name>/error_frac` (share of batches it failed on) shows in the metrics. The
-environment's score always counts, so no episode is left without a reward.
+environment's score always counts, so no episode is left without a reward. A function that fails every
+batch of 3 in a row stops the run with a checkpoint (rewards/failing.py): training on without it, exit 0,
+hid a broken function behind one warning.
 
 Left out: reward models (TRL's `reward_funcs` as model ids: `--rl-reward-model`, rewards/reward_model.py,
 wraps its model with `episode_reward`), and `--rl-zero-std-groups` on the weighted total: a group counts as
@@ -36,6 +38,7 @@ from trl.trainer.utils import is_async_callable
 
 from aitrain_grpo.env.loading import import_user_module
 from aitrain_grpo.errors import EnvLoadError, describe_exception, user_location
+from aitrain_grpo.training.rewards.failing import FAILED_BATCHES, FailureBound
 
 FLAG = "--rl-reward-funcs"
 # Keywords every reward function receives (TRL's, then aitrain's); dataset columns come on top.
@@ -135,6 +138,8 @@ class _Wrapped:
         self.reward = reward
         self.rollout = rollout
         self.failures = 0
+        self.failing = FailureBound(f"reward function {reward.spec}", "train without its rewards (it abstains on "
+                                    "a batch it fails)", "fix the function")  # failing.py
 
     def arguments(self, prompts, completions, completion_ids, kwargs: dict[str, Any]) -> dict[str, Any]:
         batch = self.rollout.last_batch
@@ -157,14 +162,15 @@ class _Wrapped:
         except Exception as exc:
             values, failed = [None] * count, 1.0
             self.failures += 1
+            at = user_location(exc) if exc.__traceback__ else None
+            error = describe_exception(exc, 200) + (f" (at {at})" if at else "")
             if self.failures == 1:
-                at = user_location(exc) if exc.__traceback__ else None
-                where = f" (at {at})" if at else ""
-                print(f"warning: reward function {self.reward.spec} failed: {describe_exception(exc, 200)}{where}; "
-                      f"it abstains for this batch (and any other it fails on, counted in "
-                      f"rewards/{self.reward.name}/error_frac); fix the function", file=sys.stderr)
+                print(f"warning: reward function {self.reward.spec} failed: {error}; it abstains for this batch (and "
+                      f"any other it fails on, counted in rewards/{self.reward.name}/error_frac; "
+                      f"{FAILED_BATCHES} in a row stop the run); fix the function", file=sys.stderr)
         if log_metric is not None:
             log_metric(f"rewards/{self.reward.name}/error_frac", failed)
+        self.failing.record(1, int(failed), error if failed else "")  # raises RewardFailing past the bound
         return values
 
 

@@ -21,7 +21,7 @@ A reply is read as JSON (never evaluated); a call that fails (HTTP error, timeou
 an in-process judge's context) or whose reply has no readable scores in [0, 1] scores each of its
 episodes `--rl-judge-fallback`, and is counted in `judge/failures` (failed calls per batch, averaged over
 a logging step); the first one prints a one-line warning, and every call of 3 batches in a row failing
-stops the run (judge_failures.py). The judge is built, and checked before step 1, in judge_setup.py.
+stops the run (failing.py). The judge is built, and checked before step 1, in judge_setup.py.
 Replies are cached by rubric, mode and transcript(s) (`judge/cache_hits`), so a replayed group or a
 repeated episode costs no second call; failures are not cached, so a later batch tries again.
 
@@ -59,7 +59,7 @@ from urllib.parse import urlparse
 
 from aitrain_grpo.errors import ConfigError, describe_exception
 from aitrain_grpo.training.rewards.functions import RewardFunc, episode_reward
-from aitrain_grpo.training.rewards.judge_failures import FailureBound
+from aitrain_grpo.training.rewards.failing import FailureBound
 
 REPLY_TOKENS = 512  # the longest reply asked of a judge behind a URL
 LOCAL_REPLY_TOKENS = 256  # and of one in-process (it stops at its end-of-text token)
@@ -256,7 +256,8 @@ class Judge:
         self.pending: OrderedDict[str, Future] = OrderedDict()  # early calls by cache key, not yet collected
         self._lock = threading.Lock()  # the engine's thread submits while the trainer's collects
         self.warned = False
-        self.failing = FailureBound(name, fallback)  # every call of 3 batches in a row failed: the run stops
+        self.failing = FailureBound(f"the judge{name}", f"train on --rl-judge-fallback {fallback:g}",  # failing.py
+                                    "fix the judge (is it up? does its model write the JSON scores?)")
         self.watching = False  # a rollout's episodes start early calls: `judge/early_calls` is logged
 
     def _key(self, transcripts: list[list[dict[str, Any]]]) -> str:
@@ -337,7 +338,7 @@ class Judge:
             log_metric("judge/cache_hits", float(hits))
             if self.watching:
                 log_metric("judge/early_calls", float(len(early)))
-        self.failing.record(len(replies), failures, last_failure)  # judge_failures.py: raises past the bound
+        self.failing.record(len(replies), failures, last_failure)  # failing.py: raises past the bound
         return [score for unit_scores in results for score in unit_scores]  # type: ignore[union-attr]
 
     def close(self) -> None:

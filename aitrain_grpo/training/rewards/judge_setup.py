@@ -11,7 +11,7 @@ raised from `build_trainer` before the run's model loads and before run_config.j
   HTTP error (a server that finds the prompt past its context, a model name it does not serve) is
   refused, naming the URL, the error and, for a long rubric, its size. A reply without readable scores
   only warns: a real judge may answer a made-up conversation oddly, and failing calls at run time stop
-  the run anyway (judge_failures.py);
+  the run anyway (failing.py);
 - an in-process judge (`--rl-judge-model self`: the run's `--model`; or a model path or id) has its
   config and tokenizer read, not its weights: a model that is not there is named with its own flag, and
   the judge's instructions with the rubric, plus its reply (LOCAL_REPLY_TOKENS), must fit its context

@@ -15,8 +15,8 @@ stops early only when:
   saved and the message names the server;
 - SIGINT/SIGTERM arrive (run/signals.py): the step in progress is dropped (`StepAbandoned`) and the last
   finished one saved, or, inside a span that must finish (the optimizer step, a save), that step is saved;
-- the judge (`--rl-judge-rubric`) failed every call of 3 batches in a row (`JudgeFailing`,
-  training/rewards/judge_failures.py): a checkpoint of the last finished step is saved, exit 1;
+- the judge (`--rl-judge-rubric`) or a `--rl-reward-funcs` function failed every call of 3 batches in a row
+  (`RewardFailing`, training/rewards/failing.py): a checkpoint of the last finished step is saved, exit 1;
 - the next step would end past `--max-time` (run/time_limit.py): its last step is saved, exit 0.
 
 `clean_stops(trainer)` wraps `trainer.train()` and turns each of these into `TrainingStopped`, which
@@ -43,7 +43,7 @@ from transformers import TrainerCallback
 from aitrain_grpo.engine.backends.base import GenerationBackendError
 from aitrain_grpo.engine.stats import EpisodeSummary
 from aitrain_grpo.errors import one_line
-from aitrain_grpo.training.rewards.judge_failures import JudgeFailing
+from aitrain_grpo.training.rewards.failing import RewardFailing
 from aitrain_grpo.training.run.signals import SignalStop, StepAbandoned, abandon_step
 from aitrain_grpo.training.run.time_limit import TimeLimit
 
@@ -223,7 +223,7 @@ def clean_stops(trainer) -> Iterator[None]:
             EXIT_FAULT,
             checkpoint,
         ) from exc
-    except JudgeFailing as exc:
+    except RewardFailing as exc:
         raise TrainingStopped(str(exc), EXIT_FAULT, trainer.save_checkpoint_now()) from exc
     finally:
         if signals is not None:
