@@ -17,8 +17,8 @@ from __future__ import annotations
 
 import json
 import tempfile
-from collections import Counter
 import time
+from collections import Counter
 from dataclasses import dataclass, replace
 from pathlib import Path
 from types import SimpleNamespace
@@ -233,15 +233,19 @@ def environment_errors(result: EvalResult) -> tuple[int, str]:
     return sum(counts.values()), common
 
 
-def check_not_all_failed(result: EvalResult, what: str, fix: str) -> str | None:
-    """`what` names the episodes ("episodes of MODEL", "held-back episodes"). Raise `EnvFailedError` when every episode of `result` ended in an environment error (its scores are
-    those errors' zeros, not the model's); else a note when some did, None when none did."""
+def check_not_all_failed(result: EvalResult, what: str, fix: str, *, fatal: bool = True) -> str | None:
+    """A note when some of `result`'s episodes ended in an environment error, None when none did. When every
+    one did, its scores are those errors' zeros, not the model's: `EnvFailedError` (or, not `fatal`, a note
+    saying so). `what` names the episodes ("episodes of MODEL", "held-back episodes")."""
     errors, common = environment_errors(result)
     if not errors:
         return None
     if errors == len(result.episodes):
-        raise EnvFailedError(f"all {errors} {what} ended in an environment error, so their scores say nothing of "
-                             f"the model; most common: {common}; {fix}")
+        said = (f"all {errors} {what} ended in an environment error, so their scores say nothing of the model; "
+                f"most common: {common}; {fix}")
+        if fatal:
+            raise EnvFailedError(said)
+        return f"note: {said}"
     return (f"note: {errors} of {len(result.episodes)} {what} ended in an environment error (scored 0); "
             f"most common: {common}")
 

@@ -58,9 +58,8 @@ from transformers import TrainerCallback
 from aitrain_grpo.config import RunConfig
 from aitrain_grpo.engine.backends.choice import build_backend
 from aitrain_grpo.engine.stats import SUCCESS
-from aitrain_grpo.errors import EnvFailedError
 from aitrain_grpo.evaluation.best_checkpoint import BestCheckpoint
-from aitrain_grpo.evaluation.evaluate import check_not_all_failed, environment_errors
+from aitrain_grpo.evaluation.evaluate import check_not_all_failed
 from aitrain_grpo.evaluation.held_back_play import HeldBackTasks
 from aitrain_grpo.evaluation.paired import PairedDifference, paired_difference
 from aitrain_grpo.option_rules import eval_metrics
@@ -186,13 +185,8 @@ class HeldBackEvaluation(TrainerCallback):
         process = PartialState()
         backend, engine = self.backend(model, tokenizer)
         result = self.tasks.play(backend, tokenizer, model, rank=process.process_index, world=process.num_processes)
-        try:
-            errors_note = check_not_all_failed(result, "held-back episodes", HELD_BACK_FIX)
-        except EnvFailedError:
-            if step == 0:  # before training: the evaluation environment is broken, and nothing is trained yet
-                raise
-            errors_note = f"note: {environment_errors(result)[0]} of {len(result.episodes)} held-back episodes " \
-                          f"ended in an environment error; {HELD_BACK_FIX}"  # a later one: said, not fatal
+        # Every episode failing before step 1 stops the run (nothing trained yet); later, it is said.
+        errors_note = check_not_all_failed(result, "held-back episodes", HELD_BACK_FIX, fatal=step == 0)
         metrics = self.tasks.metrics(result)
         metrics["time/eval_s"] = seconds = time.perf_counter() - started
         gains = self.gains(step, list(zip(result.tasks, result.scores)))
