@@ -169,17 +169,23 @@ def test_errors_raised_to_python_name_keyword_arguments(tmp_path):
     assert "--" not in str(raised.value)
     with pytest.raises(ConfigError, match=r"batch_size=6 is not a multiple of rl_num_generations=4"):
         train(RunConfig(rl_env_module="envs.letters", rl_env_class="LetterEnv", batch_size=6))
-    from aitrain_grpo.training.trainer import as_python_arguments
+    from aitrain_grpo.training.python_api import as_python_arguments
 
     # use_vllm is None until a run decides: its flags still read as the keyword (--async-steps' refusal names them).
     assert as_python_arguments("add --use-vllm, or --no-use-vllm") == "add use_vllm=True, or use_vllm=False"
+    # The word after a flag is its value only when it can be one: "--lr must be a number" is a sentence.
+    with pytest.raises(ConfigError, match=r"^lr must be a number"):
+        train(RunConfig(rl_env_module="envs.letters", rl_env_class="LetterEnv", lr="abc"))
+    assert as_python_arguments("--batch-size 8 is not a multiple of --rl-num-generations 3; --rl-loss-type dapo "
+                               "needs --max-steps at least 2") == ("batch_size=8 is not a multiple of "
+                               "rl_num_generations=3; rl_loss_type=dapo needs max_steps at least 2")
 
 
 def test_an_environment_handed_in_from_python_is_recorded_in_run_config(tmp_path):
     """`train(RunConfig(...), env=load_environment(...))`: run_config.json says which module, class and
     keyword arguments built the environment (it said null), and the config may leave them out."""
     from aitrain_grpo import RunConfig, load_environment
-    from aitrain_grpo.training.trainer import with_environment_origin
+    from aitrain_grpo.training.python_api import with_environment_origin
     from envs.letters import LetterEnv
 
     env = load_environment("envs.letters", "LetterEnv", '{"letter": "b", "turns": 1}')
@@ -207,3 +213,21 @@ def test_a_folder_with_another_tools_run_config_is_not_taken_for_a_run(workspace
 def test_an_empty_model_is_named_as_empty(workspace):
     # '' is the current folder to a Path: it was refused as " is a directory without a model".
     refuses(["eval", "--model", "", "--episodes", "1"], workspace, "--model needs a value")
+
+
+def test_python_callers_are_told_what_train_takes(tmp_path):
+    from aitrain_grpo import RunConfig, train
+    from aitrain_grpo.errors import ConfigError
+    from envs.hotel import HotelEnv
+    from envs.letters import LetterEnv
+
+    config = RunConfig(output_dir=str(tmp_path / "run"), max_steps=1)
+    with pytest.raises(ConfigError, match=r"^env= takes an environment instance, e.g. LetterEnv\(\) .* not the class"):
+        train(config, env=LetterEnv)
+    with pytest.raises(ConfigError, match=r"^train takes a RunConfig, not a dict"):
+        train({"max_steps": 1})
+    # The instance wins over nothing, but a config naming another class would record the wrong one.
+    named = RunConfig(rl_env_module="envs.letters", rl_env_class="LetterEnv", output_dir=str(tmp_path / "run"))
+    with pytest.raises(ConfigError, match=r"^env= is a HotelEnv but the config names rl_env_class=LetterEnv"):
+        train(named, env=HotelEnv())
+    assert not (tmp_path / "run").exists()

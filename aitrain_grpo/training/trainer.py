@@ -31,11 +31,9 @@ Left out: the console display and the files written during training (runlog/), s
 
 from __future__ import annotations
 
-import dataclasses
 import json
 import math
 import os
-import re
 import sys
 import time
 import warnings
@@ -74,6 +72,7 @@ from aitrain_grpo.training.preflight.memory_check import available_bytes, memory
 from aitrain_grpo.training.step.micro_batches import BatchShape
 from aitrain_grpo.training.run.plan import RunPlan, plan_run
 from aitrain_grpo.training.preflight.prompt_length import check_prompt_lengths
+from aitrain_grpo.training.python_api import as_python_arguments, with_environment_origin
 from aitrain_grpo.training.preflight.run_checks import check_run
 from aitrain_grpo.training.run.lock import release as release_lock
 from aitrain_grpo.training.rewards.functions import check_required_arguments, episode_rewards, load_reward_funcs
@@ -198,22 +197,6 @@ def grpo_config(config: RunConfig, plan: RunPlan) -> GRPOConfig:
     if weights is not None:
         kwargs["reward_weights"] = weights  # the environment's score first, as reward_funcs are ordered
     return GRPOConfig(**kwargs)
-
-
-def with_environment_origin(config: RunConfig, env: Any) -> RunConfig:
-    """`config` (a copy) naming the environment an instance handed in from Python came from, where the
-    config leaves it out: `load_environment`'s module, class and keyword arguments when it built the
-    instance, else the instance's own class (an AITraining instance's, not its wrapper's). So
-    `train(RunConfig(), env=instance)` needs no `rl_env_module`/`rl_env_class`, and run_config.json records
-    how to build the environment again (eval and resume read it)."""
-    if config.rl_env:  # named by --rl-env already
-        return config
-    origin = getattr(env, "loaded_from", None)
-    if not isinstance(origin, dict):
-        cls = type(getattr(env, "user", env))
-        origin = {"rl_env_module": cls.__module__, "rl_env_class": cls.__name__, "rl_env_config": None}
-    filled = {key: value for key, value in origin.items() if not getattr(config, key)}
-    return dataclasses.replace(config, **filled) if filled else config
 
 
 def check_context_length(model, config: RunConfig) -> None:
@@ -348,23 +331,9 @@ def train_from_python(config: RunConfig, env: Environment | None = None, **kwarg
     """`aitrain_grpo.train`: `train` for Python callers, whose mistakes are named as `RunConfig` keyword
     arguments (`overwrite=True`, `batch_size=`) rather than command-line flags."""
     try:
+        if not isinstance(config, RunConfig):
+            raise ConfigError(f"train takes a RunConfig, not a {type(config).__name__}: train(RunConfig(**options))")
         return train(config, env, **kwargs)
     except UserError as exc:
         exc.args = (as_python_arguments(str(exc)),)
         raise
-
-
-def as_python_arguments(message: str) -> str:
-    """`message` with each flag of a `RunConfig` field written as that keyword argument: `--overwrite`
-    and `--no-peft` become `overwrite=True` and `peft=False`, `--batch-size 8` becomes `batch_size=8`."""
-    fields = RunConfig.__dataclass_fields__
-
-    def keyword(match: re.Match) -> str:
-        negated, name, value = match.group(1), match.group(2).replace("-", "_"), match.group(3)
-        if name not in fields:
-            return match.group(0)
-        if fields[name].type in ("bool", bool, "bool | None"):
-            return f"{name}={'False' if negated else 'True'}" + (value or "")
-        return f"{name}=" + (value.strip() if value else "")
-
-    return re.sub(r"--(no-)?([a-z][a-z0-9-]*)( [^\s,;:()]+)?", keyword, message)
