@@ -200,6 +200,22 @@ def test_no_demonstration_good_enough_is_refused(tmp_path, monkeypatch):
     assert_one_line_error(result, "--min-score must be in [0, 1]")
 
 
+@pytest.mark.integration  # a command, run in this process
+@pytest.mark.usefixtures("isolated_imports")
+def test_a_run_refused_after_its_demonstrations_leaves_a_folder_the_fixed_run_takes(tmp_path, monkeypatch, tiny_model_dir):
+    # The model is checked after demos.jsonl is written; that folder used to be refused as "files this tool
+    # did not write", with or without --overwrite, until deleted by hand.
+    cli = in_process_cli(monkeypatch, REPO)
+    out = tmp_path / "o"
+    common = ["sft", *HOTEL, "--model", tiny_model_dir, "--episodes", "4", "--max-steps", "1", "--batch-size", "4",
+              "--output-dir", out]
+    assert_one_line_error(cli(*common, "--target-modules", "nosuch_proj"), "--target-modules nosuch_proj names no module")
+    assert (out / "demos.jsonl").is_file()
+    fixed = cli(*common)
+    assert fixed.exit_code == 0, fixed.output
+    assert (out / "run_summary.json").is_file()
+
+
 def test_a_finished_run_is_not_overwritten(sft_run):
     out, _ = sft_run
     result = run_cli("sft", *HOTEL, "--output-dir", str(out))

@@ -104,7 +104,7 @@ def warm_start(config: RunConfig, episodes: int, min_score: float, show: Callabl
     `show`. Returns the run summary (sft/trainer.train_sft's) with the config the run had (`config`:
     its output folder may be the next free numbered one). Bad environments raise `UserError`."""
     from aitrain_grpo.training.run.folder import check_output_dir_for_run, with_fresh_default_output_dir  # torch
-    from aitrain_grpo.training.run.folder import check_overwrite_target
+    from aitrain_grpo.training.run.folder import check_overwrite_target, write_run_config
     from aitrain_grpo.training.run.lock import claim_output_dir
 
     config, note = with_fresh_default_output_dir(config)
@@ -131,7 +131,7 @@ def warm_start(config: RunConfig, episodes: int, min_score: float, show: Callabl
                                              timeout=config.rl_env_timeout)
     demos = keep_good(played, errors, min_score, env_name)
     output_dir = Path(config.resolved_output_dir())
-    output_dir.mkdir(parents=True, exist_ok=True)
+    write_run_config(output_dir, config)  # first: a run that fails after this leaves a folder of ours
     write_jsonl(output_dir / DEMOS_FILE, [demo.record() for demo in demos])
     mean = sum(demo.score for demo in played) / len(played)
     cut = sum(len(demo.sequences) for demo in demos)

@@ -35,8 +35,7 @@ from aitrain_grpo.engine.chat import ChatRenderer, template_kwargs_note
 from aitrain_grpo.engine.demos import Demonstration
 from aitrain_grpo.models.loading import load_model_and_tokenizer
 from aitrain_grpo.option_rules import template_kwargs
-from aitrain_grpo.runlog.redaction import redact
-from aitrain_grpo.training.run.folder import prepare_output_dir
+from aitrain_grpo.training.run.folder import prepare_output_dir, write_run_config
 from aitrain_grpo.training.run.collectives import start_process_group
 from aitrain_grpo.training.trl.hf_args import check_target_modules, lora_config, save_run, trainer_args
 from aitrain_grpo.training.step.micro_batches import BatchShape
@@ -92,7 +91,7 @@ def train_sft(config: RunConfig, demos: list[Demonstration], output_dir: Path,
         show(note)
     dataset = demo_dataset(tokenizer, demos, template_kwargs(config.chat_template_kwargs))
     prepare_output_dir(output_dir, None)
-    (output_dir / "run_config.json").write_text(json.dumps(redact(config.to_dict()), indent=2, default=str) + "\n")
+    write_run_config(output_dir, config)
     losses = LossLines(show)
     start_process_group(config.ddp_timeout)  # meet the other processes under the bound (training/run/collectives.py)
     trainer = SFTTrainer(model=model, args=sft_config(config, output_dir), train_dataset=dataset,

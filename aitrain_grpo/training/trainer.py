@@ -31,7 +31,6 @@ Left out: the console display and the files written during training (runlog/), s
 
 from __future__ import annotations
 
-import json
 import math
 import os
 import sys
@@ -54,12 +53,11 @@ from aitrain_grpo.env.loading import as_environment, load_environment
 from aitrain_grpo.models.loading import load_model_and_tokenizer
 from aitrain_grpo.option_rules import template_kwargs
 from aitrain_grpo.runlog.files import ReportCallback, training_callbacks
-from aitrain_grpo.runlog.redaction import redact
 from aitrain_grpo.runlog.step_metrics import StepMetrics
 from aitrain_grpo.runlog.step_timing import StepTiming
 from aitrain_grpo.training.preflight import small_dataset as small_dataset
 from aitrain_grpo.training.run.checkpoints import AtomicCheckpoints
-from aitrain_grpo.training.run.folder import prepare_output_dir
+from aitrain_grpo.training.run.folder import prepare_output_dir, write_run_config
 from aitrain_grpo.training.run.collectives import bound_collectives, collective_failures, start_process_group
 from aitrain_grpo.training.trl.hf_args import check_target_modules, lora_config, save_run, trainer_args
 from aitrain_grpo.training.rewards.judge import judge_rewards
@@ -265,7 +263,7 @@ def build_trainer(config: RunConfig, env: Environment | None = None, *, callback
     dataset = arrow_dataset(small_dataset.fill_one_step(rows, config), f"{type(env).__name__}.build_dataset")
     check_required_arguments(extra_rewards, dataset.column_names)
     prepare_output_dir(plan.output_dir, plan.resume)
-    (plan.output_dir / "run_config.json").write_text(json.dumps(redact(config.to_dict()), indent=2, default=str) + "\n")
+    write_run_config(plan.output_dir, config)
 
     error_stop = ErrorRateStop(config.rl_max_error_rate)
     step_metrics = StepMetrics()  # the run's metrics sink: the trainer's log drains it

@@ -29,6 +29,7 @@ from pathlib import Path
 from aitrain_grpo.config import RunConfig
 from aitrain_grpo.errors import ConfigError
 from aitrain_grpo.outputs import describe_kind, folder_kind, has_entries, is_ours, special_folder
+from aitrain_grpo.runlog.redaction import redact
 from aitrain_grpo.training.run.checkpoints import (PARTIAL_PREFIX, RUN_RESULTS, checkpoint_step, complete_checkpoints,
                                                    resume_checkpoint)
 
@@ -204,6 +205,14 @@ def _check_can_be_created(output_dir: Path) -> None:
         raise ConfigError(f"--output-dir {output_dir} cannot be created ({reason}); pass a folder you can write to") from None
     for folder in missing:  # innermost first
         folder.rmdir()
+
+
+def write_run_config(output_dir: Path, config: RunConfig) -> None:
+    """`run_config.json`: the run's options (secrets redacted), what eval and resume read and what marks the
+    folder as this tool's (outputs.is_ours). Written before anything else a run puts there, so a run that
+    fails after its first file (sft's demos.jsonl) leaves a folder the next run may use again."""
+    output_dir.mkdir(parents=True, exist_ok=True)
+    (output_dir / "run_config.json").write_text(json.dumps(redact(config.to_dict()), indent=2, default=str) + "\n")
 
 
 def prepare_output_dir(output_dir: Path, resume: Path | None) -> None:
