@@ -160,6 +160,7 @@ def check_folder_output(path: str | Path, *, flag: str, overwrite: bool, kind: s
     for folder in reads:
         if _within(target, Path(folder)) or _within(Path(folder), target):
             raise ConfigError(f"{flag} {path} holds or is inside {folder}, which this command reads; pick a new folder")
+    check_can_be_created(target, flag)
     if target.exists() or target.is_symlink():
         if not target.is_dir():
             raise ConfigError(f"{flag} {path} exists and is a file; pass a folder path that does not exist yet")
@@ -174,6 +175,23 @@ def check_folder_output(path: str | Path, *, flag: str, overwrite: bool, kind: s
                 raise ConfigError(f"{flag} {path} holds {describe_kind(folder_kind(target))}, not {describe_kind(kind)}, "
                                   f"so {overwrite_flag} does not replace it; pass a new folder")
     return target
+
+
+def check_can_be_created(folder: Path, flag: str) -> None:
+    """A one-line error, before anything loads, for a folder output that cannot be made (a file where a
+    parent folder should be, a place not writable). Only trying tells (root passes access() checks, /proc
+    refuses anyway), so the missing folders are made and removed again: a command that then fails to load
+    leaves nothing behind. An existing path is left to the caller's own checks."""
+    if folder.exists() or folder.is_symlink():
+        return
+    missing = [folder, *(p for p in folder.parents if not p.exists())]
+    try:
+        folder.mkdir(parents=True)
+    except OSError as exc:
+        reason = exc.strerror or type(exc).__name__
+        raise ConfigError(f"{flag} {folder} cannot be created ({reason}); pass a folder you can write to") from None
+    for made in missing:  # innermost first
+        made.rmdir()
 
 
 # ---------------------------------------------------------------------------------- write, then rename

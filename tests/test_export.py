@@ -167,6 +167,10 @@ def test_a_missing_base_is_found_again_from_run_config_or_named_with_base(lora_r
     named = aitrain("export", gone, "--to", tmp_path / "d", "--base", "tiny")
     assert named.exit_code == 0, named.output
     assert (tmp_path / "d" / "model.safetensors").is_file()
+    # eval (and grpo, sft, env check: the same loader) name the missing base and the way out, not the hub's
+    # "Repo id must be in the form ...".
+    assert_one_line_error(aitrain("eval", "--model", gone, "--episodes", "1"), 2, "was trained on",
+                          "which is not there (moved or deleted?)", "--base WHERE_IT_IS_NOW")
 
 
 def test_refusals_are_one_line(lora_run, tmp_path):

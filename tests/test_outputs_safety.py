@@ -83,6 +83,7 @@ def test_what_the_command_wrote_itself_is_replaced(workspace):
 @pytest.mark.parametrize("target, extra, says", [
     ("notes", [], "not empty"), ("notes", ["--overwrite"], "did not write"), (".", [], "the current folder"),
     ("README.md", [], "is a file"), ("~", ["--overwrite"], "home"), ("outputs/run", [], "not empty"),
+    ("README.md/sub", [], "cannot be created (Not a directory)"),  # a traceback after the work was done
 ])
 def test_tiny_model_never_replaces_the_users_files(workspace, target, extra, says):
     refuses(["tiny-model", target, *extra], workspace, "OUTPUT_DIR", says)
@@ -92,6 +93,7 @@ def test_tiny_model_never_replaces_the_users_files(workspace, target, extra, say
     ("notes", ["--overwrite"], "did not write"), (".", ["--overwrite"], "the current folder"),
     ("README.md", [], "is a file"), ("outputs/run", ["--overwrite"], "which this command reads"),
     ("outputs", ["--overwrite"], "which this command reads"), ("~", ["--overwrite"], "home"),
+    ("README.md/sub", [], "cannot be created (Not a directory)"),  # a traceback after the model loaded
 ])
 def test_export_never_replaces_the_users_files_or_its_input(workspace, target, extra, says):
     refuses(["export", "outputs/run", "--to", target, *extra], workspace, "--to", says)

@@ -242,7 +242,12 @@ def load_causal_lm(path: str, _depth: int = 0, *, dtype=None):
                           f"(a loop?); export the model to a plain folder and train from that")
     from peft import PeftModel
 
-    base = load_causal_lm(resolve_source(str(folder)).weights, _depth + 1, dtype=dtype)
+    weights = resolve_source(str(folder)).weights
+    if looks_local(weights) and not Path(weights).expanduser().exists():  # else transformers: "Repo id must be ..."
+        raise ConfigError(f"the LoRA adapter in {path} was trained on {weights}, which is not there (moved or "
+                          f"deleted?); put that model back, or make a standalone model with `aitrain export {path} "
+                          f"--to DIR --base WHERE_IT_IS_NOW` and use DIR")
+    base = load_causal_lm(weights, _depth + 1, dtype=dtype)
     model = PeftModel.from_pretrained(base, str(folder)).merge_and_unload()
     model.name_or_path = str(folder.resolve())
     return model
@@ -255,6 +260,8 @@ def load_model_and_tokenizer(name_or_path: str):
     try:
         tokenizer = _open_tokenizer(path)
         model = load_causal_lm(path)
+    except ConfigError:
+        raise  # said already, with its fix
     except _LOAD_ERRORS as exc:
         raise ConfigError(f"--model {name_or_path} could not be loaded: {one_line(exc)}; pass a causal LM folder or model id") from exc
     return model, tokenizer
@@ -275,6 +282,8 @@ def load_for_generation(source: ModelSource):
     try:
         # Merging once makes every forward pass a plain one, as fast as the base model's.
         model = load_causal_lm(source.adapter or source.weights)
+    except ConfigError:
+        raise  # said already, with its fix
     except _LOAD_ERRORS as exc:
         raise ConfigError(f"could not load model {source.spec}: {one_line(exc)}") from None
     if torch.cuda.is_available():

@@ -28,7 +28,7 @@ from pathlib import Path
 
 from aitrain_grpo.config import RunConfig
 from aitrain_grpo.errors import ConfigError
-from aitrain_grpo.outputs import describe_kind, folder_kind, has_entries, is_ours, special_folder
+from aitrain_grpo.outputs import check_can_be_created, describe_kind, folder_kind, has_entries, is_ours, special_folder
 from aitrain_grpo.runlog.redaction import redact
 from aitrain_grpo.training.run.checkpoints import (PARTIAL_PREFIX, RUN_RESULTS, checkpoint_step, complete_checkpoints,
                                                    resume_checkpoint)
@@ -190,21 +190,10 @@ def _check_is_a_run_folder(output_dir: Path) -> None:
 
 
 def _check_can_be_created(output_dir: Path) -> None:
-    """A one-line error, before anything loads, for an --output-dir that is a file or cannot be made.
-    Only trying tells (root passes access() checks, /proc refuses anyway), so the missing folders are
-    made and removed again: a run that then fails to load leaves nothing behind."""
-    if output_dir.exists():
-        if not output_dir.is_dir():
-            raise ConfigError(f"--output-dir {output_dir} is a file, not a folder; pass a folder path (it is created if missing)")
-        return
-    missing = [output_dir, *(p for p in output_dir.parents if not p.exists())]
-    try:
-        output_dir.mkdir(parents=True)
-    except OSError as exc:
-        reason = exc.strerror or type(exc).__name__
-        raise ConfigError(f"--output-dir {output_dir} cannot be created ({reason}); pass a folder you can write to") from None
-    for folder in missing:  # innermost first
-        folder.rmdir()
+    """A one-line error, before anything loads, for an --output-dir that is a file or cannot be made."""
+    if output_dir.exists() and not output_dir.is_dir():
+        raise ConfigError(f"--output-dir {output_dir} is a file, not a folder; pass a folder path (it is created if missing)")
+    check_can_be_created(output_dir, "--output-dir")
 
 
 def write_run_config(output_dir: Path, config: RunConfig) -> None:
