@@ -23,6 +23,8 @@ def read_options_file(path: str | Path, field_names: list[str]) -> dict[str, Any
     """The options in the YAML or JSON file at `path`, keys with - or _ both taken; `field_names`: the
     options that exist."""
     path = Path(path)
+    if path.is_dir():
+        raise ConfigError(f"config file {path} is a folder; pass a YAML or JSON file to --config")
     if not path.is_file():
         raise ConfigError(f"config file {path} does not exist; pass an existing YAML or JSON file to --config")
     if path.suffix.lower() not in (".yaml", ".yml", ".json"):
@@ -33,7 +35,7 @@ def read_options_file(path: str | Path, field_names: list[str]) -> dict[str, Any
     except UnicodeDecodeError:
         raise ConfigError(f"config file {path} is not UTF-8 text; pass a YAML or JSON file") from None
     try:
-        if path.suffix in (".yaml", ".yml"):
+        if path.suffix.lower() in (".yaml", ".yml"):
             import yaml
 
             data = yaml.safe_load(text)

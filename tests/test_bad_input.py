@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 from typer.testing import CliRunner
 
-from helpers import run_cli
+from helpers import REPO, run_cli
 
 from aitrain_grpo.commands.cli import app
 
@@ -65,6 +65,7 @@ def assert_one_line_error(result, *fragments: str) -> str:
         (["--rl-top-p", "0"], ["--rl-top-p must be in (0, 1]"]),
         (["--rl-max-new-tokens", "64", "--rl-max-completion-length", "32"], ["exceeds --rl-max-completion-length 32"]),
         (["--resume-from-checkpoint", "/nonexistent/checkpoint-4"], ["--resume-from-checkpoint /nonexistent/checkpoint-4 does not exist", "auto"]),
+        (["--resume-from-checkpoint", str(REPO / "README.md")], ["README.md is a file; pass auto"]),
     ],
 )
 def test_bad_option_values(extra, fragments):
@@ -119,6 +120,13 @@ def test_bad_config_files(tmp_path, name, text, fragments):
     path = tmp_path / name
     path.write_text(text)
     assert_one_line_error(grpo("--config", str(path)), *fragments)
+
+
+def test_a_config_file_named_in_capitals_and_a_folder_are_read_as_what_they_are(tmp_path):
+    (tmp_path / "RUN.YAML").write_text("rl-env-module: envs.letters\nrl-env-class: LetterEnv\nmodel: ./missing\n")
+    assert_one_line_error(grpo("--config", str(tmp_path / "RUN.YAML")), "--model ./missing does not exist")  # YAML
+    (tmp_path / "folder.yaml").mkdir()
+    assert_one_line_error(grpo("--config", str(tmp_path / "folder.yaml")), "folder.yaml is a folder")
 
 
 def test_config_file_that_is_not_text(tmp_path):

@@ -116,7 +116,8 @@ def test_a_template_that_rewrites_earlier_turns_is_a_warning(aitrain, tiny_model
 
 
 def test_the_tiny_template_is_append_only(aitrain):
-    result = aitrain("env", "check", *WORKBENCH, "--rl-env-class", "NumberEnv", "--policies", "oracle")
+    # A policy named twice is played once: twice, the oracle's 1.0 read as "1 under every policy: no signal".
+    result = aitrain("env", "check", *WORKBENCH, "--rl-env-class", "NumberEnv", "--policies", "oracle,oracle")
     assert result.exit_code == 0, result.stdout + result.stderr
     assert "append-only" not in result.stdout and "rewrites earlier turns" not in result.stdout
     assert policy_row(result.stdout, "oracle")[0] == "1.000"

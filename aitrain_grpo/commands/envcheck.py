@@ -127,7 +127,7 @@ def run_env_check(
     """What the CLI command does: validate the options, check (`env_check`: load and play), print. `options`
     holds the episode flags (`CHECK_FLAGS`, RunConfig's names). Option and loading mistakes raise
     ConfigError/EnvLoadError (exit 2); a broken contract is in the report's problems."""
-    chosen = tuple(p.strip() for p in policies.split(",") if p.strip())
+    chosen = tuple(dict.fromkeys(p.strip() for p in policies.split(",") if p.strip()))  # each once, in order
     unknown = [p for p in chosen if p not in POLICIES]
     if unknown or not chosen:
         raise ConfigError(f"--policies takes a comma-separated list of {', '.join(POLICIES)}; got {policies!r}")

@@ -107,7 +107,8 @@ def resume_checkpoint(config: RunConfig) -> Path | None:
         path = Path(value).expanduser()
         if not path.is_dir():
             raise ConfigError(
-                f"--resume-from-checkpoint {value} does not exist; pass auto (the newest checkpoint in "
+                f"--resume-from-checkpoint {value} {'is a file' if path.exists() else 'does not exist'}; pass auto (the "
+                f"newest checkpoint in "
                 f"--output-dir) or a checkpoint-N folder of an earlier run"
             )
         if not is_complete(path):
