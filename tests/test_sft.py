@@ -216,6 +216,18 @@ def test_a_run_refused_after_its_demonstrations_leaves_a_folder_the_fixed_run_ta
     assert (out / "run_summary.json").is_file()
 
 
+@pytest.mark.integration  # a command, run in this process
+@pytest.mark.usefixtures("isolated_imports")
+def test_demonstrations_longer_than_the_context_are_refused(tmp_path, monkeypatch, tiny_model_dir):
+    # They trained whole past the model's positions after one transformers warning (or crawled for minutes).
+    result = in_process_cli(monkeypatch, FIXTURES)(
+        "sft", "--rl-env-module", "envs_fixtures.workbench", "--rl-env-class", "LongAnswerEnv", "--model",
+        tiny_model_dir, "--episodes", "2", "--max-steps", "1", "--batch-size", "2", "--output-dir", tmp_path / "o")
+    assert_one_line_error(result, "2 of 2 demonstration sequences are longer than", "context of 4096 tokens",
+                          "make the oracle's episodes shorter")
+    assert not list((tmp_path / "o").glob("checkpoint-*")) and not (tmp_path / "o" / "run_summary.json").exists()
+
+
 def test_a_finished_run_is_not_overwritten(sft_run):
     out, _ = sft_run
     result = run_cli("sft", *HOTEL, "--output-dir", str(out))

@@ -34,7 +34,9 @@ from aitrain_grpo.config import RunConfig
 from aitrain_grpo.engine.chat import ChatRenderer, template_kwargs_note
 from aitrain_grpo.engine.demos import Demonstration
 from aitrain_grpo.models.loading import load_model_and_tokenizer
+from aitrain_grpo.errors import ConfigError
 from aitrain_grpo.option_rules import template_kwargs
+from aitrain_grpo.training.preflight.prompt_length import model_context
 from aitrain_grpo.training.run.folder import prepare_output_dir, write_run_config
 from aitrain_grpo.training.run.collectives import start_process_group
 from aitrain_grpo.training.trl.hf_args import check_target_modules, lora_config, save_run, trainer_args
@@ -53,6 +55,20 @@ def demo_dataset(tokenizer, demos: list[Demonstration], template_kwargs: dict | 
         tokens.extend(demo.tokens(renderers[key]))  # a strategy's episode: one row per sequence
     return Dataset.from_dict({"input_ids": [t.input_ids for t in tokens],
                               "assistant_masks": [t.assistant_masks for t in tokens]})
+
+
+def check_demo_lengths(lengths: list[int], context: int | None, model_name: str) -> None:
+    """Refuse demonstrations longer than the model's context: trained whole (`max_length=None`) they run past
+    its positions (transformers warned once, then training went on, or crawled for minutes on a 200k-token
+    tool result), and cut they would lose their last turns."""
+    if context is None:
+        return
+    over = [n for n in lengths if n > context]
+    if over:
+        raise ConfigError(f"{len(over)} of {len(lengths)} demonstration sequences are longer than {model_name}'s "
+                          f"context of {context} tokens (the longest: {max(over)}); make the oracle's episodes "
+                          f"shorter (fewer turns with --rl-max-turns, shorter tool results) or use a model with a "
+                          f"longer context")
 
 
 def sft_config(config: RunConfig, output_dir: Path) -> SFTConfig:
@@ -90,6 +106,7 @@ def train_sft(config: RunConfig, demos: list[Demonstration], output_dir: Path,
     if note:
         show(note)
     dataset = demo_dataset(tokenizer, demos, template_kwargs(config.chat_template_kwargs))
+    check_demo_lengths([len(ids) for ids in dataset["input_ids"]], model_context(model, tokenizer), config.model)
     prepare_output_dir(output_dir, None)
     write_run_config(output_dir, config)
     losses = LossLines(show)

@@ -85,3 +85,13 @@ class OddStepsRaiseEnv(NumberEnv):
         if episode.row["number"] % 2:
             raise KeyError("history")
         return None
+
+
+class LongAnswerEnv(NumberEnv):
+    """An oracle whose answer alone is longer than the tiny model's context (4096 positions)."""
+
+    def score_episode(self, episode: Episode) -> float:
+        return 1.0
+
+    def solve(self, episode: Episode) -> str:
+        return " ".join(["word"] * 6000)
