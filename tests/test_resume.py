@@ -249,6 +249,16 @@ def test_an_incomplete_checkpoint_path_is_refused(tmp_path):
     (broken / "adapter_model.safetensors").write_bytes(b"")
     with pytest.raises(ConfigError, match="not a complete checkpoint"):
         check_output_dir_for_run(letters_config(tmp_path / "o", resume_from_checkpoint=str(broken)))
+    # Both state files, but no weights (transformers' traceback) or no optimizer state (Adam restarted, unsaid).
+    for name in ("trainer_state.json", "aitrain_state.json"):
+        (broken / name).write_text("{}")
+    (broken / "adapter_model.safetensors").unlink()
+    with pytest.raises(ConfigError, match=r"lacks its weights and its optimizer state \(optimizer.pt\), so it cannot "
+                                          r"be resumed as it was saved; pass an earlier checkpoint-N"):
+        check_output_dir_for_run(letters_config(tmp_path / "o", resume_from_checkpoint=str(broken)))
+    (broken / "adapter_model.safetensors").write_bytes(b"")
+    with pytest.raises(ConfigError, match=r"lacks its optimizer state \(optimizer.pt\)"):
+        check_output_dir_for_run(letters_config(tmp_path / "o", resume_from_checkpoint=str(broken)))
 
 
 def test_a_fresh_start_over_an_unfinished_run_needs_overwrite(tmp_path):

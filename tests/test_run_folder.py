@@ -45,6 +45,8 @@ def finished_run(folder: Path, *, steps: int = 2, env: tuple[str, str] = ("envs.
     (checkpoint / "trainer_state.json").write_text(json.dumps({"global_step": steps, "max_steps": steps}))
     settings = {name: getattr(config, name) for name in STEP_SHAPE}
     (checkpoint / "aitrain_state.json").write_text(json.dumps({"global_step": steps, "settings": settings}))
+    for part in ("adapter_model.safetensors", "optimizer.pt"):  # what a resume checks is there
+        (checkpoint / part).write_bytes(b"")
     (folder / "run_config.json").write_text(json.dumps(dataclasses.asdict(config), default=str))
     (folder / "run_summary.json").write_text(json.dumps({"global_step": steps}))
     (folder / "metrics.jsonl").write_text("".join(json.dumps({"step": s}) + "\n" for s in range(1, steps + 1)))

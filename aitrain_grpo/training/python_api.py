@@ -6,7 +6,7 @@ Each one-line error's flags are rewritten as keywords (`as_python_arguments`:
 its value only where it can be one, so "--lr must be a number" reads "lr must be a number").
 `with_environment_origin` fills the config's environment fields from the instance (training/trainer.py
 calls it for every `env=`), so run_config.json says how to build it again, and refuses a config that names
-another class than the instance's (eval and resume would read the wrong one).
+a class the instance is not, nor a subclass of (eval and resume would read the wrong one).
 
 Left out: the command line (commands/), whose flags are the messages' own words.
 """
@@ -38,7 +38,9 @@ def with_environment_origin(config: RunConfig, env: Any) -> RunConfig:
     if not isinstance(origin, dict):
         cls = type(getattr(env, "user", env))
         origin = {"rl_env_module": cls.__module__, "rl_env_class": cls.__name__, "rl_env_config": None}
-    if config.rl_env_class and config.rl_env_class != origin["rl_env_class"]:  # run_config.json would name the wrong one
+    # A config naming a class the instance is not (nor a subclass of): run_config.json would name the wrong one.
+    classes = {cls.__name__ for cls in type(getattr(env, "user", env)).__mro__} | {origin["rl_env_class"]}
+    if config.rl_env_class and config.rl_env_class not in classes:
         raise ConfigError(f"env= is a {origin['rl_env_class']} but the config names rl_env_class="
                           f"{config.rl_env_class}; leave rl_env_module and rl_env_class out (the instance's are "
                           f"recorded), or make them name the instance's class")

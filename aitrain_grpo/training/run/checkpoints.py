@@ -123,9 +123,29 @@ def resume_checkpoint(config: RunConfig) -> Path | None:
                 f"{RUN_STATE_FILE}; it may have been cut off while saving); pick another checkpoint-N folder or auto"
             )
     if path is not None:
+        _check_parts(path)
         _check_same_run(path, config)
         _check_same_best(Path(config.output_dir) if config.output_dir else path.parent, config.save_best)
     return path
+
+
+# What a checkpoint holds besides the two state files `is_complete` looks for: the weights (an adapter, a
+# full model, sharded or not) and the optimizer's state (one file, or DeepSpeed's and FSDP's folders).
+_WEIGHTS = ("adapter_model.safetensors", "adapter_model.bin", "model.safetensors", "model.safetensors.index.json",
+            "pytorch_model.bin", "pytorch_model.bin.index.json")
+_SHARDED = ("global_step*", "pytorch_model_fsdp*", "optimizer_0*")
+
+
+def _check_parts(path: Path) -> None:
+    """Refuse a checkpoint missing its weights (transformers then raised "Can't find a valid checkpoint" as a
+    traceback) or its optimizer state (the run went on with Adam's moments restarted, without a word)."""
+    sharded = any(next(path.glob(pattern), None) for pattern in _SHARDED)
+    missing = [what for what, there in (("its weights", sharded or any((path / n).is_file() for n in _WEIGHTS)),
+                                        ("its optimizer state (optimizer.pt)", sharded or (path / "optimizer.pt").is_file()))
+               if not there]
+    if missing:
+        raise ConfigError(f"checkpoint {path} lacks {' and '.join(missing)}, so it cannot be resumed as it was saved; "
+                          f"pass an earlier checkpoint-N, or start a new run in another --output-dir")
 
 
 def _check_same_best(output_dir: Path, metric: str | None) -> None:
