@@ -62,13 +62,13 @@ class StepRecorder(TrainerCallback):
 
 
 def async_run(tiny_model_dir, out, url, *, steps_ahead=1, max_steps=4, env=None, **options):
-    config = RunConfig(
-        model=tiny_model_dir, output_dir=str(out), rl_env_module="envs_fixtures.flat_groups",
-        rl_env_class="FlatGroupsEnv", max_steps=max_steps, batch_size=8, rl_num_generations=4, rl_max_new_tokens=16,
+    env = env or FlatGroupsEnv(num_tasks=32, flat_every=1000)
+    config = RunConfig(  # the environment is the instance's (recorded from it), not named here
+        model=tiny_model_dir, output_dir=str(out), max_steps=max_steps, batch_size=8, rl_num_generations=4, rl_max_new_tokens=16,
         seed=5, lr=1e-2, use_vllm=True, vllm_mode="server", vllm_server_url=url, vllm_sync="lora",
         rl_async_steps=steps_ahead, **options,
     )
-    trainer = build_trainer(config, env or FlatGroupsEnv(num_tasks=32, flat_every=1000))
+    trainer = build_trainer(config, env)
     recorder = StepRecorder(trainer.rollout)
     trainer.add_callback(recorder)
     try:
