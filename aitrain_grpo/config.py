@@ -301,6 +301,12 @@ class RunConfig:
             if isinstance(value, str) and not value.replace(",", "").strip():  # '' or ',,': nothing named
                 raise ConfigError(f"--{name.replace('_', '-')} needs a value; give one, or leave the option out")
         check_optimizer(self)  # transformers knows the optimizer and its package is installed (optimizers.py)
+        # sft's oracle plays under the budgets too, and its printed `next: aitrain grpo` repeats them.
+        if self.rl_max_new_tokens > self.rl_max_completion_length:
+            raise ConfigError(
+                f"--rl-max-new-tokens {self.rl_max_new_tokens} exceeds --rl-max-completion-length "
+                f"{self.rl_max_completion_length}; raise the budget or lower the turn limit"
+            )
 
     def _check_grpo_rules(self) -> None:
         """GRPO's rules that relate options to each other, or hold for training but not for eval."""
@@ -311,11 +317,6 @@ class RunConfig:
             options = ", ".join(str(g * k) for k in range(1, 5))
             raise ConfigError(
                 f"--batch-size {self.batch_size} is not a multiple of --rl-num-generations {g}; use one of {options}"
-            )
-        if self.rl_max_new_tokens > self.rl_max_completion_length:
-            raise ConfigError(
-                f"--rl-max-new-tokens {self.rl_max_new_tokens} exceeds --rl-max-completion-length "
-                f"{self.rl_max_completion_length}; raise the budget or lower the turn limit"
             )
         if self.rl_temperature <= 0:
             raise ConfigError(

@@ -1,7 +1,7 @@
 """A `--config` file of options (YAML or JSON) read into a dict of RunConfig field names.
 
-Why apart from config.py: reading a file (its form, its text, YAML or JSON, the plural spelling of the
-server list, keys no option has) is one concern, and RunConfig's is what the options are. A key another
+Why apart from config.py: reading a file (its form, its text, YAML or JSON, a list where a flag takes a
+comma-separated one, the plural spelling of the server list, keys no option has) is one concern, and RunConfig's is what the options are. A key another
 trainer uses for one of ours (TRL's `learning_rate`, axolotl's `base_model`) is refused with our name for
 it (peer_options.py); any other unknown key with the closest option name.
 
@@ -17,6 +17,13 @@ from typing import Any
 
 from aitrain_grpo.errors import ConfigError, one_line
 from aitrain_grpo.peer_options import peer_name_hint
+
+
+# Options whose flag takes a comma-separated list, and an example of one; a file may give a list instead.
+_EXAMPLES = {"vllm_server_url": ("http://127.0.0.1:8000", "http://127.0.0.1:8001"),
+             "target_modules": ("q_proj", "v_proj"), "lora_modules_to_save": ("lm_head",),
+             "rl_env_weights": ("0.7", "0.3")}
+_COMMA_LISTS = tuple(_EXAMPLES)
 
 
 def read_options_file(path: str | Path, field_names: list[str]) -> dict[str, Any]:
@@ -57,8 +64,13 @@ def read_options_file(path: str | Path, field_names: list[str]) -> dict[str, Any
         if "vllm_server_url" in options:
             raise ConfigError(f"config file {path} gives both vllm_server_url and vllm_server_urls; keep one")
         options["vllm_server_url"] = options.pop("vllm_server_urls")
-    if isinstance(options.get("vllm_server_url"), list):  # several servers as a list: the flag's form
-        options["vllm_server_url"] = ",".join(str(url) for url in options["vllm_server_url"])
+    for name in _COMMA_LISTS:  # a YAML/JSON list where the flag takes a comma-separated one: the flag's form
+        value = options.get(name)
+        if isinstance(value, list):
+            if not all(isinstance(item, (str, int, float)) and not isinstance(item, bool) for item in value):
+                raise ConfigError(f"config file {path}: {name} is a list of {value!r}; give names or numbers, "
+                                  f"e.g. [{', '.join(_EXAMPLES[name])}] or \"{','.join(_EXAMPLES[name])}\"")
+            options[name] = ",".join(str(item) for item in value)
     unknown = sorted(set(options) - set(field_names))
     if unknown:
         hints = []

@@ -6,6 +6,7 @@ no answers, which have none and say so."""
 from __future__ import annotations
 
 import json
+import re
 
 import pytest
 
@@ -52,6 +53,17 @@ def test_held_out_entries_are_never_trained_on_and_the_config_reaches_the_family
     assert not {r["rg_index"] for r in train.build_dataset(None)} & {r["rg_index"] for r in held.build_dataset(None)}
     small = ReasoningGymEnv("basic_arithmetic", size=10, config={"min_terms": 2, "max_terms": 2, "max_digits": 1})
     assert all(len(row["prompt"][-1]["content"]) < 40 for row in small.build_dataset(None))
+
+
+@pytest.mark.parametrize("options, problem", [
+    ({"size": 0}, "size must be a whole number of at least 1"),  # was called a held_out_every problem
+    ({"size": "many"}, "size must be a whole number of at least 1 (the entries reasoning-gym makes), got 'many'"),
+    ({"held_out_every": 1}, "held_out_every must be a whole number of at least 2, got 1"),
+    ({"size": 3}, "size 3 is below held_out_every 5, so no entry is held back; raise size or lower held_out_every"),
+])
+def test_sizes_that_cannot_make_a_split_are_named(options, problem):
+    with pytest.raises(EnvLoadError, match=re.escape(problem)):
+        ReasoningGymEnv("basic_arithmetic", **options)
 
 
 def test_an_unknown_family_is_named_with_close_matches():

@@ -129,6 +129,20 @@ def test_a_config_file_named_in_capitals_and_a_folder_are_read_as_what_they_are(
     assert_one_line_error(grpo("--config", str(tmp_path / "folder.yaml")), "folder.yaml is a folder")
 
 
+def test_a_config_file_may_list_what_a_flag_takes_comma_separated(tmp_path):
+    """axolotl's and TRL's files write LoRA targets as a YAML list; the flag's form is q_proj,v_proj."""
+    from aitrain_grpo.config import RunConfig
+    from aitrain_grpo.config_file import read_options_file
+
+    path = tmp_path / "run.yaml"
+    path.write_text("target_modules: [q_proj, v_proj]\nlora_modules_to_save: [lm_head]\nrl_env_weights: [0.7, 0.3]\n")
+    options = read_options_file(path, list(RunConfig.__dataclass_fields__))
+    assert options == {"target_modules": "q_proj,v_proj", "lora_modules_to_save": "lm_head", "rl_env_weights": "0.7,0.3"}
+    path.write_text("rl-env-module: envs.letters\nrl-env-class: LetterEnv\ntarget_modules: [[q_proj], v_proj]\n")
+    assert_one_line_error(grpo("--config", str(path)), "target_modules is a list of [['q_proj'], 'v_proj']; give names "
+                                                        "or numbers, e.g. [q_proj, v_proj] or \"q_proj,v_proj\"")
+
+
 def test_config_file_that_is_not_text(tmp_path):
     path = tmp_path / "run.yaml"
     path.write_bytes(b"\xff\xfe\x00binary")

@@ -8,6 +8,7 @@ type for the constructor's annotations, and `eval --episodes` beyond the rows th
 from __future__ import annotations
 
 import json
+import sys
 from pathlib import Path
 
 import pytest
@@ -141,3 +142,21 @@ def test_eval_says_when_it_plays_fewer_tasks_than_asked(tmp_path, monkeypatch, t
     assert result.exit_code == 0, result.output
     notes = [line for line in result.output.splitlines() if line.startswith("note:")]
     assert notes == ["note: --episodes 1000000000 is more than the 2 tasks the environment builds; playing those 2"]
+
+
+CTRL_C = ["--rl-env-module", "envs_fixtures.workbench", "--rl-env-class", "CtrlCEnv"]
+
+
+def test_ctrl_c_as_a_command_starts_says_interrupted_and_exits_130(tmp_path, monkeypatch):
+    """Before training, Ctrl-C is one line and 130 for every command, never a traceback: `grpo` printed
+    one when the Ctrl-C cut an import of torch short (its handler then imported torch again: simulated
+    here by a module that cannot be imported), and `sft` exited without a word."""
+    from helpers import FIXTURES_DIR, in_process_cli
+
+    monkeypatch.setitem(sys.modules, "aitrain_grpo.training.run.stopping", None)
+    cli = in_process_cli(monkeypatch, FIXTURES_DIR.parent)
+    for command, line in (("grpo", "interrupted; nothing saved since the last checkpoint"), ("sft", "interrupted")):
+        result = cli(command, *CTRL_C, "--output-dir", tmp_path / command)
+        assert result.exit_code == 130, (command, result.output, result.exception)
+        assert result.output.strip().splitlines()[-1] == line, (command, result.output)
+        assert "Traceback" not in result.output

@@ -109,6 +109,19 @@ def test_eval_runs_the_exported_model(exported):
     assert "envs.letters.LetterEnv" in result.output and "mean score" in result.output
 
 
+def test_a_checkpoint_exports_with_its_runs_settings(lora_run, tmp_path):
+    """A checkpoint-N folder holds no run_config.json; its export carries the run's, so eval needs no flags."""
+    run = tmp_path / "run"
+    shutil.copytree(lora_run, run)
+    checkpoint = run / "checkpoint-1"  # a checkpoint's model files (the one-step run kept none)
+    checkpoint.mkdir()
+    for name in ("adapter_config.json", "adapter_model.safetensors", "tokenizer.json", "tokenizer_config.json"):
+        shutil.copyfile(run / name, checkpoint / name)
+    result = aitrain("export", checkpoint, "--to", tmp_path / "model")
+    assert result.exit_code == 0, result.output
+    assert (tmp_path / "model" / "run_config.json").read_text() == (run / "run_config.json").read_text()
+
+
 @pytest.mark.parametrize("dtype,stored", [("bfloat16", "BF16"), ("float16", "F16")])
 def test_a_half_precision_export_stores_that_dtype_and_passes_its_check(dtype, stored, lora_run, tmp_path):
     from transformers import AutoModelForCausalLM

@@ -259,6 +259,14 @@ def test_an_incomplete_checkpoint_path_is_refused(tmp_path):
     (broken / "adapter_model.safetensors").write_bytes(b"")
     with pytest.raises(ConfigError, match=r"lacks its optimizer state \(optimizer.pt\)"):
         check_output_dir_for_run(letters_config(tmp_path / "o", resume_from_checkpoint=str(broken)))
+    # best/ (what --save-best keeps) is a model to start from, not a checkpoint that was cut off.
+    best = tmp_path / "run" / "best"
+    best.mkdir(parents=True)
+    (best / "adapter_model.safetensors").write_bytes(b"")
+    (best / "best.json").write_text('{"metric": "eval/success", "value": 0.5, "step": 4}')
+    with pytest.raises(ConfigError, match=rf"is the best model --save-best kept .*; train on from it with --model {best} "
+                                          r"in a new --output-dir, or resume from a checkpoint-N folder"):
+        check_output_dir_for_run(letters_config(tmp_path / "o", resume_from_checkpoint=str(best)))
 
 
 def test_a_fresh_start_over_an_unfinished_run_needs_overwrite(tmp_path):

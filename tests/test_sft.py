@@ -195,9 +195,13 @@ def test_no_demonstration_good_enough_is_refused(tmp_path, monkeypatch):
     # One turn lets the oracle search but never book: every episode scores 0.2.
     result = cli("sft", *HOTEL, "--episodes", "4", "--rl-max-turns", "1", "--output-dir", tmp_path / "o")
     assert_one_line_error(result, "none of the 4 oracle episodes of HotelEnv scored at least --min-score 1",
-                          "best: 0.2", "lower --min-score")
+                          "best: 0.2", "4 of them stopped at --rl-max-turns 1, perhaps before the oracle finished: "
+                          "raise it or leave it out", "lower --min-score")
     result = cli("sft", *HOTEL, "--min-score", "1.5", "--output-dir", tmp_path / "o")
     assert_one_line_error(result, "--min-score must be in [0, 1]")
+    # The oracle plays under the budgets, and the printed `next: aitrain grpo` repeats them: checked as grpo does.
+    result = cli("sft", *HOTEL, "--rl-max-completion-length", "64", "--output-dir", tmp_path / "o")
+    assert_one_line_error(result, "--rl-max-new-tokens 128 exceeds --rl-max-completion-length 64")
 
 
 @pytest.mark.integration  # a command, run in this process
@@ -214,6 +218,26 @@ def test_a_run_refused_after_its_demonstrations_leaves_a_folder_the_fixed_run_ta
     fixed = cli(*common)
     assert fixed.exit_code == 0, fixed.output
     assert (out / "run_summary.json").is_file()
+
+
+@pytest.mark.integration  # a command, run in this process
+@pytest.mark.usefixtures("isolated_imports")
+def test_sft_over_an_earlier_grpo_run_leaves_none_of_its_logs(tmp_path, monkeypatch, tiny_model_dir):
+    # `report` and `eval RUN/best` read these; after sft --overwrite they described the replaced training.
+    from aitrain_grpo.config import RunConfig
+    from aitrain_grpo.training.run.folder import write_run_config
+
+    out = tmp_path / "o"
+    write_run_config(out, RunConfig(rl_env_module="envs.hotel", rl_env_class="HotelEnv"))
+    earlier = ["metrics.jsonl", "scores.jsonl", "episodes.jsonl", "report.html", "run_summary.json", "best/best.json"]
+    for name in earlier:
+        (out / name).parent.mkdir(exist_ok=True)
+        (out / name).write_text("{}\n")
+    result = in_process_cli(monkeypatch, REPO)("sft", *HOTEL, "--model", tiny_model_dir, "--episodes", "4", "--max-steps",
+                                               "1", "--batch-size", "4", "--output-dir", out, "--overwrite")
+    assert result.exit_code == 0, result.output
+    assert [name for name in earlier[:-1] if (out / name).is_file() and (out / name).read_text() == "{}\n"] == []
+    assert not (out / "best").exists() and (out / "demos.jsonl").is_file()
 
 
 @pytest.mark.integration  # a command, run in this process

@@ -28,6 +28,7 @@ def test_the_run_stops_before_the_step_that_would_end_past_the_limit():
     assert state.global_step == 3 and control.should_save
     assert limit.reached == "stopped at step 3 of 10 to end within --max-time 35s (30s trained, 10s a step)"
     assert duration_text(41400) == "11h30m" and duration_text(90061) == "1d1h1m1s" and duration_text(1.25) == "1.2s"
+    assert duration_text(0.004) == "0.004s" and duration_text(0) == "0s"  # a tiny --max-time is not shown as 0.0s
 
 
 def test_the_last_step_is_never_stopped_for_the_limit():
@@ -47,7 +48,7 @@ def test_a_run_past_its_limit_saves_says_how_to_resume_and_the_resume_goes_on(tm
     result = run_cli(*args, cwd=REPO)
     assert result.returncode == 0, result.stderr[-2000:]
     lines = result.stderr.strip().splitlines()
-    assert lines[-3].startswith("stopped at step 1 of 4 to end within --max-time 0.0s"), lines[-3:]
+    assert lines[-3].startswith("stopped at step 1 of 4 to end within --max-time 0.001s"), lines[-3:]
     assert lines[-2] == f"checkpoint saved: {out / 'checkpoint-1'}"
     assert lines[-1].startswith("resume with: aitrain grpo") and lines[-1].endswith("--resume-from-checkpoint auto")
     assert not (out / "run_summary.json").exists()  # not finished: `aitrain eval` points at the checkpoint

@@ -22,7 +22,6 @@ Left out: the library logic itself; each command is a thin call into the modules
 
 from __future__ import annotations
 
-import contextlib
 import inspect
 import os
 import signal
@@ -33,13 +32,14 @@ from pathlib import Path
 from typing import Any, Optional
 
 import typer
-from rich.console import Console
 
 import aitrain_grpo.commands.quiet  # noqa: F401 - silences warnings no user can act on
 from aitrain_grpo.commands.app_group import AitrainGroup
 from aitrain_grpo.commands.envcheck import CHECK_FLAGS, POLICIES, run_env_check
 from aitrain_grpo.commands.evaluation import RUN_FLAGS, run_eval
-from aitrain_grpo.commands.exits import exit_without_waiting_for_env_calls
+from aitrain_grpo.commands.exits import (
+    early_stops, err, exit_without_waiting_for_env_calls, fail, out, reported_errors, user_errors,
+)
 from aitrain_grpo.commands.export import EXPORT_SIGNATURE, run_export
 from aitrain_grpo.commands.sft import SFT_SIGNATURE, run_sft
 from aitrain_grpo.commands.options import (
@@ -53,12 +53,12 @@ from aitrain_grpo.config import RunConfig
 from aitrain_grpo.env_spec import environment_of
 from aitrain_grpo.engine.backends.choice import require_vllm
 from aitrain_grpo.env.loading import describe_interface, load_environment
-from aitrain_grpo.errors import EXIT_USAGE, UserError, one_line
+from aitrain_grpo.errors import EXIT_USAGE, one_line
 from aitrain_grpo.option_rules import check_seed
 from aitrain_grpo.outputs import check_file_output, replaced_contents
 from aitrain_grpo.training.preflight.run_checks import check_run
-from aitrain_grpo.runlog.records import read_jsonl
-from aitrain_grpo.runlog.report import is_report_page, write_report
+from aitrain_grpo.runlog.records import METRICS_FILE, read_jsonl
+from aitrain_grpo.runlog.report import REPORT_FILE, is_report_page, write_report
 from aitrain_grpo.models.tiny import build_tiny_model
 from aitrain_grpo.training.preflight.small_dataset import steps_short
 from aitrain_grpo.training.run.lock import release_all
@@ -75,42 +75,6 @@ app = typer.Typer(
     # Plain click help: rich's option table cuts long flag names (--rl-max-completion-le…) at 80 columns.
     rich_markup_mode=None,
 )
-err = Console(stderr=True, highlight=False, soft_wrap=True, emoji=False)
-out = Console(highlight=False, soft_wrap=True, emoji=False)
-
-
-
-def user_errors() -> tuple[type[BaseException], ...]:
-    """Exceptions whose message is meant for the user as it stands."""
-    return (UserError,)
-
-
-def early_stops() -> tuple[type[BaseException], ...]:
-    """Ends of training before its last step, with a checkpoint (imported only when one happens:
-    training/run/stopping.py imports torch)."""
-    from aitrain_grpo.training.run.stopping import TrainingStopped
-
-    return (TrainingStopped,)
-
-
-@contextlib.contextmanager
-def reported_errors(debug: bool):
-    """A `UserError` raised inside becomes `error: <one line>` and its exit code (2 unless it says
-    otherwise); with `--debug` it propagates with its traceback."""
-    try:
-        yield
-    except user_errors() as exc:
-        release_all()  # a refused sft run leaves no lock, nor the folder the lock made
-        if debug:
-            raise
-        fail(str(exc), code=getattr(exc, "exit_code", EXIT_USAGE))
-
-
-def fail(message: str, code: int = EXIT_USAGE) -> None:
-    err.print(f"error: {one_line(message, limit=10_000)}", markup=False)
-    raise typer.Exit(code)
-
-
 # ------------------------------------------------------------------------------ aitrain grpo
 
 def build_run_config(config_file: str | None, flags: dict[str, Any]) -> RunConfig:
@@ -148,22 +112,23 @@ def grpo(**kwargs) -> None:
         if debug:
             raise
         fail(str(exc), code=getattr(exc, "exit_code", EXIT_USAGE))
+    except KeyboardInterrupt:  # outside the training steps, or a second Ctrl-C
+        # Before early_stops(): its import (torch) fails where the Ctrl-C cut an import of torch short.
+        err.print("interrupted; nothing saved since the last checkpoint", markup=False)
+        exit_without_waiting_for_env_calls(130, err)
     except early_stops() as stop:  # signal, error rate, dead backend: stopped with a checkpoint
         for line in stop.lines(sys.argv[1:]) if stop.is_error or os.environ.get("RANK", "0") == "0" else ():
             err.print(line, markup=False)  # a planned stop is the same on every process: said once
         exit_without_waiting_for_env_calls(stop.exit_code, err, at_once=stop.hurried)  # a signal: in a hurry
         return  # exit code 0: a planned stop (--max-time)
-    except KeyboardInterrupt:  # outside the training steps, or a second Ctrl-C
-        err.print("interrupted; nothing saved since the last checkpoint", markup=False)
-        exit_without_waiting_for_env_calls(130, err)
     if not summary["completed"]:  # e.g. the data ran out: saved, but never a "done"
         fail(str(steps_short(summary["global_step"], summary["steps_asked"])), code=1)
     if os.environ.get("RANK", "0") != "0":  # under accelerate/torchrun, one process reports
         return
     output_dir = config.resolved_output_dir()
     out.print(f"done: {summary['global_step']} steps in {summary['runtime_seconds']:.0f}s; model saved to {output_dir}")
-    if (output_dir / "report.html").is_file():
-        out.print(f"report: {output_dir / 'report.html'} (open it in a browser)", markup=False)
+    if (output_dir / REPORT_FILE).is_file():
+        out.print(f"report: {output_dir / REPORT_FILE} (open it in a browser)", markup=False)
     out.print(f"next: aitrain eval --model {output_dir} --baseline {config.model} --episodes 32", markup=False)
     if config.rl_env_class != "HotelEnv":
         out.print("then the worked tool example: aitrain env check --rl-env-module envs.hotel --rl-env-class HotelEnv "
@@ -334,9 +299,9 @@ def report_command(
     """Write report.html for a training run: reward curve, score distribution, turns, errors, transcripts."""
     if not Path(output_dir).is_dir():
         fail(f"{output_dir} is not a directory; pass a training output directory (e.g. outputs/hotelenv)")
-    if not (Path(output_dir) / "metrics.jsonl").is_file():
+    if not (Path(output_dir) / METRICS_FILE).is_file():
         fail(f"{output_dir} has no metrics.jsonl; pass the --output-dir of a training run that has logged a step")
-    if not any(isinstance(r.get("step"), int) for r in read_jsonl(Path(output_dir) / "metrics.jsonl")):
+    if not any(isinstance(r.get("step"), int) for r in read_jsonl(Path(output_dir) / METRICS_FILE)):
         fail(f"{output_dir}/metrics.jsonl holds no step's record (empty, or not a run's metrics); pass the --output-dir "
              f"of a training run that has logged a step")
     with reported_errors(False):

@@ -1,4 +1,6 @@
-"""How `aitrain grpo` ends its process once training is over, stopped or not.
+"""How the commands end: a user error as one `error:` line and its exit code, Ctrl-C outside training as
+`interrupted` and 130 (`reported_errors`, `fail`), and how `aitrain grpo` ends its process once training is
+over, stopped or not (`exit_without_waiting_for_env_calls`).
 
 Environment calls that timed out may still be running in worker threads, and Python waits for such
 threads at exit: one stuck for good would hang a finished run forever. So when some are left after a
@@ -17,6 +19,7 @@ exit handlers it registered are its way to end them).
 from __future__ import annotations
 
 import atexit
+import contextlib
 import os
 import sys
 import threading
@@ -24,6 +27,13 @@ import time
 
 import typer
 from rich.console import Console
+
+from aitrain_grpo.errors import EXIT_USAGE, UserError, one_line
+from aitrain_grpo.training.run.lock import release_all
+
+# Where the commands print: results on stdout, notes and errors on stderr.
+err = Console(stderr=True, highlight=False, soft_wrap=True, emoji=False)
+out = Console(highlight=False, soft_wrap=True, emoji=False)
 
 
 def exit_without_waiting_for_env_calls(code: int, err: Console, *, at_once: bool = False) -> None:
@@ -44,3 +54,40 @@ def exit_without_waiting_for_env_calls(code: int, err: Console, *, at_once: bool
         os._exit(code)
     if code:
         raise typer.Exit(code)
+
+
+def user_errors() -> tuple[type[BaseException], ...]:
+    """Exceptions whose message is meant for the user as it stands."""
+    return (UserError,)
+
+
+def early_stops() -> tuple[type[BaseException], ...]:
+    """Ends of training before its last step, with a checkpoint (imported only when one happens:
+    training/run/stopping.py imports torch)."""
+    from aitrain_grpo.training.run.stopping import TrainingStopped
+
+    return (TrainingStopped,)
+
+
+@contextlib.contextmanager
+def reported_errors(debug: bool):
+    """A `UserError` raised inside becomes `error: <one line>` and its exit code (2 unless it says
+    otherwise); with `--debug` it propagates with its traceback. Ctrl-C says so and exits 130."""
+    try:
+        yield
+    except user_errors() as exc:
+        release_all()  # a refused sft run leaves no lock, nor the folder the lock made
+        if debug:
+            raise
+        fail(str(exc), code=getattr(exc, "exit_code", EXIT_USAGE))
+    except KeyboardInterrupt:
+        release_all()
+        if debug:
+            raise
+        err.print("interrupted", markup=False)
+        raise typer.Exit(130) from None
+
+
+def fail(message: str, code: int = EXIT_USAGE) -> None:
+    err.print(f"error: {one_line(message, limit=10_000)}", markup=False)
+    raise typer.Exit(code)

@@ -60,6 +60,7 @@ class Demonstration:
     # built them, and the messages of each sequence before the last (`messages` holds the last one's).
     sequences: list[DemoTokens] = field(default_factory=list)
     earlier_messages: list[list[Message]] = field(default_factory=list)
+    turns: int = 0  # the oracle's turns in the episode (a turn cap that ended it shows here)
 
     def record(self) -> dict[str, Any]:
         """Its line in demos.jsonl. `tools` is there so the file stands alone: TRL's conversational
@@ -82,8 +83,10 @@ def demonstration(env: Environment, episode: Episode, row: dict[str, Any], index
     messages, score = list(episode.messages), float(episode.score or 0.0)
     if is_agent_environment(env):
         first = next((i for i, m in enumerate(messages) if m.get("role") == "assistant"), len(messages))
-        return Demonstration(messages, first, score, index, list(episode.state.get("agent_tools") or []))
-    return Demonstration(messages, len(prompt_messages(row["prompt"])), score, index, tools_for_row(env, row))
+        return Demonstration(messages, first, score, index, list(episode.state.get("agent_tools") or []),
+                             turns=episode.turns)
+    return Demonstration(messages, len(prompt_messages(row["prompt"])), score, index, tools_for_row(env, row),
+                         turns=episode.turns)
 
 
 def trace_tokens(trace: TokenTrace) -> DemoTokens | None:

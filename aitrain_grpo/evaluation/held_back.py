@@ -63,7 +63,7 @@ from aitrain_grpo.evaluation.evaluate import check_not_all_failed
 from aitrain_grpo.evaluation.held_back_play import HeldBackTasks
 from aitrain_grpo.evaluation.paired import PairedDifference, paired_difference
 from aitrain_grpo.option_rules import eval_metrics
-from aitrain_grpo.runlog.records import append_jsonl, read_jsonl
+from aitrain_grpo.runlog.records import METRICS_FILE, append_jsonl, read_jsonl
 
 if TYPE_CHECKING:
     from aitrain_grpo.runlog.step_timing import StepTiming
@@ -149,14 +149,14 @@ class HeldBackEvaluation(TrainerCallback):
     # --------------------------------------------------------------------------------- events
 
     def on_train_begin(self, args, state, control, model=None, processing_class=None, **kwargs):
-        self.started = time.time() - elapsed_before(self.output_dir / "metrics.jsonl", state.global_step)
+        self.started = time.time() - elapsed_before(self.output_dir / METRICS_FILE, state.global_step)
         if state.global_step > 0:  # resumed
             if self.best is not None:
                 self.best.resume(state.global_step)
             return
         metrics = self.evaluate(0, state, model, processing_class)
         if state.is_world_process_zero:
-            append_jsonl(self.output_dir / "metrics.jsonl", [{"step": 0, **metrics, ELAPSED: self.elapsed()}])
+            append_jsonl(self.output_dir / METRICS_FILE, [{"step": 0, **metrics, ELAPSED: self.elapsed()}])
 
     def at_step_end(self, args, state, control, model=None, processing_class=None, **kwargs) -> None:
         """At the end of a step, inside its clock: at a multiple of N, evaluate as the step's `eval` phase."""

@@ -4,7 +4,7 @@ A LoRA output (of `grpo` or `sft`) is loaded onto its base (the one its adapter 
 is gone, the model run_config.json names, resolved again, or `--base`), merged with PEFT's
 `merge_and_unload()` in float32, cast once to the asked dtype and saved with its tokenizer (chat
 template included), generation config, run_config.json (so `aitrain eval --model DIR` finds the
-environment) and `export_info.json` (source, base, dtype, the check's numbers). A full fine-tune output
+environment; a checkpoint-N's is its run's) and `export_info.json` (source, base, dtype, the check's numbers). A full fine-tune output
 is re-saved the same way, so dtype conversion applies to it too. Everything is written into a hidden
 sibling folder, checked there and only then renamed to DIR: a failed or interrupted export never leaves
 a half-written DIR.
@@ -29,7 +29,7 @@ from pathlib import Path
 
 from aitrain_grpo.errors import ConfigError, UserError, one_line
 from aitrain_grpo.models.loading import (
-    MAX_ADAPTER_CHAIN, ModelSource, load_causal_lm, looks_local, resolve_model, resolve_source,
+    MAX_ADAPTER_CHAIN, ModelSource, load_causal_lm, looks_local, resolve_model, resolve_source, run_config_file,
 )
 from aitrain_grpo.outputs import check_folder_output
 from aitrain_grpo.export.check import TOLERANCES, CheckResult, check_sequences, max_diff, token_logprobs
@@ -150,8 +150,9 @@ def export_model(run_dir: str, to: str, *, dtype: str = "auto", base: str | None
         model.save_pretrained(str(temp))
         tokenizer.save_pretrained(str(temp))
         del model
-        if (Path(run_dir) / "run_config.json").is_file():  # `aitrain eval --model DIR` finds the environment
-            shutil.copyfile(Path(run_dir) / "run_config.json", temp / "run_config.json")
+        recorded = run_config_file(Path(run_dir).expanduser())  # a checkpoint-N's is its run's
+        if recorded is not None:  # `aitrain eval --model DIR` finds the environment
+            shutil.copyfile(recorded, temp / "run_config.json")
         reloaded = token_logprobs(AutoModelForCausalLM.from_pretrained(str(temp), dtype=torch.float32), sequences)
         check = CheckResult(chosen, int(trained.numel()), max_diff(reloaded, trained), TOLERANCES[chosen],
                             merge_diff, max_diff(reloaded, merged), effect)

@@ -142,6 +142,16 @@ def _present_base(base: str, run_config: dict[str, Any]) -> str:
     return again if not looks_local(again) or Path(again).expanduser().exists() else base
 
 
+def run_config_file(folder: Path) -> Path | None:
+    """The run_config.json that says how the model in `folder` trained: its own, or, for a checkpoint-N folder
+    (which holds none), its run's in the folder above; None when there is neither."""
+    for recorded in (folder / "run_config.json",
+                     *([folder.parent / "run_config.json"] if re.fullmatch(r"checkpoint-\d+", folder.name) else [])):
+        if recorded.is_file():
+            return recorded
+    return None
+
+
 def resolve_source(spec: str) -> ModelSource:
     """Classify `spec`; raise ConfigError with the fix when it cannot be a model."""
     if not str(spec).strip():  # '' is the current folder to Path, and was called "a directory without a model"
@@ -149,11 +159,8 @@ def resolve_source(spec: str) -> ModelSource:
     path = Path(resolve_model(spec)).expanduser()
     if path.is_dir():
         run_config: dict[str, Any] = {}
-        # A checkpoint-N folder holds no run_config.json: its run's, in the folder above, says how it trained.
-        recorded = path / "run_config.json"
-        if not recorded.is_file() and re.fullmatch(r"checkpoint-\d+", path.name):
-            recorded = path.parent / "run_config.json"
-        if recorded.is_file():
+        recorded = run_config_file(path)
+        if recorded is not None:
             try:
                 run_config = json.loads(recorded.read_text())
             except json.JSONDecodeError:

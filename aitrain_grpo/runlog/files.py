@@ -33,7 +33,7 @@ from aitrain_grpo.engine.rollout import RolloutBatch
 from aitrain_grpo.errors import ConfigError, describe_exception
 from aitrain_grpo.runlog.health import HealthCallback
 from aitrain_grpo.runlog.progress import TrainingProgress
-from aitrain_grpo.runlog.records import append_jsonl, drop_records_after, episode_record
+from aitrain_grpo.runlog.records import EPISODES_FILE, METRICS_FILE, SCORES_FILE, append_jsonl, drop_records_after, episode_record
 from aitrain_grpo.runlog.report import write_report
 
 # The packages transformers' integrations import for each --report-to value (any one of them will do),
@@ -49,7 +49,7 @@ class MetricsFileCallback(TrainerCallback):
     """Appends each training log (not the end-of-run summary) to `<output_dir>/metrics.jsonl`."""
 
     def __init__(self, output_dir: str | Path):
-        self.path = Path(output_dir) / "metrics.jsonl"
+        self.path = Path(output_dir) / METRICS_FILE
 
     def on_train_begin(self, args, state, control, **kwargs):
         if state.is_world_process_zero:
@@ -95,8 +95,8 @@ class EpisodeLogCallback(TrainerCallback):
 
     def __init__(self, output_dir: str | Path, rollout: RolloutSource, every: int, count: int, group_size: int,
                  seed: int = 0):
-        self.episodes_path = Path(output_dir) / "episodes.jsonl"
-        self.scores_path = Path(output_dir) / "scores.jsonl"
+        self.episodes_path = Path(output_dir) / EPISODES_FILE
+        self.scores_path = Path(output_dir) / SCORES_FILE
         self.rollout = rollout
         self.every, self.count, self.group_size = every, count, max(group_size, 1)
         self.rng = random.Random(seed)

@@ -25,6 +25,12 @@ from aitrain_grpo.env.base import Episode
 from aitrain_grpo.outputs import written_atomically
 from aitrain_grpo.runlog.redaction import redact_strings
 
+# A training run's per-step logs, by name: what each step appends (runlog/files.py), what the report and
+# the held-back evaluation read and add to.
+METRICS_FILE = "metrics.jsonl"
+SCORES_FILE = "scores.jsonl"
+EPISODES_FILE = "episodes.jsonl"
+STEP_LOGS = (METRICS_FILE, SCORES_FILE, EPISODES_FILE)
 ROW_TEXT_LIMIT = 200  # longer string columns of a dataset row are left out of records
 
 

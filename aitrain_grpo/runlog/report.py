@@ -28,8 +28,9 @@ from pathlib import Path
 from typing import Any
 
 from aitrain_grpo.outputs import written_atomically
-from aitrain_grpo.runlog.records import json_safe, read_jsonl
+from aitrain_grpo.runlog.records import EPISODES_FILE, METRICS_FILE, SCORES_FILE, json_safe, read_jsonl
 
+REPORT_FILE = "report.html"  # in the run folder
 TEMPLATE = Path(__file__).with_name("report_template.html")
 DATA_MARK = "__AITRAIN_REPORT_DATA__"
 TITLE_MARK = "__AITRAIN_REPORT_TITLE__"
@@ -113,9 +114,9 @@ def report_data(output_dir: str | Path) -> dict[str, Any]:
     output_dir = Path(output_dir)
     config = _read_json(output_dir / "run_config.json")
     summary = _read_json(output_dir / "run_summary.json")
-    metrics = _by_step(read_jsonl(output_dir / "metrics.jsonl"))
-    scores = _by_step(read_jsonl(output_dir / "scores.jsonl"))
-    episodes = [e for e in read_jsonl(output_dir / "episodes.jsonl") if isinstance(e.get("messages"), list)]
+    metrics = _by_step(read_jsonl(output_dir / METRICS_FILE))
+    scores = _by_step(read_jsonl(output_dir / SCORES_FILE))
+    episodes = [e for e in read_jsonl(output_dir / EPISODES_FILE) if isinstance(e.get("messages"), list)]
     shortcut = first_shortcut(metrics)
     numeric = [
         {k: v for k, v in record.items() if isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v)}
@@ -174,7 +175,7 @@ def is_report_page(path: Path) -> bool:
 def write_report(output_dir: str | Path, path: str | Path | None = None) -> Path:
     """Render the run in `output_dir` to `path` (default: `<output_dir>/report.html`), atomically."""
     output_dir = Path(output_dir)
-    target = Path(path) if path else output_dir / "report.html"
+    target = Path(path) if path else output_dir / REPORT_FILE
     page = render_report(report_data(output_dir))
     with written_atomically(target) as partial:  # a browser open on the old page never sees half the new one
         partial.write_text(page, encoding="utf-8")

@@ -251,9 +251,9 @@ def eval_shifts(model: dict[str, float], baseline: dict[str, float], against: st
 def run_start(run_dir: str | Path) -> dict[str, float] | None:
     """A training run's first EDGE logged steps as an evaluation summary (one "episode" holding the mean
     shares): how the model it started from played, for an eval given no baseline."""
-    from aitrain_grpo.runlog.records import read_jsonl  # only an eval of a run folder reads one
+    from aitrain_grpo.runlog.records import METRICS_FILE, read_jsonl  # only an eval of a run folder reads one
 
-    path = Path(run_dir) / "metrics.jsonl"
+    path = Path(run_dir) / METRICS_FILE
     records = [r for r in read_jsonl(path) if isinstance(r.get("step"), int)] if path.is_file() else []
     first = sorted(records, key=lambda r: r["step"])[:EDGE]
     reads = {"truncated": TRUNCATED.read, "mean_turns": _key("env/turns_mean"), "tool_errors": _tool_errors_per_episode}

@@ -82,8 +82,10 @@ def play_sequences(env, tokenizer, rows: list[dict[str, Any]], episodes: int,
     return demos, errors
 
 
-def keep_good(played: list[Demonstration], errors: list[str], min_score: float, env_name: str) -> list[Demonstration]:
-    """The demonstrations scoring at least `min_score`; none is a one-line error naming the cause."""
+def keep_good(played: list[Demonstration], errors: list[str], min_score: float, env_name: str,
+              max_turns: int | None = None) -> list[Demonstration]:
+    """The demonstrations scoring at least `min_score`; none is a one-line error naming the cause (the turn
+    cap `max_turns`, --rl-max-turns, when episodes reached it: it may have ended them before the oracle did)."""
     kept = [demo for demo in played if demo.score >= min_score and has_turns(demo)]
     if kept:
         return kept
@@ -94,9 +96,13 @@ def keep_good(played: list[Demonstration], errors: list[str], min_score: float, 
         raise UserError(f"all {len(played)} oracle episodes failed or scored below {min_score:g} ({len(errors)} "
                         f"failed; the first: {errors[0]}); fix solve, check it with `aitrain env check`")
     best = max(demo.score for demo in played)
+    capped = sum(max_turns is not None and demo.turns >= max_turns for demo in played)
+    cause = (f"{capped} of them stopped at --rl-max-turns {max_turns}, perhaps before the oracle finished: raise "
+             f"it or leave it out; or " if capped else "")
     raise UserError(f"none of the {len(played)} oracle episodes of {env_name} scored at least --min-score "
-                    f"{min_score:g} (best: {best:g}); fix solve or score_episode (`aitrain env check` shows "
+                    f"{min_score:g} (best: {best:g}); {cause}fix solve or score_episode (`aitrain env check` shows "
                     f"both), or lower --min-score")
+
 
 
 def warm_start(config: RunConfig, episodes: int, min_score: float, show: Callable[[str], None]) -> dict[str, Any]:
@@ -129,7 +135,7 @@ def warm_start(config: RunConfig, episodes: int, min_score: float, show: Callabl
     else:
         played, errors = play_demonstrations(env, rows, episodes, max_turns=config.rl_max_turns,
                                              timeout=config.rl_env_timeout)
-    demos = keep_good(played, errors, min_score, env_name)
+    demos = keep_good(played, errors, min_score, env_name, config.rl_max_turns)
     output_dir = Path(config.resolved_output_dir())
     write_run_config(output_dir, config)  # first: a run that fails after this leaves a folder of ours
     write_jsonl(output_dir / DEMOS_FILE, [demo.record() for demo in demos])

@@ -37,7 +37,7 @@ from aitrain_grpo.models.loading import load_model_and_tokenizer
 from aitrain_grpo.errors import ConfigError
 from aitrain_grpo.option_rules import template_kwargs
 from aitrain_grpo.training.preflight.prompt_length import model_context
-from aitrain_grpo.training.run.folder import prepare_output_dir, write_run_config
+from aitrain_grpo.training.run.folder import drop_training_logs, prepare_output_dir, write_run_config
 from aitrain_grpo.training.run.collectives import start_process_group
 from aitrain_grpo.training.trl.hf_args import check_target_modules, lora_config, save_run, trainer_args
 from aitrain_grpo.training.step.micro_batches import BatchShape
@@ -108,6 +108,7 @@ def train_sft(config: RunConfig, demos: list[Demonstration], output_dir: Path,
     dataset = demo_dataset(tokenizer, demos, template_kwargs(config.chat_template_kwargs))
     check_demo_lengths([len(ids) for ids in dataset["input_ids"]], model_context(model, tokenizer), config.model)
     prepare_output_dir(output_dir, None)
+    drop_training_logs(output_dir)  # an earlier grpo run's, under --overwrite
     write_run_config(output_dir, config)
     losses = LossLines(show)
     start_process_group(config.ddp_timeout)  # meet the other processes under the bound (training/run/collectives.py)

@@ -3,6 +3,7 @@
 All are "say the number" tasks: the model should answer with the row's number; `solve` does that.
 """
 
+import signal
 import time
 
 from aitrain_grpo.env.base import Environment, Episode
@@ -95,3 +96,11 @@ class LongAnswerEnv(NumberEnv):
 
     def solve(self, episode: Episode) -> str:
         return " ".join(["word"] * 6000)
+
+
+class CtrlCEnv(NumberEnv):
+    """Ctrl-C pressed while a command builds the environment: the user stopping it as it starts."""
+
+    def __init__(self, num_tasks: int = 8):
+        super().__init__(num_tasks)
+        signal.raise_signal(signal.SIGINT)  # Python's handler raises KeyboardInterrupt here, as for a real Ctrl-C

@@ -70,8 +70,13 @@ class ReasoningGymEnv(Environment):
             raise EnvLoadError(f"reasoning-gym has no task {task!r}; {hint}")
         if split not in SPLITS:
             raise EnvLoadError(f"split must be one of {', '.join(SPLITS)}, got {split!r}")
-        if held_out_every < 2 or size < held_out_every:
-            raise EnvLoadError(f"held_out_every must be at least 2 and at most size ({size}), got {held_out_every}")
+        if type(size) is not int or size < 1:
+            raise EnvLoadError(f"size must be a whole number of at least 1 (the entries reasoning-gym makes), got {size!r}")
+        if type(held_out_every) is not int or held_out_every < 2:
+            raise EnvLoadError(f"held_out_every must be a whole number of at least 2, got {held_out_every!r}")
+        if size < held_out_every:
+            raise EnvLoadError(f"size {size} is below held_out_every {held_out_every}, so no entry is held back; "
+                               f"raise size or lower held_out_every")
         try:
             self.data = rg.create_dataset(task, size=size, seed=seed, **(config or {}))
         except (TypeError, ValueError, AssertionError) as exc:

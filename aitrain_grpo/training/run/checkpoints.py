@@ -118,6 +118,13 @@ def resume_checkpoint(config: RunConfig) -> Path | None:
                     f"--resume-from-checkpoint {value} is a run folder, not a checkpoint; pass {inside[-1]} "
                     f"(its newest), or auto with --output-dir {value}"
                 )
+            from aitrain_grpo.evaluation.best_checkpoint import BEST_RECORD
+
+            if (path / BEST_RECORD).is_file():  # best/: a model kept for its evaluation, no optimizer or step state
+                raise ConfigError(
+                    f"--resume-from-checkpoint {value} is the best model --save-best kept (weights only, no optimizer "
+                    f"or step state); train on from it with --model {value} in a new --output-dir, or resume "
+                    f"from a checkpoint-N folder")
             raise ConfigError(
                 f"--resume-from-checkpoint {value} is not a complete checkpoint (no trainer_state.json and "
                 f"{RUN_STATE_FILE}; it may have been cut off while saving); pick another checkpoint-N folder or auto"

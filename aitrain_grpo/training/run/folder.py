@@ -204,6 +204,19 @@ def write_run_config(output_dir: Path, config: RunConfig) -> None:
     (output_dir / "run_config.json").write_text(json.dumps(redact(config.to_dict()), indent=2, default=str) + "\n")
 
 
+def drop_training_logs(output_dir: Path) -> None:
+    """Before `sft` trains in a folder an earlier `grpo` run used (--overwrite): that run's per-step logs,
+    report and best/ describe another training, and sft writes none of them to replace them. (A fresh `grpo`
+    cuts its own logs back as it starts, runlog/files.py, and replaces best/ at its first evaluation.)"""
+    from aitrain_grpo.evaluation.best_checkpoint import BEST_DIR
+    from aitrain_grpo.runlog.records import STEP_LOGS
+    from aitrain_grpo.runlog.report import REPORT_FILE
+
+    for name in (*STEP_LOGS, REPORT_FILE):
+        (output_dir / name).unlink(missing_ok=True)
+    shutil.rmtree(output_dir / BEST_DIR, ignore_errors=True)
+
+
 def prepare_output_dir(output_dir: Path, resume: Path | None) -> None:
     """Before training: drop saves that were cut off and the marks of a finished run; a fresh start
     also removes an earlier run's checkpoints (the caller has made sure the user allowed it). The

@@ -26,7 +26,9 @@ from transformers import TrainerCallback
 
 
 def duration_text(seconds: float) -> str:
-    """`5400` as "1h30m", `90` as "1m30s", `1.25` as "1.2s"."""
+    """`5400` as "1h30m", `90` as "1m30s", `1.25` as "1.2s", `0.004` as "0.004s" (not "0.0s")."""
+    if seconds < 0.1:
+        return f"{seconds:.2g}s"
     if seconds < 10:
         return f"{seconds:.1f}s"
     seconds = round(seconds)
