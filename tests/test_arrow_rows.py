@@ -47,3 +47,18 @@ def test_prompts_mixing_text_and_messages_train(tmp_path, tiny_model_dir):
                     rl_max_new_tokens=8, use_vllm=False), env=MixedPrompts(turns=1, num_tasks=4))
     records = [json.loads(line) for line in (out / "episodes.jsonl").read_text().splitlines()]
     assert len(records) == 4 and all(r["messages"][0]["content"].startswith("Task ") for r in records)
+
+
+def test_a_lone_surrogate_is_named_with_its_row_and_column():
+    # json.loads of a cut emoji escape makes one; the prompt-length check raised UnicodeEncodeError.
+    from aitrain_grpo.env.arrow_rows import stored_rows
+    from aitrain_grpo.errors import EnvLoadError
+
+    rows = [{"prompt": "fine"}, {"prompt": [{"role": "user", "content": json.loads('"caf\\u00e9 \\ud83d"')}]}]
+    try:
+        stored_rows(rows, "E.build_dataset")
+    except EnvLoadError as exc:
+        assert str(exc) == ("E.build_dataset: row 1's 'prompt' holds '\\ud83d', a lone surrogate, which is not text "
+                            "UTF-8 can store; drop it, or read the source text with errors='replace'")
+    else:
+        raise AssertionError("a row UTF-8 cannot store was accepted")

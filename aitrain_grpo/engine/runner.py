@@ -14,6 +14,7 @@ Left out: tokens and budgets on tokens (the engine's job), and retries (a failed
 from __future__ import annotations
 
 import asyncio
+import copy
 import inspect
 import math
 import time
@@ -122,6 +123,12 @@ class EpisodeRunner:
 
     def new_episode(self, row: dict[str, Any]) -> Episode:
         """A fresh episode of `row`, its tools fixed now (`episode.log.tools`, the names calls are read against)."""
+        # Its own copy of the row, as training's samples are: what reset or step change in it stays in this
+        # episode (env check's next policy, a group's next episode, start from the row as built).
+        try:
+            row = copy.deepcopy(row)
+        except Exception:  # a value that cannot be copied (rows that Arrow stored always can): a shallow copy
+            row = dict(row)
         episode = Episode(row=row, messages=prompt_messages(row["prompt"]), max_turns=self.max_turns)
         if self._tools_vary:
             episode.log.tools = tools_for_row(self.env, row)
@@ -137,6 +144,14 @@ class EpisodeRunner:
             await self._call("reset", self.env.reset, episode)
         except Exception as exc:
             self._fail(episode, "reset", exc)
+            return
+        # reset may lower the episode's turn cap, never raise it past the run's (--rl-max-turns, the class's).
+        cap = episode.max_turns
+        if isinstance(cap, bool) or not isinstance(cap, int) or cap < 1:
+            self._fail(episode, "reset", BadReturnValue(f"set episode.max_turns to {cap!r}; set an integer from 1 to "
+                                                        f"{self.max_turns} (the run's cap), or leave it as it is"))
+        elif cap > self.max_turns:
+            episode.max_turns = self.max_turns
 
     async def respond(self, episode: Episode, completion: str, *, cut_off: bool = False) -> list[Message] | None:
         """Record a model turn and get the environment's reply (not yet appended to the conversation).

@@ -22,6 +22,11 @@ from typing import Iterable
 
 from aitrain_grpo.env.base import STOP_REASONS, Episode
 
+# env/ metrics logged beside env_metrics' own: the per-turn reward's mean, and the step's repeated replies
+# (runlog/group_replies.py).
+LOGGED_BESIDE = {"env/turn_reward_mean", "env/group_one_reply_frac", "env/group_same_reply"}
+
+
 def episode_scores(episodes: Iterable[Episode]) -> list[float]:
     """Each episode's score as a float (0.0 for one never scored), in order."""
     return [float(ep.score or 0.0) for ep in episodes]
@@ -108,7 +113,11 @@ class EpisodeStats:
             "env/tool_results_cut": float(self.tool_results_cut),
         }
         logged.update({f"env/stop/{reason}": share for reason, share in self.stop_fractions.items()})
-        logged.update({f"env/{key}": value for key, value in self.metrics.items()})
+        # The environment's own numbers; one named like the engine's (errors, score_mean, ...) goes under
+        # env/metric/ rather than replace it (a step line read "errors 0" with every episode failed).
+        engine = set(logged) | LOGGED_BESIDE
+        logged.update({(f"env/metric/{key}" if f"env/{key}" in engine or key.startswith("stop/") else f"env/{key}"): value
+                       for key, value in self.metrics.items()})
         logged.update({f"tools/format/{form}": float(count) for form, count in self.tool_forms.items()})
         if self.turn_reward_mean is not None:
             logged["env/turn_reward_mean"] = self.turn_reward_mean

@@ -11,8 +11,10 @@ after the model had loaded, while `env check` and `eval` (which never build the 
 - any other column Arrow cannot type is refused in one line naming the column, the two rows whose values
   differ and the fix; a failure it cannot pin on a top-level column keeps Arrow's own message, on one line.
 
-Left out: what Arrow does to rows it can store (a nested dict column gets every row's keys, missing ones as
-None; ints beside floats become floats). The environment sees its rows back in that form.
+What Arrow does to rows it can store (a set becomes a list, ints beside floats become floats, a nested dict
+column gets every row's keys, missing ones as None) is what the environment's episodes see in training;
+`stored_rows` hands every command the rows in that form (env/dataset.build_rows), so `env check` and `eval`
+do not pass rows training then plays differently.
 """
 
 from __future__ import annotations
@@ -62,6 +64,27 @@ def _one_prompt_form(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
     return [{**row, "prompt": prompt_messages(row["prompt"])} for row in rows]
 
 
+def _first_unencodable(rows: list[dict[str, Any]]) -> tuple[int, str, str] | None:
+    """(row, column, character) of the first string, at any depth, that UTF-8 cannot encode (a lone surrogate,
+    as `json.loads` makes of a cut emoji escape)."""
+    def bad(value: Any) -> str | None:
+        if isinstance(value, str):
+            try:
+                value.encode("utf-8")
+            except UnicodeEncodeError as exc:
+                return value[exc.start]
+            return None
+        items = value.values() if isinstance(value, dict) else value if isinstance(value, (list, tuple)) else ()
+        return next((char for char in map(bad, items) if char is not None), None)
+
+    for i, row in enumerate(rows):
+        for column, value in row.items():
+            char = bad(value)
+            if char is not None:
+                return i, column, char
+    return None
+
+
 def arrow_dataset(rows: list[dict[str, Any]], source: str = "build_dataset"):
     """`rows` (validated by env/dataset.py) as a `datasets.Dataset`, or `EnvLoadError` in one line."""
     import pyarrow
@@ -71,6 +94,11 @@ def arrow_dataset(rows: list[dict[str, Any]], source: str = "build_dataset"):
     try:
         return Dataset.from_list(rows)
     except (pyarrow.ArrowException, TypeError, ValueError, OverflowError) as exc:
+        bad_text = _first_unencodable(rows) if isinstance(exc, UnicodeEncodeError) else None
+        if bad_text is not None:
+            (row, column, char) = bad_text
+            raise EnvLoadError(f"{source}: row {row}'s {column!r} holds {char!r}, a lone surrogate, which is not text "
+                               f"UTF-8 can store; drop it, or read the source text with errors='replace'") from None
         mixed = _first_mixed_column(rows)
         if mixed is not None:
             column, (first, kind), (other, other_kind) = mixed
@@ -81,3 +109,8 @@ def arrow_dataset(rows: list[dict[str, Any]], source: str = "build_dataset"):
         raise EnvLoadError(f"{source}: its rows cannot be stored as a datasets.Dataset for training "
                            f"({type(exc).__name__}: {one_line(str(exc), 300)}); give each column one type in "
                            f"every row") from None
+
+
+def stored_rows(rows: list[dict[str, Any]], source: str = "build_dataset") -> list[dict[str, Any]]:
+    """`rows` as training's episodes get them: stored as the `datasets.Dataset` (`arrow_dataset`) and read back."""
+    return arrow_dataset(rows, source).to_list()

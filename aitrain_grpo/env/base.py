@@ -246,6 +246,22 @@ class Environment:
         return self.tools
 
 
+def with_environment_defaults(cls: type) -> type:
+    """A duck-typed class (our methods, not our base class) as a subclass of it and `Environment`: its own
+    methods first, the base's defaults for the optional ones it lacks (`tools`, `reset`, `step`, `probes`, ...),
+    which the engine, env check and sft call. Its name, module and constructor stay its own. A class that
+    cannot be combined (a metaclass or layout conflict) is returned as it is."""
+    if issubclass(cls, Environment):
+        return cls
+    # `tools` is a read-only property on the base: a class that sets self.tools in __init__ needs a plain default.
+    namespace = {"__module__": cls.__module__, "__qualname__": cls.__qualname__, "__doc__": cls.__doc__,
+                 **({} if hasattr(cls, "tools") else {"tools": []})}
+    try:
+        return type(cls.__name__, (cls, Environment), namespace)
+    except TypeError:
+        return cls
+
+
 def tools_for_row(env: Any, row: dict[str, Any]) -> list[dict[str, Any]]:
     """The tools of `row`'s episodes, for an `Environment` or a duck-typed class the loader accepted."""
     per_row = getattr(env, "tools_for_row", None)

@@ -2,7 +2,8 @@
 
 `build_rows(env, tokenizer)` calls `build_dataset` and `validate_dataset` converts what it returned (a
 `datasets.Dataset`, a list of dicts, any iterable of mappings) into a list of plain dicts, raising
-`EnvLoadError` with one line naming the row and the fix. The valid case is checked with exact types
+`EnvLoadError` with one line naming the row and the fix; the rows come back as training stores them
+(env/arrow_rows.py), so env check, eval and sft play the values training's episodes get. The valid case is checked with exact types
 first so that 100k rows stay cheap; only a row that fails it goes through the slow, explaining path.
 
 Left out: columns other than `prompt` (they are the environment's own business).
@@ -16,6 +17,7 @@ import sys
 from collections.abc import Iterable, Mapping
 from typing import Any
 
+from aitrain_grpo.env.arrow_rows import stored_rows
 from aitrain_grpo.env.base import MESSAGE_ROLES
 from aitrain_grpo.errors import EnvLoadError, one_line, raised_message
 
@@ -122,4 +124,5 @@ def build_rows(env: Any, tokenizer: Any) -> list[dict[str, Any]]:
             rows = asyncio.run(rows)
     except Exception as exc:
         raise EnvLoadError(f"{raised_message(f'build_dataset of {name}', exc)}; fix {name}.build_dataset") from exc
-    return validate_dataset(rows, source=f"{name}.build_dataset")
+    rows = validate_dataset(rows, source=f"{name}.build_dataset")
+    return stored_rows(rows, f"{name}.build_dataset")

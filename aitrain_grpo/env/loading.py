@@ -37,7 +37,8 @@ from typing import Any
 from aitrain_grpo.env.adapters.aitraining import (AITRAINING_SIGNATURE, OUR_SIGNATURE, AITrainingEnvironment, adapt,
                                                   scores_with_policy)
 from aitrain_grpo.env.agent import AgentEnvironment
-from aitrain_grpo.env.base import Environment
+from aitrain_grpo.env.base import Environment, with_environment_defaults
+from aitrain_grpo.env.tool_schemas import check_tool_schemas
 from aitrain_grpo.env.config_types import check_config_types
 from aitrain_grpo.env.tools import ToolEnvironment
 from aitrain_grpo.errors import EnvLoadError, describe_exception, one_line, raised_message, user_location
@@ -310,6 +311,8 @@ def load_environment(module: str, class_name: str, config: str | Mapping | None 
     mod = import_user_module(module)
     cls = _find_class(mod, class_name)
     aitraining_style = _check_is_environment(cls, mod.__name__)
+    if not aitraining_style:  # a duck-typed class gets the base's optional methods (its own come first)
+        cls = with_environment_defaults(cls)
     _check_arguments(cls, kwargs)
     check_config_types(cls, kwargs, option)
     try:
@@ -324,6 +327,7 @@ def load_environment(module: str, class_name: str, config: str | Mapping | None 
         env.tool_specs  # builds (and caches) the schemas: a bad tool definition is an EnvLoadError now
     if aitraining_style:
         env = as_environment(env)  # reads get_tools() now: a bad schema is an EnvLoadError here, not mid-run
+    check_tool_schemas(env)
     try:  # where the instance came from, so a run handed it from Python records how to build it again
         env.loaded_from = {"rl_env_module": module, "rl_env_class": class_name, "rl_env_config": kwargs or None}
     except (AttributeError, TypeError):  # a class with __slots__ or a frozen one: its own class still names it
@@ -352,7 +356,9 @@ def as_environment(obj: Any) -> Environment:
     a caller handing in an instance it built itself applies it too. Raises `EnvLoadError` for a
     `score_episode` that is neither interface's."""
     check_max_turns(obj)
-    return adapt(obj) if scores_with_policy(type(obj)) else obj
+    env = adapt(obj) if scores_with_policy(type(obj)) else obj
+    check_tool_schemas(env)
+    return env
 
 
 def describe_interface(env: Environment) -> str:

@@ -244,6 +244,9 @@ class ToolEnvironment(Environment):
             cached = {}
             for attr in getattr(type(self), "_tool_names", []):
                 spec = tool_spec(getattr(self, attr))
+                if spec.name in cached:  # a second @tool(name=...) hid the first
+                    raise EnvLoadError(f"{type(self).__name__} has two tools named {spec.name!r} ({cached[spec.name].function.__name__} "
+                                       f"and {attr}); give each @tool its own name")
                 cached[spec.name] = spec
             for server in self.mcp_servers or ():
                 for schema in server.schemas():

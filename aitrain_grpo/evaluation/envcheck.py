@@ -16,8 +16,8 @@ command's flags, with a completion budget of its own), and compares their scores
 Broken contracts (an exception or a timeout in `reset`/`step`/`score_episode`/`solve`, a score
 outside [0, 1], a dataset without prompts) are the report's problems (the command exits 1). Things that
 make training pointless or inexact are warnings: scores that never vary, an oracle below 1.0, an empty
-reply or a probe that scores well, a chat template that rewrites earlier turns. `env_check` loads the environment
-and the model as the command names them and checks.
+reply or a probe that scores well, a chat template that rewrites earlier turns, a ToolEnvironment without
+tools. `env_check` loads the environment and the model as the command names them and checks.
 
 An agent environment (env/agent.py) is checked the same way, its requests answered by each policy through
 the run's endpoint; what differs (the prompt and tools come from its requests) is in envcheck_agent.py.
@@ -43,9 +43,9 @@ from aitrain_grpo.engine.settings import EpisodeSettings
 from aitrain_grpo.engine.stats import EpisodeStats, episode_scores, episode_stats
 from aitrain_grpo.env.agent import is_agent_environment
 from aitrain_grpo.env.base import Environment, Episode, has_solve, needs_policy, prompt_messages, tools_for_row
-from aitrain_grpo.env.arrow_rows import arrow_dataset
 from aitrain_grpo.env.dataset import build_rows
 from aitrain_grpo.env.loading import describe_interface, load_environment
+from aitrain_grpo.env.tools import ToolEnvironment
 from aitrain_grpo.errors import EnvLoadError, TemplateError
 from aitrain_grpo.evaluation import envcheck_agent
 from aitrain_grpo.evaluation.probes import ProbeError, all_probes, probe_warnings
@@ -190,8 +190,7 @@ def sequence_notes(result: PolicyResult) -> list[str]:
 def read_rows(env: Environment, tokenizer, report: EnvCheckReport) -> list[dict[str, Any]] | None:
     """The dataset's rows, their count and columns into `report`; None when building it failed."""
     try:
-        rows = build_rows(env, tokenizer)
-        arrow_dataset(rows, f"{type(env).__name__}.build_dataset")  # what training will store them as
+        rows = build_rows(env, tokenizer)  # as training stores them (env/arrow_rows.py)
     except EnvLoadError as exc:
         report.problems.append(str(exc))
         return None
@@ -212,6 +211,11 @@ def inspect_dataset(env: Environment, tokenizer, report: EnvCheckReport,
     except Exception as exc:
         report.problems.append(f"{report.env_name}.tools raised {type(exc).__name__}: {exc}")
         return None
+    if isinstance(env, ToolEnvironment) and not report.tools and not env.mcp_servers:
+        methods = [n for n, v in vars(type(env)).items() if callable(v) and not n.startswith("_")
+                   and not hasattr(ToolEnvironment, n)]
+        report.warnings.append(f"{report.env_name} is a ToolEnvironment with no tools: the model is offered none; "
+                               f"mark each tool method with @tool" + (f" (e.g. {methods[0]})" if methods else ""))
     try:
         renderer = ChatRenderer(tokenizer, tools=tools_for_row(env, rows[0]),  # a mixture's first row's own
                                 template_kwargs=template_kwargs)

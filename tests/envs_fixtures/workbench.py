@@ -3,7 +3,6 @@
 All are "say the number" tasks: the model should answer with the row's number; `solve` does that.
 """
 
-import signal
 import time
 
 from aitrain_grpo.env.base import Environment, Episode
@@ -103,4 +102,6 @@ class CtrlCEnv(NumberEnv):
 
     def __init__(self, num_tasks: int = 8):
         super().__init__(num_tasks)
-        signal.raise_signal(signal.SIGINT)  # Python's handler raises KeyboardInterrupt here, as for a real Ctrl-C
+        # What Python's SIGINT handler raises in the main thread. (Not raise_signal: a test before this one in
+        # the same pytest process may have left SIGINT's default action, which ends the process.)
+        raise KeyboardInterrupt
