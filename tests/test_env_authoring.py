@@ -96,4 +96,4 @@ def test_metrics_named_like_the_engines_are_logged_beside_them():
     logged = episode_stats(episodes).env_metrics()
     assert logged["env/errors"] == 2.0 and logged["env/score_mean"] == 0.0  # the engine's, not the environment's
     assert logged["env/metric/errors"] == 0.0 and math.isclose(logged["env/metric/score_mean"], 0.9)
-    assert logged["env/guesses"] == 2.0  # a name of its own keeps env/<name>
+    assert logged["env/guesses"] == 2.0 and logged["env/solved"] == 0.5  # its own names keep env/<name>

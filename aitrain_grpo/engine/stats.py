@@ -15,6 +15,7 @@ and training), and pass@k (it needs the task of each episode: commands/evaluatio
 from __future__ import annotations
 
 import contextlib
+import numbers
 import time
 from collections import Counter
 from dataclasses import dataclass, field
@@ -63,7 +64,8 @@ class EpisodeSummary:
             tool_calls=episode.num_tool_calls, tool_errors=episode.num_tool_errors,
             stop_reason=episode.stop_reason, truncated_turns=episode.truncated_turns,
             tool_forms=dict(Counter(form for form in episode.tool_call_forms if form)),
-            metrics={k: float(v) for k, v in episode.metrics.items() if isinstance(v, (int, float)) and not isinstance(v, bool)},
+            # Numbers of any kind (numpy's too) and flags (True counts 1: the mean is a share); text is not logged.
+            metrics={k: float(v) for k, v in episode.metrics.items() if isinstance(v, numbers.Real)},
             turn_reward=float(sum(episode.turn_rewards)) if episode.turn_rewards else None,
             rewrites=len(episode.log.rewrite_turns), tokens_saved=episode.log.tokens_saved,
             tool_results_cut=episode.log.tool_results_cut,

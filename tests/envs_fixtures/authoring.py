@@ -2,6 +2,8 @@
 without the optional methods, a reset that moves the turn cap or changes its row, rows Arrow converts,
 metrics named like the engine's."""
 
+import numpy
+
 from aitrain_grpo import Environment, ToolEnvironment, tool
 
 SCHEMA = {"type": "function", "function": {"name": "add", "description": "Add two numbers.",
@@ -123,5 +125,6 @@ class EngineNamedMetrics(Base):
     def step(self, episode, completion):
         episode.metrics["errors"] = 0
         episode.metrics["score_mean"] = 0.9
-        episode.metrics["guesses"] = 2
+        episode.metrics["guesses"] = numpy.int64(2)  # numpy's numbers and flags are numbers too
+        episode.metrics["solved"] = episode.row["prompt"] == "Say 1."
         raise RuntimeError("broken tool backend")
