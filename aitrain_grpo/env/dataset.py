@@ -3,8 +3,9 @@
 `build_rows(env, tokenizer)` calls `build_dataset` and `validate_dataset` converts what it returned (a
 `datasets.Dataset`, a list of dicts, any iterable of mappings) into a list of plain dicts, raising
 `EnvLoadError` with one line naming the row and the fix; the rows come back as training stores them
-(env/arrow_rows.py), so env check, eval and sft play the values training's episodes get. The valid case is checked with exact types
-first so that 100k rows stay cheap; only a row that fails it goes through the slow, explaining path.
+(env/arrow_rows.py), so env check, eval and sft play the values training's episodes get (the round trip
+takes about a second for 100k rows). The valid case is checked with exact types first so that 100k rows
+stay cheap; only a row that fails it goes through the slow, explaining path.
 
 Left out: columns other than `prompt` (they are the environment's own business).
 """
