@@ -62,3 +62,18 @@ def test_a_lone_surrogate_is_named_with_its_row_and_column():
                             "UTF-8 can store; drop it, or read the source text with errors='replace'")
     else:
         raise AssertionError("a row UTF-8 cannot store was accepted")
+
+
+def test_prompt_messages_come_back_with_only_their_own_keys():
+    # Arrow gives every message of the column every key any message has; a template testing
+    # `'tool_calls' in message` then read the user's question as a tool call.
+    from aitrain_grpo.env.arrow_rows import stored_rows
+    from aitrain_grpo.env.base import prompt_messages
+
+    call = {"type": "function", "function": {"name": "add", "arguments": '{"a": 1, "b": 2}'}}
+    prompt = [{"role": "system", "content": "Use the tools."}, {"role": "user", "content": "1 + 2?"},
+              {"role": "assistant", "content": None, "tool_calls": [call]},
+              {"role": "tool", "name": "add", "tool_call_id": "c1", "content": "3"}, {"role": "user", "content": "And 2 + 2?"}]
+    stored = stored_rows([{"prompt": prompt}, {"prompt": "plain"}])
+    assert stored[0]["prompt"][0].get("tool_calls", "absent") is None  # what training's rows hold
+    assert prompt_messages(stored[0]["prompt"]) == prompt

@@ -97,3 +97,12 @@ def test_metrics_named_like_the_engines_are_logged_beside_them():
     assert logged["env/errors"] == 2.0 and logged["env/score_mean"] == 0.0  # the engine's, not the environment's
     assert logged["env/metric/errors"] == 0.0 and math.isclose(logged["env/metric/score_mean"], 0.9)
     assert logged["env/guesses"] == 2.0 and logged["env/solved"] == 0.5  # its own names keep env/<name>
+
+
+@pytest.mark.parametrize("env_class, says", [
+    ("NoneSolve", "NoneSolve.solve returned NoneType, not the text of the next message"),  # "raised TypeError: ..."
+    ("AsyncSolve", "AsyncSolve.solve is async def; make it a plain def"),  # "returned coroutine", and a warning
+])
+def test_a_solve_that_breaks_its_contract_is_named_for_what_it_did(env_class, says, aitrain):
+    result = aitrain("env", "check", *AUTHORING, "--rl-env-class", env_class, "--policies", "oracle", "--episodes", "2")
+    assert result.exit_code == 1 and says in result.output and "raised" not in result.output, result.output

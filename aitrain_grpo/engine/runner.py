@@ -311,8 +311,12 @@ def oracle_policy(env: Environment) -> Callable[[Episode], str]:
     """The environment's `solve` as a text-level policy (env check's oracle, sft's demonstrations)."""
     def policy(episode: Episode) -> str:
         message = env.solve(episode)
+        if inspect.iscoroutine(message):
+            message.close()  # never awaited: the policy is called where nothing can await it
+            raise BadReturnValue("is async def; make it a plain def returning the text of the next message (only "
+                                 "reset, step and score_episode may be async)")
         if not isinstance(message, str):
-            raise TypeError(f"solve returned {type(message).__name__}, not the text of the next message")
+            raise BadReturnValue(f"returned {type(message).__name__}, not the text of the next message")
         return message
 
     return policy

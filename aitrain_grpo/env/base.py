@@ -30,10 +30,13 @@ class Message(TypedDict, total=False):
 
 
 def prompt_messages(prompt: str | list[Message]) -> list[Message]:
-    """A dataset row's `prompt` as chat messages: a bare string is one user message."""
+    """A dataset row's `prompt` as chat messages: a bare string is one user message. A key other than `content`
+    whose value is None is left out: the rows as stored (env/arrow_rows.py) give every message every key any
+    message of the column has (`tool_calls`, `name`, `tool_call_id`), and a template that tests `'tool_calls'
+    in message` would read a user message as a tool call."""
     if isinstance(prompt, str):
         return [{"role": "user", "content": prompt}]
-    return [dict(m) for m in prompt]
+    return [{k: v for k, v in m.items() if v is not None or k == "content"} for m in prompt]
 
 
 class ToolCall(TypedDict):

@@ -128,3 +128,13 @@ class EngineNamedMetrics(Base):
         episode.metrics["guesses"] = numpy.int64(2)  # numpy's numbers and flags are numbers too
         episode.metrics["solved"] = episode.row["prompt"] == "Say 1."
         raise RuntimeError("broken tool backend")
+
+
+class NoneSolve(Base):
+    def solve(self, episode):
+        return None  # forgot the return
+
+
+class AsyncSolve(Base):
+    async def solve(self, episode):
+        return "1"

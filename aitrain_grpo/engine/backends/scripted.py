@@ -27,6 +27,7 @@ from __future__ import annotations
 from typing import Callable
 
 from aitrain_grpo.engine.backends.base import RequestBackend, Sample, SamplingParams
+from aitrain_grpo.engine.runner import BadReturnValue
 from aitrain_grpo.env.base import Episode
 from aitrain_grpo.errors import ConfigError
 
@@ -56,6 +57,10 @@ class ScriptedBackend(RequestBackend):
             text = self.policy(episode)
             if not isinstance(text, str):
                 raise TypeError(f"returned {type(text).__name__}, not the text of the next message")
+        except BadReturnValue as exc:  # the oracle's `solve` broke its contract (engine/runner.oracle_policy)
+            self.errors[order] = f"solve {exc}".replace("\n", " ")
+            episode.done = True
+            return Sample([], [], "length")
         except Exception as exc:
             self.errors[order] = f"the policy failed: {type(exc).__name__}: {exc}".replace("\n", " ")
             episode.done = True  # nothing more is asked of it; its turn below is empty and cut
