@@ -87,6 +87,7 @@ def build_run_config(config_file: str | None, flags: dict[str, Any]) -> RunConfi
 def grpo(**kwargs) -> None:
     """Train a model with GRPO in your environment (multi-turn episodes, tools, LoRA)."""
     debug = bool(kwargs.get("debug"))
+    started = time.monotonic()  # the environment calls this run waits for at its end began after this
     try:
         config = build_run_config(kwargs.pop("config", None), kwargs)
         from aitrain_grpo.training.run.plan import plan_run
@@ -115,11 +116,11 @@ def grpo(**kwargs) -> None:
     except KeyboardInterrupt:  # outside the training steps, or a second Ctrl-C
         # Before early_stops(): its import (torch) fails where the Ctrl-C cut an import of torch short.
         err.print("interrupted; nothing saved since the last checkpoint", markup=False)
-        exit_without_waiting_for_env_calls(130, err)
+        exit_without_waiting_for_env_calls(130, err, since=started)
     except early_stops() as stop:  # signal, error rate, dead backend: stopped with a checkpoint
         for line in stop.lines(sys.argv[1:]) if stop.is_error or os.environ.get("RANK", "0") == "0" else ():
             err.print(line, markup=False)  # a planned stop is the same on every process: said once
-        exit_without_waiting_for_env_calls(stop.exit_code, err, at_once=stop.hurried)  # a signal: in a hurry
+        exit_without_waiting_for_env_calls(stop.exit_code, err, since=started, at_once=stop.hurried)  # a signal: in a hurry
         return  # exit code 0: a planned stop (--max-time)
     if not summary["completed"]:  # e.g. the data ran out: saved, but never a "done"
         fail(str(steps_short(summary["global_step"], summary["steps_asked"])), code=1)
@@ -134,7 +135,7 @@ def grpo(**kwargs) -> None:
         out.print("then the worked tool example: aitrain env check --rl-env-module envs.hotel --rl-env-class HotelEnv "
                   "(the tiny model writes no valid tool call, so GRPO on it learns nothing: tool use needs a real model "
                   "and an `aitrain sft` start, benchmarks/TOOL_USE.md)", markup=False)
-    exit_without_waiting_for_env_calls(0, err)
+    exit_without_waiting_for_env_calls(0, err, since=started)
 
 
 grpo.__signature__ = inspect.Signature(grpo_parameters())

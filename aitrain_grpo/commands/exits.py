@@ -4,7 +4,8 @@ over, stopped or not (`exit_without_waiting_for_env_calls`).
 
 Environment calls that timed out may still be running in worker threads, and Python waits for such
 threads at exit: one stuck for good would hang a finished run forever. So when some are left after a
-short grace period, the process ends without waiting for them.
+short grace period, the process ends without waiting for them. Only calls of this command count
+(engine/env_threads.py knows which pool threads are inside a call, and since when).
 
 A stop by a signal (training/run/signals.py) is in a hurry: its sender kills the job after a grace period
 (SLURM and Kubernetes: 30 s by default), and the calls left are those of the step it dropped. So its
@@ -22,7 +23,6 @@ import atexit
 import contextlib
 import os
 import sys
-import threading
 import time
 
 import typer
@@ -36,13 +36,16 @@ err = Console(stderr=True, highlight=False, soft_wrap=True, emoji=False)
 out = Console(highlight=False, soft_wrap=True, emoji=False)
 
 
-def exit_without_waiting_for_env_calls(code: int, err: Console, *, at_once: bool = False) -> None:
-    """Exit with `code`; `at_once` for a stop by a signal (see the module docstring)."""
+def exit_without_waiting_for_env_calls(code: int, err: Console, *, since: float, at_once: bool = False) -> None:
+    """Exit with `code`; `at_once` for a stop by a signal (see the module docstring). Only environment
+    calls that began at or after `since` (the command's start, a time.monotonic() reading) are waited for:
+    a command run inside a longer-lived process does not end that process for an earlier run's calls."""
+    from aitrain_grpo.engine.env_threads import calls_running
+
     deadline = time.monotonic() + (0.5 if at_once else 2.0)
-    workers = [t for t in threading.enumerate() if t.name.startswith("aitrain-env")]
-    for thread in workers:  # idle workers end as soon as their pool shuts down
-        thread.join(timeout=max(0.0, deadline - time.monotonic()))
-    stuck = [t for t in workers if t.is_alive()]
+    while calls_running(since) and time.monotonic() < deadline:
+        time.sleep(0.02)
+    stuck = calls_running(since)
     if stuck:
         calls = "of the dropped step" if at_once else "that timed out"
         err.print(f"note: {len(stuck)} environment call(s) {calls} are still running; exiting without them", markup=False)

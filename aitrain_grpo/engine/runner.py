@@ -18,11 +18,11 @@ import copy
 import inspect
 import math
 import time
-from concurrent.futures import ThreadPoolExecutor
 from typing import Any, Awaitable, Callable, Iterable
 
 from aitrain_grpo.config import DEFAULT_CUT_TURN, DEFAULT_TOOL_PARSER
 from aitrain_grpo.engine.agent_rollout import play_agent_text
+from aitrain_grpo.engine.env_threads import EnvCallPool
 from aitrain_grpo.engine.policy_turns import text_policy_turn
 from aitrain_grpo.engine.tool_parsers import read_tool_calls, tool_names_of
 from aitrain_grpo.env.agent import is_agent_environment
@@ -63,8 +63,9 @@ class EpisodeRunner:
         self._tools_vary = tools_vary_by_row(env)  # a mixture: each row's own environment's tools
         self.loop = asyncio.new_event_loop()
         # The default executor has min(32, cores + 4) threads: six on these machines, which would
-        # serialise a batch of slow sync environments. One thread per concurrent episode instead.
-        self.executor = ThreadPoolExecutor(max_workers=workers, thread_name_prefix="aitrain-env")
+        # serialise a batch of slow sync environments. One thread per concurrent episode instead; the pool
+        # knows which of its threads are inside a call (engine/env_threads.py: what a finished run waits for).
+        self.executor = EnvCallPool(workers)
         self.loop.set_default_executor(self.executor)
 
     def close(self) -> None:
