@@ -249,8 +249,11 @@ def test_a_fault_ends_that_episode_with_score_zero_and_a_named_error(fault, mess
     assert time.perf_counter() - started < 3  # a hung call is abandoned at its timeout
 
 
-@pytest.mark.parametrize("make_score", [lambda: __import__("numpy").float32(0.5), lambda: __import__("torch").tensor(0.5)])
-def test_numpy_and_torch_scalars_are_scores(make_score):
+@pytest.mark.parametrize("make_score", [
+    lambda: __import__("numpy").float32(0.5), lambda: __import__("torch").tensor(0.5),
+    lambda: __import__("fractions").Fraction(1, 2), lambda: __import__("decimal").Decimal("0.5"),
+])
+def test_numpy_torch_and_exact_scalars_are_scores(make_score):
     class ArrayScoreEnv(SingleTurnEnv):
         def score_episode(self, episode):
             return make_score()

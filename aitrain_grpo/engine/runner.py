@@ -15,8 +15,10 @@ from __future__ import annotations
 
 import asyncio
 import copy
+import decimal
 import inspect
 import math
+import numbers
 import time
 from typing import Any, Awaitable, Callable, Iterable
 
@@ -268,6 +270,8 @@ def check_score(value: Any) -> float:
             value = value.item()
         except (ValueError, RuntimeError, TypeError):  # several elements: reported as not a number below
             pass
+    if isinstance(value, (numbers.Rational, decimal.Decimal)) and not isinstance(value, (bool, int)):
+        value = float(value)  # a Fraction or a Decimal (an exact grader's arithmetic): its nearest float
     if isinstance(value, bool) or not isinstance(value, (int, float)):
         raise BadReturnValue(f"returned {type(value).__name__} {str(value)[:40]!r}, not a number in [0, 1]")
     if not math.isfinite(value) or not 0.0 <= value <= 1.0:
