@@ -76,6 +76,19 @@ def test_build_rows_returns_validated_rows():
     assert [r["answer"] for r in rows] == [0, 1] and rows[0]["prompt"][0]["content"] == "Task 0"
 
 
+def test_a_build_dataset_without_the_tokenizer_is_called_without_it():
+    class NoTokenizer(Environment):
+        def build_dataset(self):
+            return [{"prompt": "Say hi."}]
+
+    class KeywordTokenizer(Environment):
+        def build_dataset(self, *, tokenizer=None):
+            return [{"prompt": f"tokenizer given: {tokenizer}"}]
+
+    assert build_rows(NoTokenizer(), tokenizer="tok")[0]["prompt"] == "Say hi."
+    assert build_rows(KeywordTokenizer(), tokenizer="tok")[0]["prompt"] == "tokenizer given: None"
+
+
 def test_build_rows_reports_exception_in_build_dataset():
     env = load_environment("envs_fixtures.ctor_raises", "CtorRaisesEnv")
     with pytest.raises(EnvLoadError) as info:

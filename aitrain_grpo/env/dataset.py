@@ -116,11 +116,25 @@ def validate_dataset(rows: Any, source: str = "build_dataset") -> list[dict[str,
     return converted
 
 
+def _takes_tokenizer(method: Any) -> bool:
+    """Whether `method` (bound) takes an argument: `def build_dataset(self)`, written by an environment
+    that needs no tokenizer, is called without one (the call failed, located in this file)."""
+    try:
+        parameters = inspect.signature(method).parameters.values()
+    except (TypeError, ValueError):  # no signature to read (a builtin): call it as documented
+        return True
+    positional = (inspect.Parameter.POSITIONAL_ONLY, inspect.Parameter.POSITIONAL_OR_KEYWORD,
+                  inspect.Parameter.VAR_POSITIONAL)
+    return any(p.kind in positional for p in parameters)
+
+
 def build_rows(env: Any, tokenizer: Any) -> list[dict[str, Any]]:
-    """Call `env.build_dataset(tokenizer)` and validate what it returns."""
+    """Call `env.build_dataset(tokenizer)` (or `build_dataset()`, where it takes no tokenizer) and validate
+    what it returns."""
     name = type(env).__name__
     try:
-        rows = env.build_dataset(tokenizer)
+        method = env.build_dataset
+        rows = method(tokenizer) if _takes_tokenizer(method) else method()
         if inspect.isawaitable(rows):  # an `async def build_dataset` is accepted
             rows = asyncio.run(rows)
     except Exception as exc:
