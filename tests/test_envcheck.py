@@ -83,6 +83,15 @@ def test_constant_scores_pass_with_a_no_learning_signal_warning(aitrain):
     assert "partial credit" in result.stdout
 
 
+def test_a_metric_that_is_not_a_number_is_a_warning(aitrain):
+    result = aitrain("env", "check", *WORKBENCH, "--rl-env-class", "TextMetricEnv", *TEXT_POLICIES)
+    assert result.exit_code == 0, result.stdout + result.stderr
+    warnings = [line for line in result.stdout.splitlines() if "episode.metrics" in line]
+    assert warnings == ["warning: episode.metrics holds values that are not numbers, which training does not log: "
+                        "'verdict' is str 'right'; put a number there (a flag as True/False, a count), or text in "
+                        "episode.state"], result.stdout
+
+
 def test_an_oracle_below_one_is_a_warning(aitrain):
     result = aitrain("env", "check", *WORKBENCH, "--rl-env-class", "WrongOracleEnv", "--episodes", "4", *TEXT_POLICIES)
     assert result.exit_code == 0, result.stdout + result.stderr

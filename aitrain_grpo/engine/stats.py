@@ -28,6 +28,21 @@ from aitrain_grpo.env.base import STOP_REASONS, Episode
 LOGGED_BESIDE = {"env/turn_reward_mean", "env/group_one_reply_frac", "env/group_same_reply"}
 
 
+def is_logged_metric(value: object) -> bool:
+    """Numbers of any kind (numpy's too) and flags (True counts 1: the mean is a share) are logged; text is not."""
+    return isinstance(value, numbers.Real)
+
+
+def unlogged_metrics(episodes: Iterable[Episode]) -> dict[str, object]:
+    """The `episode.metrics` keys whose values are not logged, each with its first such value (env check warns)."""
+    unlogged: dict[str, object] = {}
+    for episode in episodes:
+        for key, value in episode.metrics.items():
+            if not is_logged_metric(value):
+                unlogged.setdefault(key, value)
+    return unlogged
+
+
 def episode_scores(episodes: Iterable[Episode]) -> list[float]:
     """Each episode's score as a float (0.0 for one never scored), in order."""
     return [float(ep.score or 0.0) for ep in episodes]
@@ -64,8 +79,7 @@ class EpisodeSummary:
             tool_calls=episode.num_tool_calls, tool_errors=episode.num_tool_errors,
             stop_reason=episode.stop_reason, truncated_turns=episode.truncated_turns,
             tool_forms=dict(Counter(form for form in episode.tool_call_forms if form)),
-            # Numbers of any kind (numpy's too) and flags (True counts 1: the mean is a share); text is not logged.
-            metrics={k: float(v) for k, v in episode.metrics.items() if isinstance(v, numbers.Real)},
+            metrics={k: float(v) for k, v in episode.metrics.items() if is_logged_metric(v)},
             turn_reward=float(sum(episode.turn_rewards)) if episode.turn_rewards else None,
             rewrites=len(episode.log.rewrite_turns), tokens_saved=episode.log.tokens_saved,
             tool_results_cut=episode.log.tool_results_cut,

@@ -32,6 +32,16 @@ class NumberEnv(Environment):
         return str(episode.row["number"])
 
 
+class TextMetricEnv(NumberEnv):
+    """Records its verdict as text in episode.metrics, beside a number: training logs only the number."""
+
+    def score_episode(self, episode: Episode) -> float:
+        score = super().score_episode(episode)
+        episode.metrics["verdict"] = "right" if score == 1.0 else "wrong"
+        episode.metrics["digits"] = sum(c.isdigit() for c in episode.last_completion)
+        return score
+
+
 class ScoreTooHighEnv(NumberEnv):
     """Forgets to normalise: a right answer scores 10."""
 
