@@ -51,6 +51,8 @@ def test_assistant_tool_call_message_may_have_no_content():
     ([{"prompt": [{"role": "user", "content": 3}]}], "prompt message 0 (user) has 'content' of type int"),
     ([{"prompt": "a"}, {"prompt": [{"role": "user"}]}], 
      "row 1 from build_dataset: prompt message 0 (user) has no 'content'"),
+    ([{"prompt": [{"role": "user", "content": "2+2?"}, {"role": "assistant", "content": "The answer is"}]}],
+     "row 0 from build_dataset: the prompt ends with an assistant message, which would be sent as a finished turn"),
 ])
 def test_bad_rows_name_the_row_and_the_problem(rows, expected):
     with pytest.raises(EnvLoadError) as info:

@@ -7,7 +7,9 @@
 takes about a second for 100k rows). The valid case is checked with exact types first so that 100k rows
 stay cheap; only a row that fails it goes through the slow, explaining path.
 
-Left out: columns other than `prompt` (they are the environment's own business).
+Left out: columns other than `prompt` (they are the environment's own business), and prefills (a prompt
+ending with an assistant message that the model would continue, as TRL does): such a prompt is refused,
+since the engine's turns start after the prompt.
 """
 
 from __future__ import annotations
@@ -37,7 +39,7 @@ def _is_plain_prompt(prompt: Any) -> bool:
         role = message.get("role")
         if type(role) is not str or role not in MESSAGE_ROLES:
             return False
-    return True
+    return role != "assistant"  # the last message's
 
 
 def _check_prompt(prompt: Any, index: int, source: str) -> None:
@@ -70,6 +72,11 @@ def _check_prompt(prompt: Any, index: int, source: str) -> None:
             continue
         problem = "has no 'content'" if content is None else f"has 'content' of type {type(content).__name__}"
         raise EnvLoadError(f"{where}: prompt message {j} ({role}) {problem}; content must be a string")
+    if prompt[-1].get("role") == "assistant":
+        # Rendered, it is a finished assistant turn and the model would start another (TRL continues it).
+        raise EnvLoadError(f"{where}: the prompt ends with an assistant message, which would be sent as a finished "
+                           f"turn; a prefill is not continued: end the prompt with the user's message (an answer "
+                           f"to grade belongs in another column)")
 
 
 def validate_dataset(rows: Any, source: str = "build_dataset") -> list[dict[str, Any]]:
