@@ -92,6 +92,16 @@ def test_a_metric_that_is_not_a_number_is_a_warning(aitrain):
                         "episode.state"], result.stdout
 
 
+def test_an_empty_reply_from_step_is_a_warning(aitrain):
+    result = aitrain("env", "check", *WORKBENCH, "--rl-env-class", "EmptyReplyEnv", "--episodes", "4", *TEXT_POLICIES)
+    assert result.exit_code == 0, result.stdout + result.stderr
+    # The oracle answers right (no reply); the empty policy is answered "" in each of its 4 episodes.
+    assert ("warning: step replied with empty text in 4 episode(s): the model was sent an empty message; return "
+            "None to end the episode, or the text the model should answer") in result.stdout, result.stdout
+    good = aitrain("env", "check", *WORKBENCH, "--rl-env-class", "NumberEnv", "--episodes", "4", *TEXT_POLICIES)
+    assert "warning:" not in good.stdout and "with 0 warning(s)" in good.stdout, good.stdout
+
+
 def test_an_oracle_below_one_is_a_warning(aitrain):
     result = aitrain("env", "check", *WORKBENCH, "--rl-env-class", "WrongOracleEnv", "--episodes", "4", *TEXT_POLICIES)
     assert result.exit_code == 0, result.stdout + result.stderr

@@ -33,16 +33,6 @@ def is_logged_metric(value: object) -> bool:
     return isinstance(value, numbers.Real)
 
 
-def unlogged_metrics(episodes: Iterable[Episode]) -> dict[str, object]:
-    """The `episode.metrics` keys whose values are not logged, each with its first such value (env check warns)."""
-    unlogged: dict[str, object] = {}
-    for episode in episodes:
-        for key, value in episode.metrics.items():
-            if not is_logged_metric(value):
-                unlogged.setdefault(key, value)
-    return unlogged
-
-
 def episode_scores(episodes: Iterable[Episode]) -> list[float]:
     """Each episode's score as a float (0.0 for one never scored), in order."""
     return [float(ep.score or 0.0) for ep in episodes]

@@ -40,13 +40,13 @@ from aitrain_grpo.engine.context import cuts_history, resolve_strategies
 from aitrain_grpo.engine.rollout import RolloutEngine
 from aitrain_grpo.engine.runner import EpisodeRunner, oracle_policy, play_text
 from aitrain_grpo.engine.settings import EpisodeSettings
-from aitrain_grpo.engine.stats import EpisodeStats, episode_scores, episode_stats, unlogged_metrics
+from aitrain_grpo.engine.stats import EpisodeStats, episode_scores, episode_stats
 from aitrain_grpo.env.agent import is_agent_environment
 from aitrain_grpo.env.base import Environment, Episode, has_solve, needs_policy, prompt_messages, tools_for_row
 from aitrain_grpo.env.dataset import build_rows
 from aitrain_grpo.env.loading import describe_interface, load_environment
 from aitrain_grpo.env.tools import ToolEnvironment
-from aitrain_grpo.errors import one_line
+from aitrain_grpo.evaluation.episode_warnings import episode_warnings
 from aitrain_grpo.errors import EnvLoadError, TemplateError
 from aitrain_grpo.evaluation import envcheck_agent
 from aitrain_grpo.evaluation.probes import ProbeError, all_probes, probe_warnings
@@ -287,11 +287,7 @@ def judge(report: EnvCheckReport) -> None:
             f"model may learn to say nothing"
         )
     report.warnings += probe_warnings([p for p in report.policies if p.probe], oracle, empty)
-    unlogged = unlogged_metrics(ep for p in report.policies for ep in p.episodes)
-    if unlogged:
-        shown = "; ".join(f"{k!r} is {type(v).__name__} {one_line(repr(v), 40)}" for k, v in list(unlogged.items())[:3])
-        report.warnings.append(f"episode.metrics holds values that are not numbers, which training does not log: "
-                               f"{shown}; put a number there (a flag as True/False, a count), or text in episode.state")
+    report.warnings += episode_warnings(ep for p in report.policies for ep in p.episodes)
 
 
 def _without_policy_name(error: str) -> str:

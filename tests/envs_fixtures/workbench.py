@@ -42,6 +42,13 @@ class TextMetricEnv(NumberEnv):
         return score
 
 
+class EmptyReplyEnv(NumberEnv):
+    """Means to end the episode after a wrong answer, but returns "" (the model is sent an empty message)."""
+
+    def step(self, episode: Episode, completion: str):
+        return "" if completion.strip() != str(episode.row["number"]) else None
+
+
 class ScoreTooHighEnv(NumberEnv):
     """Forgets to normalise: a right answer scores 10."""
 
